@@ -1,0 +1,5 @@
+import sys
+
+from schedc.cli import main
+
+sys.exit(main())

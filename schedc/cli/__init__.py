@@ -1,0 +1,76 @@
+"""The `schedc` command line (design.md §8).
+
+Each sub-command is one module in this package exposing
+``add_arguments(parser)`` and ``run(args) -> int``. This module only
+dispatches, and turns every error into a diagnostic and an exit code: no
+Python traceback reaches the user (set SCHEDC_DEBUG=1 to see one).
+
+Exit codes: 0 success, 1 the input is invalid / infeasible / a run failed
+(diagnostics on stderr), 2 bad command-line usage or an internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import traceback
+
+from schedc import __version__
+from schedc.diagnostics import SchedcError
+
+# sub-command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("schedc.cli.check", "parse and validate a spec; print what it means"),
+    "compile": ("schedc.cli.compile", "compile a spec into a verified schedule, exports and per-rank programs"),
+    "simulate": ("schedc.cli.simulate", "re-verify and re-simulate a schedule.json"),
+    "run": ("schedc.cli.run", "run compiled per-rank programs locally (CPU, gloo)"),
+    "bench": ("schedc.cli.bench", "compare schedc's planner with the baselines"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="schedc",
+        description="Declarative schedule compiler for fault-tolerant pipeline-parallel training.",
+    )
+    parser.add_argument("--version", action="version", version=f"schedc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.run(args) or 0)
+    except SchedcError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]}, indent=2))
+        else:
+            print(exc.render(), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # the last line of defence: a bug in schedc, not a user mistake
+        if os.environ.get("SCHEDC_DEBUG"):
+            traceback.print_exc()
+        print(f"error[E000]: internal error in schedc: {type(exc).__name__}: {exc}\n"
+              "  = hint: this is a bug in schedc, not in your input; rerun with SCHEDC_DEBUG=1 "
+              "and report the traceback", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Diagnostics: what went wrong, where, and how to fix it (design.md §8).
+
+Every user-facing error in schedc is a list of `Diagnostic`s carried by a
+`SchedcError` subclass. Rendering follows the rustc style the design asks
+for::
+
+    error[E201]: unknown key `forwrd` in `stages.all`
+     --> specs/example.sched:12:9
+       |
+    12 |         forwrd = 1.0ms
+       |         ^^^^^^ did you mean `forward`?
+       = hint: the keys of a stage are forward, backward_input, ...
+
+Codes are stable: E1xx syntax, E2xx spec meaning, E3xx infeasible,
+E4xx verification, E5xx codegen/run.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region of a source text. Lines and columns are 1-based; `end_*` is exclusive."""
+
+    file: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class Label:
+    """A secondary place that explains a diagnostic (e.g. the `fail` line that caused it)."""
+
+    span: Span
+    message: str
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    message: str
+    span: Span | None = None
+    label: str = ""
+    hint: str = ""
+    notes: tuple[Label, ...] = ()
+    detail: str = ""  # free text shown after the source excerpt (e.g. a rank x step grid)
+
+    @property
+    def severity(self) -> str:
+        return "error"
+
+    def to_json(self) -> dict:
+        out: dict = {"code": self.code, "message": self.message}
+        if self.span is not None:
+            out["file"] = self.span.file
+            out["line"] = self.span.line
+            out["column"] = self.span.column
+        if self.hint:
+            out["hint"] = self.hint
+        if self.notes:
+            out["notes"] = [
+                {"file": n.span.file, "line": n.span.line, "column": n.span.column, "message": n.message}
+                for n in self.notes
+            ]
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+class SchedcError(Exception):
+    """Base of every error schedc raises on purpose. Carries diagnostics."""
+
+    def __init__(self, diagnostics: Sequence[Diagnostic], sources: dict[str, str] | None = None):
+        self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
+        self.sources: dict[str, str] = dict(sources or {})
+        first = self.diagnostics[0] if self.diagnostics else None
+        summary = f"error[{first.code}]: {first.message}" if first else "error"
+        if len(self.diagnostics) > 1:
+            summary += f" (and {len(self.diagnostics) - 1} more)"
+        super().__init__(summary)
+
+    @property
+    def codes(self) -> list[str]:
+        return [d.code for d in self.diagnostics]
+
+    def render(self) -> str:
+        return render_all(self.diagnostics, self.sources)
+
+
+class SpecError(SchedcError):
+    """The spec text is malformed (E1xx) or means something impossible (E2xx)."""
+
+
+class InfeasibleError(SchedcError):
+    """No schedule exists for the spec, or the chosen solver cannot make one (E3xx)."""
+
+
+class VerificationError(SchedcError):
+    """A schedule breaks a rule of design.md §4 (E4xx)."""
+
+
+class RunError(SchedcError):
+    """Code generation or a run of generated programs failed (E5xx)."""
+
+
+def error(code: str, message: str, span: Span | None = None, *, label: str = "", hint: str = "",
+          notes: Iterable[Label] = (), detail: str = "") -> Diagnostic:
+    return Diagnostic(code=code, message=message, span=span, label=label, hint=hint,
+                      notes=tuple(notes), detail=detail)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`did you mean `x`?` for the closest choice, or '' when nothing is close."""
+    match = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    return f"did you mean `{match[0]}`?" if match else ""
+
+
+def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
+    text = sources.get(span.file)
+    if text is None:
+        return []
+    lines = text.splitlines()
+    if not 1 <= span.line <= len(lines):
+        return []
+    src = lines[span.line - 1].expandtabs(1)
+    width = len(str(span.line))
+    gutter = " " * width
+    start = max(span.column - 1, 0)
+    if span.end_line == span.line and span.end_column > span.column:
+        length = span.end_column - span.column
+    else:
+        length = max(len(src.rstrip()) - start, 1)
+    length = max(1, min(length, max(len(src) - start, 1)))
+    out = [f"{gutter} |", f"{span.line} | {src}", f"{gutter} | {' ' * start}{'^' * length}"]
+    if label:
+        out[-1] += f" {label}"
+    return out
+
+
+def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
+    """Render one diagnostic as text (no colours; stable for golden tests)."""
+    sources = sources or {}
+    out = [f"{diag.severity}[{diag.code}]: {diag.message}"]
+    if diag.span is not None:
+        width = len(str(diag.span.line))
+        out.append(f"{' ' * width}--> {diag.span}")
+        out.extend(_excerpt(diag.span, sources, diag.label))
+    for note in diag.notes:
+        width = len(str(note.span.line))
+        out.append(f"{' ' * width}--> {note.span}")
+        out.extend(_excerpt(note.span, sources, note.message))
+    if diag.detail:
+        out.extend(diag.detail.rstrip("\n").splitlines())
+    if diag.hint:
+        out.append(f"  = hint: {diag.hint}")
+    return "\n".join(out)
+
+
+def render_all(diagnostics: Sequence[Diagnostic], sources: dict[str, str] | None = None) -> str:
+    body = "\n\n".join(render(d, sources) for d in diagnostics)
+    n = len(diagnostics)
+    if n > 1:
+        body += f"\n\n{n} errors"
+    return body

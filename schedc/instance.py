@@ -1,0 +1,179 @@
+"""The scheduling problem every solver, the verifier and the simulator share.
+
+An `Instance` holds exactly what `schedule.json` holds besides the ops
+(design.md §6): shape, options, memory limit, link, per-stage costs and the
+GPUs with their state and speed. It is made from a `Spec` by `from_spec`, or
+read back from a schedule file, so a hand-edited `schedule.json` can be
+verified and simulated without the spec it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Iterable, Literal
+
+from schedc.spec import Gpu, LinkSpec, Spec, StageCosts, scaled_duration
+
+OpKind = Literal["F", "B", "W", "O"]
+
+
+@dataclass(frozen=True)
+class Instance:
+    dp: int
+    pp: int
+    microbatches: int
+    decouple_backward: bool
+    stagger_optimizer: bool
+    gpu_memory: int
+    link: LinkSpec
+    stages: tuple[StageCosts, ...]
+    gpus: tuple[Gpu, ...]  # rank order
+
+    # -- lookups -----------------------------------------------------------
+
+    @cached_property
+    def _by_coords(self) -> dict[tuple[int, int], Gpu]:
+        return {(g.dp, g.pp): g for g in self.gpus}
+
+    def gpu(self, dp: int, pp: int) -> Gpu:
+        return self._by_coords[(dp, pp)]
+
+    def gpu_of_rank(self, rank: int) -> Gpu:
+        return self.gpus[rank]
+
+    def live_gpus(self, pp: int | None = None) -> list[Gpu]:
+        """Live GPUs, of one stage if `pp` is given, in rank order."""
+        return [g for g in self.gpus if g.live and (pp is None or g.pp == pp)]
+
+    @property
+    def failed_gpus(self) -> list[Gpu]:
+        return [g for g in self.gpus if not g.live]
+
+    @property
+    def slow_gpus(self) -> list[Gpu]:
+        return [g for g in self.gpus if g.live and g.speed < 1.0]
+
+    @property
+    def fault_free(self) -> bool:
+        return all(g.live and g.speed >= 1.0 for g in self.gpus)
+
+    # -- costs -------------------------------------------------------------
+
+    def base_duration(self, kind: OpKind, pp: int) -> int:
+        """Duration of an op at full speed. Without decoupling, B is the full backward."""
+        c = self.stages[pp]
+        if kind == "F":
+            return c.forward
+        if kind == "B":
+            return c.backward_input if self.decouple_backward else c.backward_full
+        if kind == "W":
+            return c.backward_weight
+        if kind == "O":
+            return c.optimizer
+        raise ValueError(f"unknown op kind {kind!r}")
+
+    def duration(self, kind: OpKind, pp: int, rank: int) -> int:
+        """Duration of an op of stage `pp` on GPU `rank`, at that GPU's speed (§4.4)."""
+        return scaled_duration(self.base_duration(kind, pp), self.gpus[rank].speed)
+
+    def boundary_transfer(self, pp: int) -> int:
+        """Transfer time across the boundary between stage `pp` and `pp + 1`.
+
+        Stage `pp`'s `send` is its output activation; the gradient that B of
+        stage `pp + 1` sends back has the same size, so both directions of
+        that boundary take this long (§3: latency + send / bandwidth).
+        """
+        return self.link.transfer_time(self.stages[pp].send)
+
+    # -- bounds ------------------------------------------------------------
+
+    def stage_lower_bound(self, pp: int) -> float:
+        """(D*M*(f+b+w) + n*o) / sum(speeds) over the live GPUs of stage pp (§5)."""
+        live = self.live_gpus(pp)
+        if not live:
+            return float("inf")
+        c = self.stages[pp]
+        work = self.dp * self.microbatches * (c.forward + c.backward_input + c.backward_weight)
+        work += len(live) * c.optimizer
+        return work / sum(g.speed for g in live)
+
+    @cached_property
+    def lower_bound(self) -> float:
+        """No schedule's iteration time can be below this (§5)."""
+        return max(self.stage_lower_bound(s) for s in range(self.pp))
+
+    def without_failures(self) -> "Instance":
+        return replace(self, gpus=tuple(replace(g, state="live", speed=1.0) for g in self.gpus))
+
+
+def from_spec(spec: Spec) -> Instance:
+    """The scheduling problem a spec describes (the `expand` step of design.md §2)."""
+    return Instance(
+        dp=spec.cluster.dp,
+        pp=spec.cluster.pp,
+        microbatches=spec.train.microbatches,
+        decouple_backward=spec.schedule.decouple_backward,
+        stagger_optimizer=spec.schedule.stagger_optimizer,
+        gpu_memory=spec.cluster.gpu.memory,
+        link=spec.cluster.link,
+        stages=spec.stages,
+        gpus=spec.gpus,
+    )
+
+
+def make_instance(
+    dp: int,
+    pp: int,
+    microbatches: int,
+    *,
+    forward: int | Iterable[int] = 1000,
+    backward_input: int | Iterable[int] = 1000,
+    backward_weight: int | Iterable[int] = 1000,
+    optimizer: int | Iterable[int] = 0,
+    activation: int | Iterable[int] = 1 << 20,
+    stash: int | Iterable[int] = 1 << 18,
+    static: int | Iterable[int] = 0,
+    send: int | Iterable[int] = 0,
+    gpu_memory: int = 1 << 40,
+    latency: int = 0,
+    bandwidth: int = 25_000_000_000,
+    decouple_backward: bool = True,
+    stagger_optimizer: bool = True,
+    failed: Iterable[tuple[int, int]] = (),
+    slow: dict[tuple[int, int], float] | None = None,
+    gpus_per_node: int = 8,
+    placement: str = "pipeline_major",
+) -> Instance:
+    """Build an instance directly, without a spec: for tests, benchmarks and examples.
+
+    Per-stage values may be given as one number (every stage) or one per stage.
+    `failed` lists (dp, pp) of failed GPUs; `slow` maps (dp, pp) to a speed.
+    """
+
+    def per_stage(v: int | Iterable[int]) -> list[int]:
+        if isinstance(v, int):
+            return [v] * pp
+        vals = list(v)
+        if len(vals) != pp:
+            raise ValueError(f"expected {pp} per-stage values, got {len(vals)}")
+        return vals
+
+    cols = {k: per_stage(v) for k, v in dict(
+        forward=forward, backward_input=backward_input, backward_weight=backward_weight,
+        optimizer=optimizer, activation=activation, stash=stash, static=static, send=send,
+    ).items()}
+    stages = tuple(StageCosts(pp=s, **{k: cols[k][s] for k in cols}) for s in range(pp))
+    failed = set(failed)
+    slow = dict(slow or {})
+    gpus = []
+    for rank in range(dp * pp):
+        d, s = (rank % dp, rank // dp) if placement == "stage_major" else (rank // pp, rank % pp)
+        state = "failed" if (d, s) in failed else "live"
+        gpus.append(Gpu(rank=rank, dp=d, pp=s, node=rank // gpus_per_node, state=state,
+                        speed=slow.get((d, s), 1.0)))
+    return Instance(
+        dp=dp, pp=pp, microbatches=microbatches, decouple_backward=decouple_backward,
+        stagger_optimizer=stagger_optimizer, gpu_memory=gpu_memory,
+        link=LinkSpec(latency=latency, bandwidth=bandwidth), stages=stages, gpus=tuple(gpus),
+    )

@@ -1,0 +1,96 @@
+"""A schedule: which GPU runs each op, and when (design.md §4, §6).
+
+`ScheduledOp` names the microbatch an op belongs to (`dp`, `pp`, `mb`) and
+its executor (`rank`). For an optimizer op `O`, `dp`/`pp` are the executing
+GPU's own and `mb` is None. A rank's program is its ops sorted by `start`.
+
+Ops are printed in torch.distributed.pipelining's notation, prefixed by the
+owning pipeline: ``d1:2F5`` is the forward of microbatch 5 of pipeline 1 at
+stage 2; ``d1:2O`` is the optimizer of GPU (1, 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+from schedc.instance import Instance, OpKind
+
+SolverStatus = Literal["optimal", "feasible", "fallback"]
+
+
+@dataclass(frozen=True, order=True)
+class OpId:
+    """Identity of an op, independent of where and when it runs."""
+
+    kind: OpKind
+    dp: int
+    pp: int
+    mb: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "O":
+            return f"d{self.dp}:{self.pp}O"
+        return f"d{self.dp}:{self.pp}{self.kind}{self.mb}"
+
+
+@dataclass(frozen=True)
+class ScheduledOp:
+    rank: int
+    kind: OpKind
+    dp: int
+    pp: int
+    mb: int | None
+    start: int
+    end: int
+
+    @property
+    def id(self) -> OpId:
+        return OpId(self.kind, self.dp, self.pp, self.mb)
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    name: str
+    status: SolverStatus = "feasible"
+    objective: float | None = None  # the solver's own predicted time, if it has one
+    bound: float | None = None  # the solver's proven lower bound, if it has one
+    wall_s: float = 0.0
+    detail: str = ""  # free text: why a fallback happened, which variant won, ...
+
+
+@dataclass(frozen=True)
+class Schedule:
+    instance: Instance
+    ops: tuple[ScheduledOp, ...]
+    solver: SolverInfo = field(default_factory=lambda: SolverInfo(name="unknown"))
+
+    @cached_property
+    def programs(self) -> dict[int, tuple[ScheduledOp, ...]]:
+        """Each live rank's ops in program order (by start, ties by end then op id)."""
+        progs: dict[int, list[ScheduledOp]] = {g.rank: [] for g in self.instance.gpus if g.live}
+        for op in self.ops:
+            progs.setdefault(op.rank, []).append(op)
+        return {r: tuple(sorted(ops, key=lambda o: (o.start, o.end, o.id))) for r, ops in progs.items()}
+
+    def program(self, rank: int) -> tuple[ScheduledOp, ...]:
+        return self.programs.get(rank, ())
+
+    @cached_property
+    def makespan(self) -> int:
+        return max((op.end for op in self.ops), default=0)
+
+    @cached_property
+    def rerouted(self) -> frozenset[OpId]:
+        """Ops whose executor is not the GPU of their own pipeline and stage."""
+        inst = self.instance
+        return frozenset(op.id for op in self.ops
+                         if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank)

@@ -1,0 +1,56 @@
+"""Schedulers: every one takes an `Instance` and returns a `Schedule` (design.md §7).
+
+A solver is a callable ``solve(instance, options) -> Schedule``. It raises
+`schedc.diagnostics.InfeasibleError` (E3xx) when the instance is outside what
+it can do. No solver-specific object (e.g. a `cp_model`) leaves this package.
+
+Solvers are looked up by name with `get_solver`; `SOLVERS` lists them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from schedc.instance import Instance
+from schedc.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    time_limit: float = 5.0  # seconds of solver time
+    seed: int = 0
+    workers: int = 2  # fixed, so results do not depend on the machine (determinism)
+    hint: Schedule | None = None  # a schedule to warm-start from (replan)
+
+
+class Solver(Protocol):
+    def __call__(self, instance: Instance, options: SolveOptions) -> Schedule: ...
+
+
+# name -> "module:function", imported lazily so `schedc check` never loads OR-Tools.
+_REGISTRY: dict[str, str] = {
+    "cpsat": "schedc.solvers.cpsat:solve",
+    "greedy": "schedc.solvers.greedy:solve",
+    "gpipe": "schedc.solvers.gpipe:solve",
+    "1f1b": "schedc.solvers.one_f_one_b:solve",
+    "zb-h1": "schedc.solvers.zb_h1:solve",
+    "reroute-1f1b": "schedc.solvers.reroute:solve",
+    "drop-pipeline": "schedc.solvers.drop_pipeline:solve",
+    "redundant": "schedc.solvers.redundant:solve",
+}
+
+
+def solver_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_solver(name: str) -> Solver:
+    """The solve function registered under `name`; KeyError if there is none."""
+    module, func = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def solve(instance: Instance, name: str, options: SolveOptions | None = None) -> Schedule:
+    return get_solver(name)(instance, options or SolveOptions())
