@@ -1,0 +1,227 @@
+"""Start every live rank of compiled programs as a local process (gloo) and watch them.
+
+`launch` is what `schedc run` does. Processes are forked from a forkserver
+that has imported torch once (``multiprocessing`` "forkserver" with a
+preload), so a run of L ranks does not pay L torch imports, and later runs in
+the same Python process start in milliseconds. Ranks rendezvous over TCP at
+127.0.0.1 on a free port; ``OMP_NUM_THREADS=1`` in every rank.
+
+A rank that fails reports diagnostics; one that dies (killed, crashed) is
+named by its exit status. The run then fails with a `RunError` (E5xx)
+holding both, and nothing is returned as if the iterations had finished.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from schedc.diagnostics import Diagnostic, RunError, error
+from schedc.runtime.manifest import Manifest, load_manifest
+
+_CONTEXT = None
+
+
+def _context():
+    global _CONTEXT
+    if _CONTEXT is None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the forkserver and the ranks
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.worker",
+                                         "schedc.runtime.runtime"])
+    return _CONTEXT
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class IterationReport:
+    iteration: int
+    start: float  # monotonic seconds: the earliest start over ranks
+    end: float  # the latest end over ranks
+    loss: float  # mean loss over the D*M microbatches
+
+
+@dataclass
+class RunResult:
+    """What a finished run measured (and the weights, when asked for)."""
+
+    manifest: Manifest
+    iterations: list[IterationReport]
+    state_dict: dict | None = None
+    wall_s: float = 0.0
+
+    @property
+    def losses(self) -> list[float]:
+        return [it.loss for it in self.iterations]
+
+    def iteration_time(self, last: int = 4) -> float:
+        """Steady-state period in seconds: mean gap between the ends of the last `last`+1 iterations.
+
+        With fewer iterations, the gap over those there are; with one, its duration.
+        """
+        ends = [it.end for it in self.iterations]
+        if len(ends) < 2:
+            return self.iterations[0].end - self.iterations[0].start
+        k = min(last, len(ends) - 1)
+        return (ends[-1] - ends[-1 - k]) / k
+
+
+class Launch:
+    """A running set of rank processes; `wait` collects their reports.
+
+    Exposed so a caller (a test, a launcher) can watch or kill ranks: `processes`
+    maps schedule rank -> `multiprocessing.Process`.
+    """
+
+    def __init__(self, out_dir: Path | str, *, iterations: int | None = None, emulate: bool = False,
+                 timeout: float = 60.0, want_weights: bool = False):
+        self.out_dir = Path(out_dir)
+        self.manifest = load_manifest(self.out_dir)
+        self.iterations = self.manifest.iterations if iterations is None else iterations
+        if self.iterations < 1:
+            raise RunError([error("E524", f"--iterations must be at least 1, got {self.iterations}")])
+        self.timeout = timeout
+        self.want_weights = want_weights and not emulate
+        ctx = _context()
+        self.queue = ctx.Queue()
+        init = f"tcp://127.0.0.1:{free_port()}"
+        options = dict(iterations=self.iterations, emulate=emulate, timeout=timeout,
+                       want_weights=self.want_weights)
+        from schedc.runtime.worker import child_main
+
+        self.processes: dict[int, mp.Process] = {}
+        for dist_rank, rank in enumerate(self.manifest.live_ranks):
+            p = ctx.Process(target=child_main, name=f"schedc-rank-{rank}",
+                            args=(str(self.out_dir), dist_rank, init, options, self.queue))
+            p.start()
+            self.processes[rank] = p
+        self.started = time.monotonic()
+
+    def wait(self, progress: Callable[[IterationReport], None] | None = None) -> RunResult:
+        """Collect reports until every rank exits; `progress` sees each finished iteration."""
+        m = self.manifest
+        n = len(m.live_ranks)
+        last_stage = set(m.stage_groups[-1])
+        per_iter: dict[int, dict[int, tuple]] = {}
+        done: list[IterationReport] = []
+        weights: dict[int, bytes] = {}
+        errors: dict[int, list[dict]] = {}
+        last_news = time.monotonic()
+        # A rank waits at most `timeout` per receive, so after a failure the others
+        # report within about that; beyond it (plus slack) something hangs: stop it.
+        patience = self.timeout + 15.0
+
+        def handle(msg: tuple) -> None:
+            nonlocal last_news
+            last_news = time.monotonic()
+            if msg[0] == "iter":
+                _, rank, it, t0, t1, loss = msg
+                per_iter.setdefault(it, {})[rank] = (t0, t1, loss)
+                while len(per_iter.get(len(done), {})) == n:
+                    reps = per_iter.pop(len(done))
+                    loss_sum = math.fsum(v[2] for r, v in reps.items() if r in last_stage)
+                    rep = IterationReport(len(done), min(v[0] for v in reps.values()),
+                                          max(v[1] for v in reps.values()), loss_sum)
+                    done.append(rep)
+                    if progress is not None:
+                        progress(rep)
+            elif msg[0] == "weights":
+                weights[msg[1]] = msg[2]
+            elif msg[0] == "error":
+                errors[m.live_ranks[msg[1]]] = msg[2]
+
+        while True:
+            try:
+                handle(self.queue.get(timeout=0.05))
+                continue
+            except queue_mod.Empty:
+                pass
+            alive = [r for r, p in self.processes.items() if p.exitcode is None]
+            if not alive:
+                break
+            if time.monotonic() - last_news > patience:
+                for r in alive:
+                    self.processes[r].kill()
+                for r in alive:
+                    errors.setdefault(r, [{"code": "E532", "message": f"rank {r} made no progress for "
+                                           f"{patience:g} s and was stopped"}])
+                break
+        for p in self.processes.values():
+            p.join()
+        while True:  # reports that raced with the exits
+            try:
+                handle(self.queue.get_nowait())
+            except queue_mod.Empty:
+                break
+        self._raise_if_failed(errors)
+        if len(done) != self.iterations:
+            raise RunError([error("E533", f"the run ended after {len(done)} of {self.iterations} iterations "
+                                          "without an error report")])
+        state = None
+        if self.want_weights:
+            state = _merge_weights(weights, m)
+        return RunResult(m, done, state, time.monotonic() - self.started)
+
+    def kill(self) -> None:
+        for p in self.processes.values():
+            if p.exitcode is None:
+                p.kill()
+        for p in self.processes.values():
+            p.join()
+
+    def _raise_if_failed(self, errors: dict[int, list[dict]]) -> None:
+        diags: list[Diagnostic] = []
+        for rank, p in sorted(self.processes.items()):
+            code = p.exitcode
+            if code and code < 0 and rank not in errors:
+                name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+                diags.append(error("E531", f"rank {rank} died (killed by {name})",
+                                   hint="the other ranks' errors below say what they were waiting for"))
+            elif code and rank not in errors:
+                diags.append(error("E531", f"rank {rank} exited with status {code} without a report"))
+        for rank in sorted(errors):
+            for d in errors[rank]:
+                diags.append(error(d.get("code", "E590"), d["message"], hint=d.get("hint", "")))
+        if diags:
+            raise RunError(diags)
+
+
+def _merge_weights(weights: dict[int, bytes], manifest: Manifest) -> dict:
+    import torch
+
+    state: dict = {}
+    for group in manifest.stage_groups:
+        blob = weights.get(group[0])
+        if blob is None:
+            raise RunError([error("E534", f"rank {group[0]} sent no weights for its stage")])
+        state.update(torch.load(io.BytesIO(blob), weights_only=True))
+    return state  # stages in order, each in module order: the full nn.Sequential's key order
+
+
+def launch(out_dir: Path | str, *, iterations: int | None = None, emulate: bool = False,
+           timeout: float = 60.0, want_weights: bool = False,
+           progress: Callable[[IterationReport], None] | None = None) -> RunResult:
+    """Run the compiled programs in `out_dir` on local processes; raise `RunError` if any rank fails.
+
+    >>> result = launch("out", iterations=2, want_weights=True)   # doctest: +SKIP
+    >>> result.losses, sorted(result.state_dict)[:2]              # doctest: +SKIP
+    """
+    run = Launch(out_dir, iterations=iterations, emulate=emulate, timeout=timeout, want_weights=want_weights)
+    try:
+        return run.wait(progress)
+    finally:
+        run.kill()

@@ -1,0 +1,159 @@
+"""`programs.json`: what every generated program of one schedule shares.
+
+Written by `schedc.codegen.write_programs` beside the ``rank_NN.py`` files;
+read by the worker of each rank and by `schedc run`. It holds the shape
+(dp, pp, microbatches), the live schedule ranks (torch's RANK r is the r-th
+of them), the live ranks of each stage (one process group per stage), the
+partition, the model and data binding, the optimizer, and the schedule's
+metrics for display. This module never imports torch at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from schedc.diagnostics import RunError, error
+
+FORMAT = "schedc.programs/v1"
+MANIFEST_NAME = "programs.json"
+
+#: `model.source` when a spec names none: the tiny MLP shipped with schedc.
+DEFAULT_SOURCE = "schedc.models.mlp:build"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    spec: str
+    schedc_version: str
+    dp: int
+    pp: int
+    microbatches: int
+    live_ranks: tuple[int, ...]  # schedule ranks, ascending; torch RANK r -> live_ranks[r]
+    coords: dict[int, tuple[int, int]]  # live schedule rank -> (dp, pp)
+    stage_groups: tuple[tuple[int, ...], ...]  # per stage: its live schedule ranks
+    programs: dict[int, str]  # live schedule rank -> file name of its program
+    source: str
+    data: str | None
+    partition: tuple[tuple[int, int], ...] | None
+    optimizer: str
+    lr: float
+    iterations: int
+    decouple_backward: bool
+    stagger_optimizer: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        """GPUs in the cluster, failed ones included."""
+        return self.dp * self.pp
+
+    @property
+    def global_microbatches(self) -> int:
+        """D*M: every microbatch's loss is divided by this (exactness under any failure set)."""
+        return self.dp * self.microbatches
+
+    def dist_rank(self, schedule_rank: int) -> int:
+        """torch.distributed rank of a live schedule rank."""
+        return self.live_ranks.index(schedule_rank)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["coords"] = {str(r): list(c) for r, c in self.coords.items()}
+        out["programs"] = {str(r): p for r, p in self.programs.items()}
+        out["live_ranks"] = list(self.live_ranks)
+        out["stage_groups"] = [list(g) for g in self.stage_groups]
+        out["partition"] = None if self.partition is None else [list(p) for p in self.partition]
+        return {"format": FORMAT, **out}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Manifest":
+        obj = dict(obj)
+        if obj.pop("format", None) != FORMAT:
+            raise ValueError(f"not a {FORMAT} manifest")
+        obj["live_ranks"] = tuple(obj["live_ranks"])
+        obj["coords"] = {int(r): tuple(c) for r, c in obj["coords"].items()}
+        obj["programs"] = {int(r): p for r, p in obj["programs"].items()}
+        obj["stage_groups"] = tuple(tuple(g) for g in obj["stage_groups"])
+        if obj.get("partition") is not None:
+            obj["partition"] = tuple(tuple(p) for p in obj["partition"])
+        return cls(**obj)
+
+
+def load_manifest(out_dir: Path | str) -> Manifest:
+    """Read ``OUT/programs.json``; E520 when it is missing or unreadable."""
+    path = Path(out_dir) / MANIFEST_NAME
+    try:
+        return Manifest.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise RunError([error("E520", f"no {MANIFEST_NAME} in `{out_dir}`",
+                              hint="compile first: `schedc compile SPEC -o OUT`, then `schedc run OUT`")])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunError([error("E521", f"`{path}` is not a valid {FORMAT} manifest: {exc}",
+                              hint="recompile the spec with this version of schedc")])
+
+
+def load_callable(ref: str, what: str) -> Callable:
+    """The callable named by ``"module:callable"`` (E510 when it cannot be found)."""
+    module, _, name = ref.partition(":")
+    if not module or not name:
+        raise RunError([error("E510", f"{what} `{ref}` is not of the form \"module:callable\"",
+                              hint='e.g. source = "schedc.models.gpt:build"')])
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise RunError([error("E510", f"cannot load {what} `{ref}`: {exc}",
+                              hint="the module must be importable where the programs run")])
+    if not callable(obj):
+        raise RunError([error("E510", f"{what} `{ref}` is not callable")])
+    return obj
+
+
+def data_ref(manifest: Manifest) -> str:
+    """`model.data`, or the `batch` function beside `model.source` when data is absent."""
+    if manifest.data:
+        return manifest.data
+    module = manifest.source.partition(":")[0]
+    return f"{module}:batch"
+
+
+def even_partition(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """Split `n_layers` layers over `pp` stages by count: stage s gets [s*n//pp, (s+1)*n//pp)."""
+    if n_layers < pp:
+        raise RunError([error("E511", f"model.source returns {n_layers} layers, fewer than the {pp} stages",
+                              hint="use a model with at least one layer per stage")])
+    return tuple((s * n_layers // pp, (s + 1) * n_layers // pp) for s in range(pp))
+
+
+def build_model(manifest: Manifest):
+    """Call `model.source`: (list of layers, loss_fn, partition), with the partition checked."""
+    from torch import nn
+
+    result = load_callable(manifest.source, "model.source")()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise RunError([error("E512", f"model.source `{manifest.source}` must return (layers, loss_fn)")])
+    layers, loss_fn = result
+    layers = list(layers.children()) if isinstance(layers, nn.Sequential) else list(layers)
+    if not all(isinstance(layer, nn.Module) for layer in layers):
+        raise RunError([error("E512", f"model.source `{manifest.source}` returned layers that are not nn.Modules")])
+    partition = manifest.partition or even_partition(len(layers), manifest.pp)
+    if partition[-1][1] > len(layers) or len(partition) != manifest.pp:
+        raise RunError([error("E513", f"the partition {list(map(list, partition))} does not fit the "
+                                      f"{len(layers)} layers of `{manifest.source}` over {manifest.pp} stages")])
+    return layers, loss_fn, partition
+
+
+def stage_layer_keys(layers: list, partition, stage: int) -> list[tuple[str, str]]:
+    """(key in the stage module, key in the full nn.Sequential) for every state entry of a stage."""
+    a, b = partition[stage]
+    from torch import nn
+
+    module = nn.Sequential(*layers[a:b])
+    out = []
+    for key in module.state_dict():
+        local, _, rest = key.partition(".")
+        out.append((key, f"{int(local) + a}.{rest}"))
+    return out

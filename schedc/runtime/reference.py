@@ -1,0 +1,36 @@
+"""Single-process training on the same global batch: the yardstick of exactness.
+
+One iteration sums ``loss_fn(model(x), y) / (D*M)`` over the D*M microbatches
+``batch(iteration, d, m)`` and steps the same optimizer, so a correct run of
+the generated programs, under any failure set, ends with the same weights.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from schedc.runtime.manifest import Manifest, build_model, data_ref, load_callable
+from schedc.runtime.runtime import _make_optimizer
+
+
+def reference_train(manifest: Manifest, iterations: int) -> tuple[dict, list[float]]:
+    """(state_dict of the full nn.Sequential, mean loss per iteration) after `iterations`."""
+    layers, loss_fn, _ = build_model(manifest)
+    model = nn.Sequential(*layers)
+    batch = load_callable(data_ref(manifest), "model.data")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _make_optimizer(manifest.optimizer, params, manifest.lr)
+    n = manifest.global_microbatches
+    losses = []
+    for it in range(iterations):
+        optimizer.zero_grad(set_to_none=False)
+        total = 0.0
+        for d in range(manifest.dp):
+            for m in range(manifest.microbatches):
+                x, y = batch(it, d, m)
+                loss = loss_fn(model(x), y) / n
+                loss.backward()
+                total += float(loss.detach())
+        optimizer.step()
+        losses.append(total)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses

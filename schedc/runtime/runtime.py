@@ -1,0 +1,325 @@
+"""The primitives a generated program calls, one per op of its schedule.
+
+A rank's program is a straight line of calls in schedule order::
+
+    rt.forward(d=1, stage=2, mb=5, recv_from=4, send_to=6, us=1000)
+    rt.backward_input(d=1, stage=2, mb=5, recv_from=6, send_to=4, us=1000)
+    rt.backward_weight(d=1, stage=2, mb=5, us=800)
+    rt.optimizer_step(us=400)
+
+Ranks are *schedule* ranks (``d*S + s`` by default). Why this cannot
+deadlock for a verified schedule: every send is an ``isend`` (never blocks)
+posted as soon as its value exists, and the only blocking calls are receives
+and the stage all-reduce, which the schedule orders exactly as the simulator
+does; so the programs run as the simulator runs them, and the simulator
+finding no deadlock is part of verification. Every message carries a tag
+unique per (iteration, kind, d, m, boundary), so re-routed microbatches and
+back-to-back iterations never mix up. Every wait has a timeout: a dead peer
+turns into a `RunError` naming this rank, the peer and the op, never a hang.
+
+Exactness (design.md §8): each microbatch's loss is divided by D*M and the
+stage all-reduce sums, so the weights after an iteration do not depend on
+which GPU ran which microbatch, nor on how many GPUs a stage has left.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from schedc.diagnostics import RunError, error
+from schedc.runtime.manifest import Manifest, build_model, data_ref, load_callable, stage_layer_keys
+
+ACTIVATION, GRADIENT = 0, 1
+_TAG_ITERATIONS = 1024  # tags repeat after this many iterations; no message lives that long
+EMULATED_MESSAGE = 16  # floats sent per boundary message in --emulate mode (no model to size it)
+
+
+def message_tag(iteration: int, kind: int, d: int, m: int, boundary: int, manifest: Manifest) -> int:
+    """A tag unique per (iteration, kind, d, m, boundary) among messages that can be in flight."""
+    tag = (iteration % _TAG_ITERATIONS) * 2 + kind
+    tag = tag * manifest.dp + d
+    tag = tag * manifest.microbatches + m
+    return tag * manifest.pp + boundary
+
+
+class Transport:
+    """Point to point and stage collectives over torch.distributed, with timeouts.
+
+    Peers are schedule ranks; the process group uses the index among live ranks.
+    """
+
+    def __init__(self, manifest: Manifest, rank: int, timeout: float):
+        self.manifest = manifest
+        self.rank = rank
+        self.timeout = timeout
+        self._pending: list[tuple[object, str]] = []
+        # Every rank creates every stage's group, in stage order: new_group is collective.
+        self.stage_groups = [dist.new_group([manifest.dist_rank(r) for r in ranks], backend="gloo",
+                                            timeout=timedelta(seconds=timeout))
+                             for ranks in manifest.stage_groups]
+
+    def send(self, tensor: torch.Tensor, to: int, tag: int, what: str) -> None:
+        work = dist.isend(tensor.contiguous(), dst=self.manifest.dist_rank(to), tag=tag)
+        self._pending.append((work, what))
+        # Reap finished sends so the list (and the tensors it keeps alive) stays short.
+        self._pending = [(w, s) for w, s in self._pending if not w.is_completed()]
+
+    def recv(self, shape, dtype, frm: int, tag: int, what: str) -> torch.Tensor:
+        buf = torch.empty(shape, dtype=dtype)
+        work = dist.irecv(buf, src=self.manifest.dist_rank(frm), tag=tag)
+        self._wait(work, f"{what} from rank {frm}", peer=frm)
+        return buf
+
+    def all_reduce_stage(self, stage: int, tensor: torch.Tensor) -> None:
+        ranks = self.manifest.stage_groups[stage]
+        if len(ranks) > 1:
+            work = dist.all_reduce(tensor, group=self.stage_groups[stage], async_op=True)
+            self._wait(work, f"the gradient all-reduce of stage {stage} with ranks {list(ranks)}")
+
+    def barrier(self, what: str) -> None:
+        work = dist.all_reduce(torch.zeros(1), async_op=True)
+        self._wait(work, what)
+
+    def flush(self) -> None:
+        """Wait for every send posted so far (at the end of a run)."""
+        for work, what in self._pending:
+            self._wait(work, f"{what} to be received")
+        self._pending = []
+
+    def _wait(self, work, what: str, peer: int | None = None) -> None:
+        try:
+            ok = work.wait(timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            timed_out = "timeout" in reason.lower() or "timed out" in reason.lower()
+            msg = (f"rank {self.rank} waited {self.timeout:g} s for {what}" if timed_out
+                   else f"rank {self.rank} lost {what}: {reason}")
+            hint = (f"rank {peer} died or is stuck; see its own error" if peer is not None
+                    else "a rank of the group died or is stuck; see the other ranks' errors")
+            raise RunError([error("E530", msg, hint=hint)]) from None
+        if ok is False:
+            raise RunError([error("E530", f"rank {self.rank} waited {self.timeout:g} s for {what}")])
+
+
+@dataclass
+class _Stash:
+    """What backward needs of one microbatch at this stage, from F until W frees it."""
+
+    inp: torch.Tensor | None
+    out: torch.Tensor
+    grad_out: torch.Tensor | None = None
+    backward_done: bool = False
+
+
+@dataclass
+class Runtime:
+    """One rank's state: its stage module, optimizer, stashes; the ops its program calls.
+
+    `emulate` replaces every compute op by ``time.sleep`` of its scheduled
+    duration (the ``us=`` of the call); communication stays real (small
+    tensors, since no model is built).
+    """
+
+    manifest: Manifest
+    rank: int
+    transport: Transport
+    emulate: bool = False
+    iteration: int = 0
+    loss_sum: float = 0.0  # this iteration's sum of (loss / D*M) over the microbatches ending here
+    _stash: dict[tuple[int, int], _Stash] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.stage = self.manifest.coords[self.rank][1]
+        self.last = self.stage == self.manifest.pp - 1
+        if self.emulate:
+            self.module = None
+            self.shapes = [((EMULATED_MESSAGE,), torch.float32)] * self.manifest.pp
+            return
+        layers, self.loss_fn, partition = build_model(self.manifest)
+        self.batch: Callable = load_callable(data_ref(self.manifest), "model.data")
+        self.shapes = _boundary_shapes(layers, partition, self.batch(0, 0, 0)[0])
+        a, b = partition[self.stage]
+        self.module = nn.Sequential(*layers[a:b])
+        self.state_keys = stage_layer_keys(layers, partition, self.stage)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = _make_optimizer(self.manifest.optimizer, self.params, self.manifest.lr)
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+
+    # -- the ops -------------------------------------------------------------
+
+    def forward(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
+                us: int = 0) -> None:
+        """F(d, mb, stage): receive the input (or load data), run the stage, send the output."""
+        op = f"d{d}:{stage}F{mb}"
+        inp = None
+        if recv_from is not None:
+            shape, dtype = self.shapes[stage - 1]
+            inp = self.transport.recv(shape, dtype, recv_from, self._tag(ACTIVATION, d, mb, stage - 1),
+                                      f"the activation of {op}")
+        if self.emulate:
+            _sleep_us(us)
+            out = torch.zeros(self.shapes[stage][0])
+        else:
+            if inp is None:
+                inp = self.batch(self.iteration, d, mb)[0]
+            elif inp.is_floating_point():
+                inp.requires_grad_(True)
+            out = self.module(inp)
+            if self.last:
+                target = self.batch(self.iteration, d, mb)[1]
+                out = self.loss_fn(out, target) / self.manifest.global_microbatches
+                self.loss_sum += float(out.detach())
+        if send_to is not None:
+            self.transport.send(out.detach(), send_to, self._tag(ACTIVATION, d, mb, stage), f"the activation of {op}")
+        self._stash[(d, mb)] = _Stash(inp=inp, out=out)
+
+    def backward_input(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
+                       us: int = 0) -> None:
+        """B(d, mb, stage), decoupled: gradient w.r.t. the stage input only; keeps the graph for W."""
+        st = self._backward_start(d, stage, mb, recv_from, "B")
+        grad_in = None
+        if self.emulate:
+            _sleep_us(us)
+            grad_in = torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
+        elif send_to is not None and st.inp is not None and st.inp.requires_grad:
+            (grad_in,) = torch.autograd.grad(st.out, st.inp, st.grad_out, retain_graph=True)
+        self._backward_send(grad_in, d, stage, mb, send_to, "B")
+        st.backward_done = True
+
+    def backward_weight(self, *, d: int, stage: int, mb: int, us: int = 0) -> None:
+        """W(d, mb, stage): accumulate the weight gradients, then free the stash."""
+        st = self._stash.pop((d, mb), None)
+        if st is None or not st.backward_done:
+            raise RunError([error("E540", f"rank {self.rank} runs d{d}:{stage}W{mb} before its B",
+                                  hint="the program does not follow a verified schedule; recompile")])
+        if self.emulate:
+            _sleep_us(us)
+        elif self.params:
+            torch.autograd.backward(st.out, st.grad_out, inputs=self.params)
+
+    def backward(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
+                 us: int = 0) -> None:
+        """B(d, mb, stage) without decoupling: input and weight gradients at once; frees the stash."""
+        st = self._backward_start(d, stage, mb, recv_from, "B")
+        grad_in = None
+        if self.emulate:
+            _sleep_us(us)
+            grad_in = torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
+        else:
+            wants_input = send_to is not None and st.inp is not None and st.inp.requires_grad
+            inputs = ([st.inp] if wants_input else []) + self.params
+            if inputs:
+                torch.autograd.backward(st.out, st.grad_out, inputs=inputs)
+            grad_in = st.inp.grad if wants_input else None
+        self._backward_send(grad_in, d, stage, mb, send_to, "B")
+        del self._stash[(d, mb)]
+
+    def optimizer_step(self, *, us: int = 0) -> None:
+        """O: sum the gradients over the live GPUs of this stage, then step the optimizer.
+
+        Without staggering, every rank first waits for every other (a global
+        barrier), as the schedule's O follows every stage's last W.
+        """
+        if self._stash:
+            left = ", ".join(f"d{d}:{self.stage}?{m}" for d, m in sorted(self._stash))
+            raise RunError([error("E541", f"rank {self.rank} reaches its optimizer step with microbatches "
+                                          f"still in flight: {left}",
+                                  hint="the program does not follow a verified schedule; recompile")])
+        if not self.manifest.stagger_optimizer:
+            self.transport.barrier(f"every rank to finish its backward work of iteration {self.iteration}")
+        if self.emulate:
+            self.transport.all_reduce_stage(self.stage, torch.zeros(1))
+            _sleep_us(us)
+            return
+        if self.params:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            self.transport.all_reduce_stage(self.stage, flat)
+            offset = 0
+            for p in self.params:
+                n = p.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+            self.optimizer.step()
+            for p in self.params:
+                p.grad.zero_()
+
+    # -- iteration bookkeeping --------------------------------------------------
+
+    def begin_iteration(self, iteration: int) -> None:
+        self.iteration = iteration
+        self.loss_sum = 0.0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This stage's weights under the keys of the full nn.Sequential of `model.source`."""
+        local = self.module.state_dict()
+        return {full: local[key].detach().clone() for key, full in self.state_keys}
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _tag(self, kind: int, d: int, mb: int, boundary: int) -> int:
+        return message_tag(self.iteration, kind, d, mb, boundary, self.manifest)
+
+    def _backward_start(self, d: int, stage: int, mb: int, recv_from: int | None, kind: str) -> _Stash:
+        op = f"d{d}:{stage}{kind}{mb}"
+        st = self._stash.get((d, mb))
+        if st is None:
+            raise RunError([error("E540", f"rank {self.rank} runs {op} before its F",
+                                  hint="the program does not follow a verified schedule; recompile")])
+        if recv_from is not None:
+            shape, dtype = self.shapes[stage]
+            st.grad_out = self.transport.recv(shape, dtype, recv_from, self._tag(GRADIENT, d, mb, stage),
+                                              f"the output gradient of {op}")
+        return st
+
+    def _backward_send(self, grad_in, d: int, stage: int, mb: int, send_to: int | None, kind: str) -> None:
+        if send_to is None:
+            return
+        if grad_in is None:  # the input does not depend on anything trainable: send zeros
+            shape, dtype = self.shapes[stage - 1]
+            grad_in = torch.zeros(shape, dtype=dtype)
+        self.transport.send(grad_in.detach(), send_to, self._tag(GRADIENT, d, mb, stage - 1),
+                            f"the input gradient of d{d}:{stage}{kind}{mb}")
+
+
+def _make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if not params:
+        return None
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise RunError([error("E514", f"unknown optimizer `{name}`", hint="use sgd, adam or adamw")])
+
+
+def _boundary_shapes(layers, partition, sample) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of each stage's output, from one forward of a sample (assumed fixed)."""
+    shapes = []
+    x = sample
+    with torch.no_grad():
+        for a, b in partition:
+            for layer in layers[a:b]:
+                x = layer(x)
+            shapes.append((tuple(x.shape), x.dtype))
+    return shapes
+
+
+def _sleep_us(us: int) -> None:
+    """Sleep `us` microseconds; the last stretch spins, as sleep alone overshoots by ~0.1 ms."""
+    if us <= 0:
+        return
+    deadline = time.perf_counter() + us / 1e6
+    coarse = us / 1e6 - 0.0002
+    if coarse > 0:
+        time.sleep(coarse)
+    while time.perf_counter() < deadline:
+        pass

@@ -1,0 +1,136 @@
+"""One rank's process: join the process group, run the program's iterations, report.
+
+`run_rank` is shared by `schedc run` (which forks the ranks from a
+forkserver and passes a queue for progress) and by `torchrun_main`
+(``torchrun --nproc-per-node=L OUT/main.py``; torch's RANK r runs the r-th
+live schedule rank and progress goes to stdout).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+from schedc.diagnostics import RunError, SchedcError, error
+from schedc.runtime.manifest import Manifest, load_manifest
+
+Report = Callable[[tuple], None]
+
+
+def load_program(out_dir: Path, manifest: Manifest, rank: int):
+    """The generated module of a schedule rank (its `iteration(rt)` function)."""
+    path = Path(out_dir) / manifest.programs[rank]
+    spec = importlib.util.spec_from_file_location(f"schedc_program_rank_{rank}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except FileNotFoundError:
+        raise RunError([error("E522", f"the program of rank {rank} (`{path}`) is missing",
+                              hint="recompile: `schedc compile SPEC -o OUT`")])
+    return module
+
+
+def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int, emulate: bool,
+             timeout: float, want_weights: bool, report: Report) -> None:
+    """Run every iteration of one rank's program; report progress, then (optionally) weights.
+
+    Reports are tuples: ``("iter", rank, iteration, t_start, t_end, loss_sum)`` after each
+    iteration (times from `time.monotonic`, shared by processes of one machine) and
+    ``("weights", rank, bytes)`` (a `torch.save`d state_dict) at the end.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from schedc.runtime.runtime import Runtime, Transport
+
+    torch.set_num_threads(1)
+    manifest = load_manifest(out_dir)
+    rank = manifest.live_ranks[dist_rank]
+    program = load_program(out_dir, manifest, rank)
+    dist.init_process_group("gloo", init_method=init_method, rank=dist_rank,
+                            world_size=len(manifest.live_ranks), timeout=timedelta(seconds=timeout))
+    try:
+        rt = Runtime(manifest, rank, Transport(manifest, rank, timeout), emulate=emulate)
+        for it in range(iterations):
+            rt.begin_iteration(it)
+            t0 = time.monotonic()
+            program.iteration(rt)
+            report(("iter", rank, it, t0, time.monotonic(), rt.loss_sum))
+        rt.transport.flush()
+        if want_weights and not emulate and rank == manifest.stage_groups[rt.stage][0]:
+            buf = io.BytesIO()
+            torch.save(rt.state_dict(), buf)
+            report(("weights", rank, buf.getvalue()))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a peer may already be gone; the run's error is what matters
+            pass
+
+
+def child_main(out_dir: str, dist_rank: int, init_method: str, options: dict, queue) -> None:
+    """Entry of a process started by `schedc run`: errors go to the queue as diagnostics."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        run_rank(Path(out_dir), dist_rank, init_method, report=queue.put, **options)
+    except SchedcError as exc:
+        queue.put(("error", dist_rank, [d.to_json() for d in exc.diagnostics]))
+        queue.close()
+        queue.join_thread()
+        os._exit(1)
+    except BaseException as exc:  # a bug or a broken model: still a diagnostic, with the frame
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        msg = f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
+        queue.put(("error", dist_rank, [{"code": "E590", "message": f"schedule rank "
+                                         f"{_schedule_rank(out_dir, dist_rank)} failed: {msg}"}]))
+        queue.close()
+        queue.join_thread()
+        os._exit(1)
+    queue.close()
+    queue.join_thread()
+
+
+def _schedule_rank(out_dir: str, dist_rank: int) -> int | str:
+    try:
+        return load_manifest(out_dir).live_ranks[dist_rank]
+    except Exception:
+        return f"(torch rank {dist_rank})"
+
+
+def torchrun_main(out_dir: Path) -> int:
+    """`OUT/main.py` under torchrun: RANK/WORLD_SIZE/MASTER_* from the environment.
+
+    SCHEDC_ITERATIONS, SCHEDC_EMULATE=1 and SCHEDC_TIMEOUT (seconds) override
+    the manifest's iteration count, real compute and the 60 s default timeout.
+    """
+    manifest = load_manifest(out_dir)
+    dist_rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != len(manifest.live_ranks):
+        print(f"error[E523]: started with {world} processes but the schedule has "
+              f"{len(manifest.live_ranks)} live ranks\n  = hint: torchrun --nproc-per-node="
+              f"{len(manifest.live_ranks)} {out_dir / 'main.py'}", file=sys.stderr)
+        return 1
+
+    def report(msg: tuple) -> None:
+        if msg[0] == "iter":
+            _, rank, it, t0, t1, loss = msg
+            print(f"rank {rank}: iteration {it} took {t1 - t0:.4f} s, loss part {loss:.6f}", flush=True)
+
+    try:
+        run_rank(out_dir, dist_rank, "env://",
+                 iterations=int(os.environ.get("SCHEDC_ITERATIONS", manifest.iterations)),
+                 emulate=os.environ.get("SCHEDC_EMULATE", "") == "1",
+                 timeout=float(os.environ.get("SCHEDC_TIMEOUT", "60")),
+                 want_weights=False, report=report)
+    except SchedcError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+    return 0
