@@ -1,0 +1,95 @@
+"""Static per-stage program templates: GPipe, 1F1B and ZB-H1 (docs/baselines.md).
+
+A template is built for a *chain*: the GPUs of one pipeline, stage 0 to S-1,
+that all execute the same microbatches in the same order. Within a chain the
+programs are deadlock-free as long as the warm-up (microbatches in flight
+before the first B) never grows from one stage to the next, which
+`chain_warmups` guarantees.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from schedc.instance import Instance
+from schedc.schedule import OpId
+from solvers.common import fits_in_flight, program_peak
+
+Unit = tuple[int, int]  # (dp, mb): a microbatch by its owner pipeline and index
+
+
+def chain_warmups(instance: Instance, chain: Sequence[int], n: int) -> list[int]:
+    """1F1B warm-up per stage of a chain: S - s, capped by memory and by n, never increasing."""
+    out = []
+    prev = n
+    for s, rank in enumerate(chain):
+        k = min(instance.pp - s, fits_in_flight(instance, rank), n, prev)
+        out.append(k)
+        prev = k
+    return out
+
+
+def gpipe_program(units: Sequence[Unit], pp: int, decoupled: bool) -> list[OpId]:
+    """All forwards, then all backwards (each W right after its B)."""
+    prog = [OpId("F", d, pp, m) for d, m in units]
+    for d, m in units:
+        prog.append(OpId("B", d, pp, m))
+        if decoupled:
+            prog.append(OpId("W", d, pp, m))
+    return prog
+
+
+def one_f_one_b_program(units: Sequence[Unit], pp: int, warmup: int, decoupled: bool,
+                        w_lag: int | None = None) -> list[OpId]:
+    """`warmup` forwards, then B/F alternating, then the remaining B.
+
+    W (when decoupled) follows its B at once, or, with `w_lag` = r, the W of
+    the i-th backward is issued after the (i + r)-th backward (ZB-H1's
+    deferral) and the rest at the end.
+    """
+    n = len(units)
+    k = max(1, min(warmup, n)) if n else 0
+    prog = [OpId("F", d, pp, m) for d, m in units[:k]]
+    w_next = 0
+    for i, (d, m) in enumerate(units):
+        prog.append(OpId("B", d, pp, m))
+        if decoupled:
+            lag = 0 if w_lag is None else w_lag
+            if i - lag >= w_next:
+                wd, wm = units[w_next]
+                prog.append(OpId("W", wd, pp, wm))
+                w_next += 1
+        if k + i < n:
+            fd, fm = units[k + i]
+            prog.append(OpId("F", fd, pp, fm))
+    if decoupled:
+        for wd, wm in units[w_next:]:
+            prog.append(OpId("W", wd, pp, wm))
+    return prog
+
+
+def chain_programs(instance: Instance, chain: Sequence[int], units: Sequence[Unit],
+                   style: str) -> dict[int, list[OpId]]:
+    """Programs of one chain of GPUs (stage order) over `units`, in `style` gpipe | 1f1b | zb-h1.
+
+    ZB-H1 (Qi et al. 2024; torch's `_get_1f1b_rank_ops` with zero bubble):
+    stage s keeps the 1F1B warm-up and defers its W by s backwards, so the
+    last stage, which finishes its B first, fills its cool-down with W. A
+    deferral that does not fit in memory is shortened until it does.
+    """
+    decoupled = instance.decouple_backward
+    n = len(units)
+    if style == "gpipe":
+        return {rank: gpipe_program(units, s, decoupled) for s, rank in enumerate(chain)}
+    warm = chain_warmups(instance, chain, n)
+    out: dict[int, list[OpId]] = {}
+    for s, rank in enumerate(chain):
+        if style == "zb-h1" and decoupled:
+            for lag in range(min(s, n), -1, -1):
+                prog = one_f_one_b_program(units, s, warm[s], True, w_lag=lag)
+                if program_peak(instance, rank, prog) <= instance.gpu_memory:
+                    break
+        else:
+            prog = one_f_one_b_program(units, s, warm[s], decoupled)
+        out[rank] = prog
+    return out
