@@ -1,0 +1,126 @@
+"""Replan events: what happened to the cluster, applied to a `Spec` (design.md §8).
+
+An event is a statement of the `failures` block or `recover gpu(dp=D, pp=S)`
+(the GPU is back at full speed), as text or as a `Failure`:
+
+    >>> [f.kind for f in parse_events(["fail gpu(dp=1, pp=2)", "slow gpu(dp=0, pp=3) speed = 0.5"])]
+    ['fail_gpu', 'slow_gpu']
+
+`apply_events(spec, events)` returns a new validated `Spec` whose `failures`
+reflect the events, in order:
+
+* `fail gpu` / `fail rank`: the GPU is failed (a `slow` line for it is dropped);
+  failing an already failed GPU changes nothing.
+* `fail node N`: every GPU of node N is failed (their own lines are dropped).
+* `slow gpu(...) speed = X`: adds or replaces that GPU's speed; a failed GPU
+  cannot be slowed (E208: recover it first).
+* `recover gpu(...)`: removes that GPU's failure or slowness; a GPU failed by
+  `fail node` is recovered alone (the node line becomes one line per other
+  GPU); recovering a healthy GPU is an error (E216).
+
+The result is re-validated: E207 for a GPU that does not exist, E301 when a
+stage loses its last live GPU. Errors in event text are `SpecError`s whose
+columns point inside the event string (file name `<event>`, or
+`<event N>` for the N-th of a list).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from schedc.diagnostics import Diagnostic, SpecError, error
+from schedc.parse import parse_statements
+from schedc.spec import Failure, Spec
+from schedc.validate import describe_failure, failure_from_statement, failure_ranks, validate_failures
+
+def parse_events(event: str | Failure | Sequence[str | Failure]) -> tuple[Failure, ...]:
+    """Events as `Failure`s. A string may hold several statements (separated by spaces or newlines)."""
+    items: Sequence[str | Failure]
+    items = [event] if isinstance(event, (str, Failure)) else list(event)
+    out: list[Failure] = []
+    diags: list[Diagnostic] = []
+    sources: dict[str, str] = {}
+    for i, item in enumerate(items):
+        if isinstance(item, Failure):
+            out.append(item)
+            continue
+        if not isinstance(item, str):
+            raise SpecError([error("E205", f"an event must be a string or a Failure, got {type(item).__name__}",
+                                   hint='for example "fail gpu(dp=1, pp=2)"')])
+        file = "<event>" if len(items) == 1 else f"<event {i}>"
+        sources[file] = item
+        try:
+            statements = parse_statements(item, file)
+        except SpecError as exc:
+            diags.extend(exc.diagnostics)
+            continue
+        if not statements:
+            diags.append(error("E102", "empty event", None,
+                               hint='write a statement such as "fail gpu(dp=1, pp=2)"'))
+        for st in statements:
+            f, problems = failure_from_statement(st, allow_recover=True)
+            diags.extend(problems)
+            if f is not None:
+                out.append(f)
+    if diags:
+        raise SpecError(diags, sources)
+    return tuple(out)
+
+
+def apply_events(spec: Spec, events: str | Failure | Sequence[str | Failure]) -> Spec:
+    """A new validated `Spec` with `events` applied to its failures (see the module docstring)."""
+    parsed = parse_events(events)
+    failures = list(spec.failures)
+    cluster = spec.cluster
+    for ev in parsed:
+        ranks, problem = failure_ranks(cluster, ev)
+        if problem is not None:
+            raise SpecError([problem])
+        failures = _apply(spec, failures, ev, ranks)
+    return validate_failures(spec, failures)
+
+
+def _covering(spec: Spec, failures: list[Failure], rank: int) -> list[Failure]:
+    """The failure lines that name `rank`."""
+    return [f for f in failures if f.kind != "recover_gpu" and rank in failure_ranks(spec.cluster, f)[0]]
+
+
+def _apply(spec: Spec, failures: list[Failure], ev: Failure, ranks: list[int]) -> list[Failure]:
+    cluster = spec.cluster
+    if ev.kind in ("fail_gpu", "fail_rank", "fail_node"):
+        fresh = [r for r in ranks if not any(f.kind != "slow_gpu" for f in _covering(spec, failures, r))]
+        if not fresh:
+            return failures  # already failed: events may be repeated by a launcher
+        if ev.kind == "fail_node":
+            # The node line replaces every line about its GPUs.
+            return [f for f in failures if not set(failure_ranks(cluster, f)[0]) <= set(ranks)] + [ev]
+        return [f for f in failures if not (f.kind == "slow_gpu" and failure_ranks(cluster, f)[0] == ranks)] + [ev]
+    (rank,) = ranks
+    lines = _covering(spec, failures, rank)
+    if ev.kind == "slow_gpu":
+        if any(f.kind != "slow_gpu" for f in lines):
+            raise SpecError([error("E208", f"GPU (dp={ev.dp}, pp={ev.pp}) is failed and cannot be slow", ev.span,
+                                   label="failed GPU",
+                                   hint=f"recover it first: `recover gpu(dp={ev.dp}, pp={ev.pp})`")])
+        return [f for f in failures if f not in lines] + [ev]
+    # recover
+    if not lines:
+        raise SpecError([error("E216", f"GPU (dp={ev.dp}, pp={ev.pp}) is neither failed nor slow", ev.span,
+                               label="nothing to recover",
+                               hint="only a GPU with a `fail` or `slow` line can recover")])
+    out: list[Failure] = []
+    for f in failures:
+        if f not in lines:
+            out.append(f)
+        elif f.kind == "fail_node":
+            # Keep the node's other GPUs failed, one line each.
+            for r in failure_ranks(cluster, f)[0]:
+                if r != rank and not _covering(spec, out, r):
+                    dp, pp = cluster.coords_of(r)
+                    out.append(Failure(kind="fail_gpu", dp=dp, pp=pp, span=f.span))
+    return out
+
+
+def describe_events(events: Sequence[Failure]) -> str:
+    """The events as statement text, one per line."""
+    return "\n".join(describe_failure(f) for f in events)

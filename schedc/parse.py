@@ -1,0 +1,355 @@
+"""Spec text -> a plain tree of blocks, assignments and statements with spans (E1xx).
+
+This is the first pass of design.md §2. It knows the shape of the language
+(grammar/schedc.lark), not its meaning: `schedc.validate` turns the tree into
+a `Spec`. Syntax errors are reported as `SpecError`s with friendly messages
+("unclosed `{`", "missing `=`", ...) pointing inside the input; only the
+first syntax error is reported, since what follows it is guesswork.
+
+    >>> doc = parse_text("train { microbatches = 8 }", "x.sched")
+    >>> doc.items[0].name, doc.items[0].items[0].key
+    ('train', 'microbatches')
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from importlib import resources
+from typing import Literal, Union
+
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from schedc.diagnostics import Diagnostic, Span, SpecError, error
+
+ValueKind = Literal["number", "string", "word", "bool", "slice"]
+
+
+@dataclass(frozen=True)
+class Value:
+    """A value as written. Numbers keep their exact magnitude and their unit (maybe '')."""
+
+    kind: ValueKind
+    text: str  # the source text of the value
+    span: Span
+    number: Fraction | None = None  # kind == "number"
+    unit: str = ""  # kind == "number"
+    string: str | None = None  # kind == "string" (unescaped) or "word"
+    boolean: bool | None = None  # kind == "bool"
+    start: int | None = None  # kind == "slice": layers[start:stop]
+    stop: int | None = None
+    slice_of: str | None = None  # kind == "slice": the name before `[` (e.g. "layers")
+
+    def describe(self) -> str:
+        return {"number": "a number", "string": "a string", "word": "an identifier",
+                "bool": "a boolean", "slice": "a layer slice"}[self.kind]
+
+
+@dataclass(frozen=True)
+class Assign:
+    """`key = value`, or `key N = value` (`stage 0 = layers[0:7]`)."""
+
+    key: str
+    key_span: Span
+    value: Value
+    span: Span
+    index: Value | None = None
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    value: Value
+    span: Span
+
+
+@dataclass(frozen=True)
+class Statement:
+    """`fail gpu(dp=1, pp=2)`, `fail rank 3`, `slow gpu(...) speed = 0.5`, `recover gpu(...)`."""
+
+    verb: Literal["fail", "slow", "recover"]
+    target: str  # gpu, rank, node (checked by the validator)
+    target_span: Span
+    span: Span
+    args: tuple[Arg, ...] | None = None  # target(args) form
+    index: Value | None = None  # `target N` form
+    setting: Assign | None = None  # slow: `speed = X`
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    name_span: Span
+    items: tuple["Item", ...]
+    span: Span
+    label: Value | None = None  # `model "gpt" {`, `stage 3 {`
+
+
+Item = Union[Block, Assign, Statement]
+
+
+@dataclass(frozen=True)
+class Document:
+    items: tuple[Item, ...]
+    file: str
+    text: str
+
+
+# -- the parser ----------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    grammar = resources.files("schedc.grammar").joinpath("schedc.lark").read_text(encoding="utf-8")
+    return Lark(grammar, parser="lalr", lexer="contextual", start=["start", "events"],
+                propagate_positions=True, maybe_placeholders=True)
+
+
+def parse_text(text: str, file: str = "<spec>") -> Document:
+    """Parse spec text into a `Document`; raise `SpecError` (E1xx) on a syntax error."""
+    tree = _run_parser(text, file, "start")
+    return Document(items=tuple(_item(c, file) for c in tree.children), file=file, text=text)
+
+
+def parse_statements(text: str, file: str = "<event>") -> tuple[Statement, ...]:
+    """Parse a list of failure/recover statements (replan events)."""
+    tree = _run_parser(text, file, "events")
+    return tuple(_statement(c, file) for c in tree.children)
+
+
+def _run_parser(text: str, file: str, start: str) -> Tree:
+    # Feed tokens one by one so that an error knows the tokens before it.
+    interactive = _parser().parse_interactive(text, start=start)
+    recent: list[Token] = []
+    try:
+        for tok in interactive.iter_parse():
+            recent = (recent + [tok])[-2:]
+        return interactive.resume_parse()
+    except UnexpectedInput as exc:
+        raise SpecError([_syntax_diagnostic(exc, text, file, recent)], {file: text}) from None
+
+
+# -- friendly syntax errors ----------------------------------------------------
+
+_TERMINAL_NAMES = {
+    "LBRACE": "`{`", "RBRACE": "`}`", "EQUAL": "`=`", "LPAR": "`(`", "RPAR": "`)`",
+    "LSQB": "`[`", "RSQB": "`]`", "COLON": "`:`", "COMMA": "`,`", "NAME": "a name",
+    "NUMBER": "a number", "STRING": "a string", "FAIL": "`fail`", "SLOW": "`slow`",
+    "RECOVER": "`recover`", "$END": "the end of the input",
+}
+
+
+def _describe_expected(expected: set[str]) -> str:
+    names = sorted({_TERMINAL_NAMES.get(t, t) for t in expected})
+    if not names:
+        return "nothing"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _tok_span(tok: Token, file: str) -> Span:
+    line, col = tok.line or 1, tok.column or 1
+    end_line = tok.end_line or line
+    end_col = tok.end_column if tok.end_column is not None else col + max(len(tok), 1)
+    return Span(file, line, col, end_line, max(end_col, col + 1) if end_line == line else end_col)
+
+
+def _point(text: str, pos: int, file: str, width: int = 1) -> Span:
+    """Span of `width` characters at offset `pos` of `text` (clamped into the text)."""
+    pos = max(0, min(pos, len(text)))
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    return Span(file, line, col, line, col + max(width, 1))
+
+
+def _end_span(text: str, file: str) -> Span:
+    """Where 'the end of the input' is shown: just after the last non-blank character."""
+    stripped = text.rstrip()
+    return _point(text, len(stripped), file)
+
+
+def unclosed_brace(text: str) -> int | None:
+    """Offset of the innermost `{` never closed (ignoring strings and comments), or None."""
+    stack: list[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if ch == '"':
+            j = i + 1
+            while j < n and text[j] not in '"\n':
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            stack.pop()
+        i += 1
+    return stack[-1] if stack else None
+
+
+def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[Token]) -> Diagnostic:
+    if isinstance(exc, UnexpectedCharacters):
+        pos = exc.pos_in_stream
+        ch = text[pos] if pos < len(text) else ""
+        span = _point(text, pos, file)
+        if ch == '"':
+            return error("E108", "unterminated string", span, label="this string is never closed",
+                         hint='close the string on the same line: "..."')
+        shown = ch if ch.isprintable() and not ch.isspace() else repr(ch)
+        hint = _character_hint(ch)
+        return error("E101", f"unexpected character `{shown}`", span, label="not part of the spec language",
+                     hint=hint)
+
+    token = getattr(exc, "token", None)
+    expected = set(getattr(exc, "expected", ()) or ())
+    at_end = isinstance(exc, UnexpectedEOF) or (token is not None and token.type == "$END")
+    if at_end:
+        brace = unclosed_brace(text)
+        if brace is not None:
+            return error("E103", "unclosed `{`", _point(text, brace, file), label="this `{` is never closed",
+                         hint="add the matching `}` at the end of the block")
+        return error("E102", f"unexpected end of input; expected {_describe_expected(expected)}",
+                     _end_span(text, file), hint="the last statement is incomplete")
+
+    assert token is not None  # every other UnexpectedInput carries the token
+    span = _tok_span(token, file)
+    found = f"`{token.value}`"
+    if token.type == "RBRACE" and "RBRACE" not in expected:
+        # A `}` where a block cannot end here: either one too many, or a value is missing.
+        if "EQUAL" not in expected and recent and recent[-1].type == "EQUAL":
+            return error("E102", "missing value before `}`", span, label="expected a value here",
+                         hint="write `key = value`")
+        if unclosed_brace(text[:token.start_pos or 0]) is None:
+            return error("E105", "unmatched `}`", span, label="no `{` is open here",
+                         hint="remove this `}` or add the `{` it closes")
+    if "EQUAL" in expected and token.type != "EQUAL":
+        if len(recent) == 2 and recent[0].type == "NAME" and recent[1].type in ("NUMBER", "STRING"):
+            key, val = recent
+            return error("E104", f"missing `=` between `{key.value}` and `{val.value}`",
+                         _tok_span(val, file), label="expected `=` before this",
+                         hint=f"write `{key.value} = {val.value}`")
+        if recent and recent[-1].type == "NAME":
+            key = recent[-1]
+            return error("E104", f"missing `=` after `{key.value}`", span,
+                         label=f"expected `=`, found {found}",
+                         hint=f"write `{key.value} = value`, or `{key.value} {{ ... }}` for a block")
+    if token.type == "EQUAL" and recent and recent[-1].type in ("FAIL", "SLOW", "RECOVER"):
+        word = recent[-1].value
+        return error("E102", f"`{word}` is a keyword and cannot be a key", _tok_span(recent[-1], file),
+                     label="keyword", hint=f"`{word}` starts a statement such as `{word} gpu(dp=0, pp=1)`")
+    if recent and recent[-1].type == "EQUAL" and token.type in ("EQUAL", "RBRACE", "LBRACE"):
+        return error("E102", f"missing value after `=`, found {found}", span, label="expected a value",
+                     hint="values are numbers (with units), strings, true/false, names or layers[a:b]")
+    return error("E102", f"unexpected {found}; expected {_describe_expected(expected)}", span,
+                 label="unexpected here")
+
+
+def _character_hint(ch: str) -> str:
+    if ch == ";":
+        return "statements need no `;`: put them on separate lines or separate them with spaces"
+    if ch == "'":
+        return 'strings use double quotes: "..."'
+    if ch in "\t\r\x0b\x0c" or not ch.isprintable():
+        return "the spec contains a control character; save it as plain UTF-8 text"
+    return "the spec language has blocks `name { ... }`, `key = value` and `fail`/`slow` statements"
+
+
+# -- tree -> plain dataclasses -------------------------------------------------
+
+def _meta_span(tree: Tree, file: str) -> Span:
+    m = tree.meta
+    if getattr(m, "empty", True):
+        return Span(file, 1, 1, 1, 2)
+    return Span(file, m.line, m.column, m.end_line, m.end_column)
+
+
+def _item(tree: Tree, file: str) -> Item:
+    if tree.data == "block":
+        return _block(tree, file)
+    if tree.data == "assignment":
+        return _assign(tree, file)
+    return _statement(tree, file)
+
+
+def _block(tree: Tree, file: str) -> Block:
+    name, label, *items = tree.children
+    lab = None
+    if label is not None:
+        lab = _value_of_token(label.children[0], file)
+    return Block(name=str(name), name_span=_tok_span(name, file), label=lab,
+                 items=tuple(_item(c, file) for c in items), span=_meta_span(tree, file))
+
+
+def _assign(tree: Tree, file: str) -> Assign:
+    name, index, value = tree.children
+    return Assign(key=str(name), key_span=_tok_span(name, file), value=_value(value, file),
+                  span=_meta_span(tree, file),
+                  index=_value_of_token(index, file) if index is not None else None)
+
+
+def _statement(tree: Tree, file: str) -> Statement:
+    verb_tok, target = tree.children[0], tree.children[1]
+    span = _meta_span(tree, file)
+    target_name = target.children[0]
+    args = index = setting = None
+    if target.data == "target_args":
+        args = tuple(
+            Arg(name=str(a.children[0]), value=_value_of_token(a.children[1], file), span=_meta_span(a, file))
+            for a in target.children[1:] if a is not None
+        )
+    else:
+        index = _value_of_token(target.children[1], file)
+    if tree.data == "slow":
+        key, val = tree.children[2], tree.children[3]
+        vspan = _value(val, file)
+        setting = Assign(key=str(key), key_span=_tok_span(key, file), value=vspan,
+                         span=Span(file, key.line, key.column, vspan.span.end_line, vspan.span.end_column))
+    return Statement(verb=str(verb_tok), target=str(target_name), target_span=_tok_span(target_name, file),
+                     span=span, args=args, index=index, setting=setting)
+
+
+_NUMBER_RE = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(.*)", re.S)
+
+
+def _value_of_token(tok: Token, file: str) -> Value:
+    span = _tok_span(tok, file)
+    if tok.type == "NUMBER":
+        m = _NUMBER_RE.fullmatch(str(tok))
+        assert m is not None  # the grammar's NUMBER guarantees this shape
+        return Value("number", str(tok), span, number=Fraction(m.group(1)), unit=m.group(2))
+    if tok.type == "STRING":
+        return Value("string", str(tok), span, string=_unescape(str(tok)[1:-1]))
+    if str(tok) in ("true", "false"):
+        return Value("bool", str(tok), span, boolean=str(tok) == "true")
+    return Value("word", str(tok), span, string=str(tok))
+
+
+def _unescape(body: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+
+
+def _value(tree: Tree, file: str) -> Value:
+    if tree.data == "slice":
+        name, a, b = tree.children
+        span = _meta_span(tree, file)
+        lo = _value_of_token(a, file) if a is not None else None
+        hi = _value_of_token(b, file) if b is not None else None
+        text = f"{name}[{a or ''}:{b or ''}]"
+        return Value("slice", text, span, slice_of=str(name),
+                     start=_slice_bound(lo), stop=_slice_bound(hi))
+    return _value_of_token(tree.children[0], file)
+
+
+def _slice_bound(v: Value | None) -> int | None:
+    # Non-integer bounds (`layers[1.5:3]`, `layers[2ms:3]`) become -1, which the validator rejects.
+    if v is None:
+        return None
+    if v.unit or v.number is None or v.number.denominator != 1:
+        return -1
+    return int(v.number)

@@ -1,0 +1,1001 @@
+"""Parsed spec tree -> validated `Spec` (E2xx meaning errors, E3xx lost stages).
+
+The second pass of design.md §2. Every mistake found is collected and raised
+once, as one `SpecError` carrying all diagnostics with their spans. Values
+are first converted by unit (times to µs, sizes to bytes, rates to bytes/s);
+ranges and required keys are then checked by pydantic models, whose errors
+are turned into schedc diagnostics here (a pydantic message is never shown).
+
+Codes are listed in docs/errors.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from schedc.diagnostics import Diagnostic, InfeasibleError, Label, Span, SpecError, did_you_mean, error
+from schedc.parse import Arg, Assign, Block, Document, Statement, Value
+from schedc.spec import (
+    STAGE_KEYS,
+    STAGE_SIZE_KEYS,
+    STAGE_TIME_KEYS,
+    ClusterSpec,
+    Failure,
+    Gpu,
+    GpuSpec,
+    LinkSpec,
+    ModelSpec,
+    ScheduleOptions,
+    Spec,
+    StageCosts,
+    TrainSpec,
+)
+
+
+class LostStageError(SpecError, InfeasibleError):
+    """Failures leave a stage without any live GPU (E301). Both a `SpecError` and an `InfeasibleError`."""
+
+
+# -- units ---------------------------------------------------------------------
+
+#: unit -> factor to microseconds
+TIME_UNITS = {"ns": Fraction(1, 1000), "us": Fraction(1), "ms": Fraction(1000), "s": Fraction(1_000_000)}
+#: unit -> factor to bytes
+SIZE_UNITS = {
+    "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+}
+#: unit -> factor to bytes per second
+RATE_UNITS = {f"{u}/s": f for u, f in SIZE_UNITS.items()}
+#: unit -> factor to FLOP/s
+FLOPS_UNITS = {"FLOPS": 1, "GFLOPS": 10**9, "TFLOPS": 10**12, "PFLOPS": 10**15}
+
+_UNIT_TABLES = {"time": TIME_UNITS, "seconds": TIME_UNITS, "size": SIZE_UNITS, "rate": RATE_UNITS,
+                "flops": FLOPS_UNITS}
+_UNIT_WORDS = {"time": "a time", "seconds": "a time", "size": "a size", "rate": "a bandwidth",
+               "flops": "a compute rate"}
+_UNIT_EXAMPLES = {"time": "1.2ms", "seconds": "5s", "size": "16MiB", "rate": "25GB/s", "flops": "312TFLOPS"}
+
+# -- what each block may hold ----------------------------------------------------
+
+Kind = Literal["int", "float", "time", "seconds", "size", "rate", "flops", "bool", "word", "name", "string"]
+
+CLUSTER_KEYS: dict[str, Kind] = {"dp": "int", "pp": "int", "gpus_per_node": "int", "placement": "word"}
+GPU_KEYS: dict[str, Kind] = {"memory": "size", "flops": "flops", "efficiency": "float"}
+LINK_KEYS: dict[str, Kind] = {"latency": "time", "bandwidth": "rate"}
+STAGE_KINDS: dict[str, Kind] = {**{k: "time" for k in STAGE_TIME_KEYS}, **{k: "size" for k in STAGE_SIZE_KEYS}}
+TRAIN_KEYS: dict[str, Kind] = {"microbatches": "int", "optimizer": "word", "lr": "float", "iterations": "int"}
+SCHEDULE_KEYS: dict[str, Kind] = {"decouple_backward": "bool", "stagger_optimizer": "bool", "solver": "name",
+                                  "time_limit": "seconds"}
+MODEL_KEYS: dict[str, Kind] = {"layers": "int", "hidden": "int", "heads": "int", "seq_len": "int",
+                               "vocab": "int", "microbatch_size": "int", "precision": "word",
+                               "source": "string", "data": "string"}
+TOP_BLOCKS = ("cluster", "stages", "model", "partition", "train", "failures", "schedule")
+MODEL_REQUIRED = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+#: Defaults that are not in the dataclasses (documented in docs/spec-language.md).
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_LINK_LATENCY = 0  # µs
+DEFAULT_LINK_BANDWIDTH = 25 * 10**9  # bytes/s (25 GB/s)
+
+
+def _solver_names() -> list[str]:
+    from schedc.solvers import solver_names  # the registry only: no solver module is imported
+
+    return solver_names()
+
+
+_CHOICES: dict[str, Callable[[], Sequence[str]]] = {
+    "cluster.placement": lambda: ("pipeline_major", "stage_major"),
+    "train.optimizer": lambda: ("sgd", "adam", "adamw"),
+    "model.precision": lambda: ("bf16", "fp16", "fp32"),
+    "schedule.solver": _solver_names,
+}
+
+_EXAMPLES = {
+    "cluster.dp": "dp = 4", "cluster.pp": "pp = 4", "cluster.gpu.memory": "gpu { memory = 80GiB }",
+    "cluster.gpu.flops": "gpu { flops = 312TFLOPS }", "train.microbatches": "train { microbatches = 8 }",
+}
+
+_SOURCE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+
+# -- pydantic boundary models (ranges and required keys) -------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Cluster(_Strict):
+    dp: int = Field(ge=1, le=100_000)
+    pp: int = Field(ge=1, le=10_000)
+    gpus_per_node: int = Field(DEFAULT_GPUS_PER_NODE, ge=1)
+    placement: Literal["pipeline_major", "stage_major"] = "pipeline_major"
+
+
+class _Gpu(_Strict):
+    memory: int = Field(ge=1)
+    flops: float | None = Field(None, gt=0)
+    efficiency: float | None = Field(None, gt=0, le=1)
+
+
+class _Link(_Strict):
+    latency: int = Field(DEFAULT_LINK_LATENCY, ge=0)
+    bandwidth: int = Field(DEFAULT_LINK_BANDWIDTH, ge=1)
+
+
+class _Stage(_Strict):
+    forward: int = Field(ge=1)
+    backward_input: int = Field(ge=1)
+    backward_weight: int = Field(ge=1)
+    optimizer: int = Field(ge=0)
+    activation: int = Field(ge=0)
+    stash: int = Field(ge=0)
+    static: int = Field(ge=0)
+    send: int = Field(ge=0)
+
+
+class _Train(_Strict):
+    microbatches: int = Field(ge=1, le=1_000_000)
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    iterations: int = Field(1, ge=1)
+
+
+class _Schedule(_Strict):
+    decouple_backward: bool = True
+    stagger_optimizer: bool = True
+    solver: str = "cpsat"
+    time_limit: float = Field(5.0, gt=0)
+
+
+class _Model(_Strict):
+    layers: int | None = Field(None, ge=1, le=100_000)
+    hidden: int | None = Field(None, ge=1)
+    heads: int | None = Field(None, ge=1)
+    seq_len: int | None = Field(None, ge=1)
+    vocab: int | None = Field(None, ge=1)
+    microbatch_size: int = Field(1, ge=1)
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    source: str | None = None
+    data: str | None = None
+
+
+# -- the collector -------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    file: str
+    diags: list[Diagnostic] = field(default_factory=list)
+    spans: dict[str, Span] = field(default_factory=dict)
+    bad: set[str] = field(default_factory=set)  # paths whose value was rejected (no "missing" for them)
+
+    def add(self, diag: Diagnostic) -> None:
+        self.diags.append(diag)
+
+
+@dataclass
+class _Read:
+    """The assignments and sub-blocks of one block, by name."""
+
+    values: dict[str, Value] = field(default_factory=dict)
+    blocks: dict[str, Block] = field(default_factory=dict)
+
+
+def _read_block(ctx: _Ctx, block: Block, path: str, keys: Iterable[str], subblocks: Iterable[str] = ()) -> _Read:
+    keys, subblocks = tuple(keys), tuple(subblocks)
+    out = _Read()
+    seen: dict[str, Span] = {}
+    for item in block.items:
+        if isinstance(item, Statement):
+            ctx.add(error("E201", f"`{item.verb}` statements belong in the `failures` block, not in `{path}`",
+                          item.span, label="not allowed here", hint="move it into `failures { ... }`"))
+            continue
+        name = item.key if isinstance(item, Assign) else item.name
+        name_span = item.key_span if isinstance(item, Assign) else item.name_span
+        is_block = isinstance(item, Block)
+        if name not in (subblocks if is_block else keys):
+            ctx.add(_unknown(name, name_span, path, keys, subblocks, is_block))
+            continue
+        if isinstance(item, Assign) and item.index is not None:
+            ctx.add(error("E201", f"`{name} {item.index.text} = ...` is not allowed in `{path}`", item.span,
+                          hint=f"write `{name} = value`"))
+            continue
+        if is_block and item.label is not None:
+            ctx.add(error("E201", f"`{name}` takes no label", item.label.span, label="remove this",
+                          hint=f"write `{name} {{ ... }}`"))
+            continue
+        if name in seen:
+            ctx.add(_duplicate(f"{path}.{name}", name_span, seen[name]))
+            continue
+        seen[name] = name_span
+        if is_block:
+            out.blocks[name] = item
+            ctx.spans[f"{path}.{name}"] = item.name_span
+        else:
+            out.values[name] = item.value
+            ctx.spans[f"{path}.{name}"] = item.value.span
+    return out
+
+
+def _unknown(name: str, span: Span, path: str, keys: Sequence[str], subblocks: Sequence[str], is_block: bool) -> Diagnostic:
+    what = "block" if is_block else "key"
+    suggestion = did_you_mean(name, tuple(keys) + tuple(subblocks))
+    known = ", ".join(tuple(keys) + tuple(f"{b} {{ }}" for b in subblocks)) or "nothing"
+    where = f" in `{path}`" if path else ""
+    if name in subblocks and not is_block:
+        return error("E201", f"`{name}` is a block{where}, not a key", span, label="expected `{`",
+                     hint=f"write `{name} {{ ... }}`")
+    if name in keys and is_block:
+        return error("E201", f"`{name}` is a key{where}, not a block", span, label="expected `=`",
+                     hint=f"write `{name} = value`")
+    return error("E201", f"unknown {what} `{name}`{where}", span, label=suggestion or f"unknown {what}",
+                 hint=f"{path or 'a spec'} may contain: {known}")
+
+
+def _duplicate(path: str, span: Span, first: Span) -> Diagnostic:
+    return error("E202", f"`{path}` is given twice", span, label="second definition",
+                 notes=[Label(first, "first defined here")], hint="remove one of them")
+
+
+# -- value conversion by kind ----------------------------------------------------------
+
+
+def _convert(ctx: _Ctx, value: Value, kind: Kind, path: str) -> Any:
+    """The Python value of `value` as a `kind`, or None (with a diagnostic) if it is not one."""
+    bad = object()
+    result: Any = bad
+    if kind in _UNIT_TABLES:
+        result = _convert_unit(ctx, value, kind, path)
+        if result is None:
+            result = bad
+    elif kind in ("int", "float"):
+        if value.kind != "number":
+            ctx.add(_type_error(value, path, "a number"))
+        elif value.unit:
+            ctx.add(error("E204", f"`{path}` takes no unit, got `{value.unit}`", value.span,
+                          label="remove the unit", hint=f"write `{path.rsplit('.', 1)[-1]} = {value.text[:-len(value.unit)]}`"))
+        elif kind == "int" and value.number.denominator != 1:  # type: ignore[union-attr]
+            ctx.add(error("E205", f"`{path}` must be a whole number, got `{value.text}`", value.span,
+                          label="not a whole number"))
+        else:
+            result = int(value.number) if kind == "int" else float(value.number)  # type: ignore[arg-type]
+    elif kind == "bool":
+        if value.kind != "bool":
+            ctx.add(_type_error(value, path, "`true` or `false`"))
+        else:
+            result = value.boolean
+    elif kind == "word":
+        if value.kind not in ("word", "bool"):
+            ctx.add(_type_error(value, path, "a name"))
+        else:
+            result = value.text
+    elif kind == "name":
+        if value.kind in ("word", "bool"):
+            result = value.text
+        elif value.kind == "string":
+            result = value.string
+        else:
+            ctx.add(_type_error(value, path, "a name"))
+    elif kind == "string":
+        if value.kind != "string":
+            ctx.add(_type_error(value, path, 'a string in double quotes ("...")'))
+        else:
+            result = value.string
+    if result is bad:
+        ctx.bad.add(path)
+        return None
+    choices = _CHOICES.get(path)
+    if choices is not None and result not in choices():
+        options = list(choices())
+        ctx.add(error("E215", f"unknown {path.rsplit('.', 1)[-1]} `{result}`", value.span,
+                      label=did_you_mean(str(result), options) or "not a known choice",
+                      hint="choose one of: " + ", ".join(options)))
+        ctx.bad.add(path)
+        return None
+    return result
+
+
+def _type_error(value: Value, path: str, expected: str) -> Diagnostic:
+    return error("E205", f"`{path}` expects {expected}, got {value.describe()} `{value.text}`", value.span,
+                 label=f"expected {expected}")
+
+
+def _convert_unit(ctx: _Ctx, value: Value, kind: str, path: str) -> Any:
+    table = _UNIT_TABLES[kind]
+    key = path.rsplit(".", 1)[-1]
+    if value.kind != "number":
+        ctx.add(_type_error(value, path, f"{_UNIT_WORDS[kind]} such as `{_UNIT_EXAMPLES[kind]}`"))
+        return None
+    if not value.unit:
+        ctx.add(error("E204", f"missing unit: `{path}` is {_UNIT_WORDS[kind]}", value.span,
+                      label="add a unit", hint=f"for example `{key} = {value.text}{_unit_sample(kind)}`; "
+                                               f"units: {', '.join(table)}"))
+        return None
+    if value.unit not in table:
+        known = {u.lower(): u for u in table}
+        close = known.get(value.unit.lower())
+        other = next((w for k, t in _UNIT_TABLES.items() if value.unit in t for w in [_UNIT_WORDS[k]]), None)
+        why = f"`{value.unit}` is a unit of {other[2:] if other and other.startswith('a ') else other}" if other \
+            else f"unknown unit `{value.unit}`"
+        ctx.add(error("E204", f"wrong unit for `{path}`: {why}, but `{key}` is {_UNIT_WORDS[kind]}", value.span,
+                      label=f"did you mean `{close}`?" if close else "wrong unit",
+                      hint=f"units of {_UNIT_WORDS[kind][2:]}: {', '.join(table)}"))
+        return None
+    exact = value.number * table[value.unit]  # type: ignore[operator]
+    if kind == "seconds":
+        return float(exact / 1_000_000)
+    if kind == "flops":
+        return float(exact)
+    # Times in whole µs and sizes in whole bytes; a fraction is rounded up (§6).
+    return math.ceil(exact)
+
+
+def _unit_sample(kind: str) -> str:
+    return {"time": "ms", "seconds": "s", "size": "MiB", "rate": "GB/s", "flops": "TFLOPS"}[kind]
+
+
+def _converted(ctx: _Ctx, read: _Read, kinds: dict[str, Kind], path: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in read.values.items():
+        v = _convert(ctx, value, kinds[key], f"{path}.{key}")
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def _check_model(ctx: _Ctx, model_cls: type[BaseModel], data: dict[str, Any], path: str, where: Span | None,
+                 *, missing_hint: Callable[[str], str] | None = None,
+                 missing_message: Callable[[str], str] | None = None) -> BaseModel | None:
+    """Run a pydantic model; turn its errors into diagnostics at the value's span."""
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            key = ".".join(str(p) for p in err["loc"])
+            full = f"{path}.{key}" if path else key
+            if full in ctx.bad:
+                continue
+            ctx.add(_pydantic_diagnostic(err, full, ctx.spans.get(full) or where, missing_hint, missing_message))
+        return None
+
+
+def _pydantic_diagnostic(err: dict, path: str, span: Span | None, missing_hint, missing_message) -> Diagnostic:
+    kind = err["type"]
+    c = err.get("ctx") or {}
+    got = err.get("input")
+    key = path.rsplit(".", 1)[-1]
+    if kind == "missing":
+        msg = missing_message(key) if missing_message else f"missing `{path}`"
+        hint = missing_hint(key) if missing_hint else f"add `{_EXAMPLES.get(path, key + ' = ...')}`"
+        return error("E203", msg, span, label="required", hint=hint)
+    bounds = {
+        "greater_than_equal": ("at least", "ge"), "greater_than": ("greater than", "gt"),
+        "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt"),
+    }
+    if kind in bounds:
+        words, name = bounds[kind]
+        limit = c.get(name)
+        shown = _show(got)
+        if kind == "greater_than_equal" and limit == 0:
+            return error("E206", f"`{path}` must not be negative, got {shown}", span, label="negative")
+        return error("E206", f"`{path}` must be {words} {limit}, got {shown}", span, label="out of range")
+    return error("E205", f"`{path}` has the wrong type of value", span, label="invalid value")
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+# -- the passes ------------------------------------------------------------------------
+
+
+def validate(doc: Document, *, name: str | None = None) -> Spec:
+    """Turn a parsed document into a validated `Spec`; raise `SpecError` with every problem found."""
+    ctx = _Ctx(doc.file)
+    blocks = _top_blocks(ctx, doc)
+
+    cluster = _cluster(ctx, blocks.get("cluster"), doc)
+    train = _train(ctx, blocks.get("train"), doc)
+    schedule = _schedule(ctx, blocks.get("schedule"))
+    model = _model(ctx, blocks.get("model"))
+    partition = _partition(ctx, blocks.get("partition"), cluster, model)
+    failures = _failures(ctx, blocks.get("failures"))
+
+    stages: tuple[StageCosts, ...] | None = None
+    costs: Literal["explicit", "derived"] = "explicit"
+    if "stages" in blocks:
+        stages = _explicit_stages(ctx, blocks["stages"], cluster)
+    elif model is not None and all(getattr(model, k) is not None for k in MODEL_REQUIRED):
+        costs = "derived"
+        stages, partition = _derived_stages(ctx, blocks, cluster, model, train, partition)
+    elif "model" not in ctx.bad:
+        missing = [k for k in MODEL_REQUIRED if model is None or getattr(model, k) is None]
+        span = blocks["model"].name_span if "model" in blocks else None
+        if model is not None or "model" in blocks:
+            msg = "the model block is incomplete: missing " + ", ".join(f"`{k}`" for k in missing)
+        else:
+            msg = "the spec has neither a `stages` block nor a `model` block"
+        ctx.add(error("E213", msg, span or _doc_span(doc), label="no stage costs",
+                      hint="give the costs in `stages { all { forward = 1ms ... } }`, or describe the model: "
+                           "`model { layers = 24  hidden = 2048  heads = 16  seq_len = 2048  vocab = 50304 }`"))
+
+    gpus: tuple[Gpu, ...] = ()
+    if cluster is not None and failures is not None:
+        gpus, diags = resolve_gpus(cluster, failures, block_span=ctx.spans.get("failures"))
+        ctx.diags.extend(diags)
+    if cluster is not None and stages is not None:
+        _check_memory(ctx, cluster, stages, costs)
+
+    if ctx.diags:
+        raise _spec_error(ctx.diags, {doc.file: doc.text})
+    assert cluster is not None and train is not None and schedule is not None and stages is not None
+    return Spec(cluster=cluster, stages=stages, train=train, schedule=schedule, failures=failures or (),
+                gpus=gpus, model=model, partition=partition, costs=costs, source_name=name or doc.file,
+                spans=MappingProxyType(dict(ctx.spans)))
+
+
+def _spec_error(diags: Sequence[Diagnostic], sources: dict[str, str]) -> SpecError:
+    # E1xx/E2xx sort before E3xx: meaning errors usually explain the rest.
+    ordered = sorted(diags, key=lambda d: d.code[:2] == "E3")
+    if all(d.code.startswith("E3") for d in ordered):
+        return LostStageError(ordered, sources)
+    return SpecError(ordered, sources)
+
+
+def _doc_span(doc: Document) -> Span:
+    return Span(doc.file, 1, 1, 1, 2)
+
+
+def _top_blocks(ctx: _Ctx, doc: Document) -> dict[str, Block]:
+    blocks: dict[str, Block] = {}
+    for item in doc.items:
+        if isinstance(item, Block):
+            if item.name not in TOP_BLOCKS:
+                ctx.add(_unknown(item.name, item.name_span, "", (), TOP_BLOCKS, True))
+                continue
+            if item.name in blocks:
+                ctx.add(_duplicate(item.name, item.name_span, blocks[item.name].name_span))
+                continue
+            if item.label is not None and item.name != "model":
+                ctx.add(error("E201", f"`{item.name}` takes no label", item.label.span, label="remove this",
+                              hint=f"only `model` has a name: `model \"gpt\" {{ ... }}`"))
+                continue
+            blocks[item.name] = item
+            ctx.spans[item.name] = item.name_span
+        else:
+            what = f"`{item.key} = ...`" if isinstance(item, Assign) else f"`{item.verb}` statement"
+            ctx.add(error("E201", f"{what} must be inside a block", item.span, label="outside any block",
+                          hint="the top level holds blocks: " + ", ".join(TOP_BLOCKS)))
+    return blocks
+
+
+def _cluster(ctx: _Ctx, block: Block | None, doc: Document) -> ClusterSpec | None:
+    if block is None:
+        ctx.add(error("E203", "missing `cluster` block", _doc_span(doc), label="required",
+                      hint="add `cluster { dp = 2  pp = 2  gpu { memory = 80GiB } }`"))
+        return None
+    read = _read_block(ctx, block, "cluster", CLUSTER_KEYS, ("gpu", "link"))
+    data = _converted(ctx, read, CLUSTER_KEYS, "cluster")
+    top = _check_model(ctx, _Cluster, data, "cluster", block.name_span)
+
+    gpu_block = read.blocks.get("gpu")
+    gpu_data = {}
+    if gpu_block is not None:
+        gpu_data = _converted(ctx, _read_block(ctx, gpu_block, "cluster.gpu", GPU_KEYS), GPU_KEYS, "cluster.gpu")
+    gpu = _check_model(ctx, _Gpu, gpu_data, "cluster.gpu", gpu_block.name_span if gpu_block else block.name_span,
+                       missing_hint=lambda k: f"add `{_EXAMPLES.get('cluster.gpu.' + k, k)}` to `cluster`")
+    link_block = read.blocks.get("link")
+    link_data = {}
+    if link_block is not None:
+        link_data = _converted(ctx, _read_block(ctx, link_block, "cluster.link", LINK_KEYS), LINK_KEYS,
+                               "cluster.link")
+    link = _check_model(ctx, _Link, link_data, "cluster.link", block.name_span)
+    if top is None or gpu is None or link is None:
+        return None
+    return ClusterSpec(dp=top.dp, pp=top.pp, gpus_per_node=top.gpus_per_node, placement=top.placement,
+                       gpu=GpuSpec(memory=gpu.memory, flops=gpu.flops, efficiency=gpu.efficiency),
+                       link=LinkSpec(latency=link.latency, bandwidth=link.bandwidth))
+
+
+def _train(ctx: _Ctx, block: Block | None, doc: Document) -> TrainSpec | None:
+    if block is None:
+        ctx.add(error("E203", "missing `train` block", _doc_span(doc), label="required",
+                      hint="add `train { microbatches = 8 }`"))
+        return None
+    data = _converted(ctx, _read_block(ctx, block, "train", TRAIN_KEYS), TRAIN_KEYS, "train")
+    t = _check_model(ctx, _Train, data, "train", block.name_span)
+    return None if t is None else TrainSpec(microbatches=t.microbatches, optimizer=t.optimizer, lr=t.lr,
+                                            iterations=t.iterations)
+
+
+def _schedule(ctx: _Ctx, block: Block | None) -> ScheduleOptions | None:
+    if block is None:
+        return ScheduleOptions()
+    data = _converted(ctx, _read_block(ctx, block, "schedule", SCHEDULE_KEYS), SCHEDULE_KEYS, "schedule")
+    s = _check_model(ctx, _Schedule, data, "schedule", block.name_span)
+    return None if s is None else ScheduleOptions(decouple_backward=s.decouple_backward,
+                                                  stagger_optimizer=s.stagger_optimizer, solver=s.solver,
+                                                  time_limit=s.time_limit)
+
+
+def _model(ctx: _Ctx, block: Block | None) -> ModelSpec | None:
+    if block is None:
+        return None
+    name = None
+    if block.label is not None:
+        if block.label.kind != "string":
+            ctx.add(error("E205", "a model's name must be a string", block.label.span, label="expected \"...\"",
+                          hint=f'write `model "{block.label.text}" {{ ... }}`'))
+        else:
+            name = block.label.string
+            ctx.spans["model.name"] = block.label.span
+    read = _read_block(ctx, block, "model", MODEL_KEYS)
+    data = _converted(ctx, read, MODEL_KEYS, "model")
+    for key in ("source", "data"):
+        if key in data and not _SOURCE_RE.fullmatch(data[key]):
+            ctx.add(error("E212", f"`model.{key}` must be `module:callable`, got \"{data[key]}\"",
+                          read.values[key].span, label="not module:callable",
+                          hint=f'for example `{key} = "schedc.models.mlp:{"build" if key == "source" else "batch"}"`'))
+            ctx.bad.add(f"model.{key}")
+            del data[key]
+    m = _check_model(ctx, _Model, data, "model", block.name_span)
+    if m is None:
+        ctx.bad.add("model")
+        return None
+    if m.hidden is not None and m.heads is not None and m.hidden % m.heads:
+        ctx.add(error("E206", f"`model.hidden` ({m.hidden}) must be a multiple of `model.heads` ({m.heads})",
+                      ctx.spans.get("model.heads"), label="does not divide hidden"))
+        ctx.bad.add("model")
+        return None
+    return ModelSpec(name=name, layers=m.layers, hidden=m.hidden, heads=m.heads, seq_len=m.seq_len,
+                     vocab=m.vocab, microbatch_size=m.microbatch_size, precision=m.precision,
+                     source=m.source, data=m.data)
+
+
+def _stage_index(ctx: _Ctx, value: Value | None, span: Span, cluster: ClusterSpec | None, where: str) -> int | None:
+    if value is None or value.kind != "number" or value.unit or value.number.denominator != 1:  # type: ignore[union-attr]
+        ctx.add(error("E205", f"`stage` in `{where}` needs a whole stage number", value.span if value else span,
+                      label="expected a stage number", hint="write `stage 0 { ... }`"))
+        return None
+    n = int(value.number)  # type: ignore[arg-type]
+    if n < 0 or (cluster is not None and n >= cluster.pp):
+        bound = f"the cluster has stages 0..{cluster.pp - 1} (pp = {cluster.pp})" if cluster else "stages count from 0"
+        ctx.add(error("E214", f"stage {n} does not exist", value.span, label="no such stage", hint=bound))
+        return None
+    return n
+
+
+def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tuple[StageCosts, ...] | None:
+    base: dict[str, Value] = {}
+    overrides: dict[int, tuple[Block, dict[str, Value]]] = {}
+    seen_all: Span | None = None
+    for item in block.items:
+        if isinstance(item, Block) and item.name == "all" and item.label is None:
+            if seen_all is not None:
+                ctx.add(_duplicate("stages.all", item.name_span, seen_all))
+                continue
+            seen_all = item.name_span
+            ctx.spans["stages.all"] = item.name_span
+            base = _read_block(ctx, item, "stages.all", STAGE_KEYS).values
+        elif isinstance(item, Block) and item.name == "stage":
+            n = _stage_index(ctx, item.label, item.name_span, cluster, "stages")
+            if n is None:
+                continue
+            if n in overrides:
+                ctx.add(_duplicate(f"stages.{n}", item.name_span, overrides[n][0].name_span))
+                continue
+            ctx.spans[f"stages.{n}"] = item.name_span
+            overrides[n] = (item, _read_block(ctx, item, f"stages.{n}", STAGE_KEYS).values)
+        elif isinstance(item, Statement):
+            ctx.add(error("E201", f"`{item.verb}` statements belong in the `failures` block", item.span,
+                          label="not allowed here"))
+        else:
+            name = item.key if isinstance(item, Assign) else item.name
+            span = item.key_span if isinstance(item, Assign) else item.name_span
+            if isinstance(item, Assign) and name in STAGE_KEYS:
+                ctx.add(error("E201", f"`{name}` must be inside `all {{ }}` or `stage N {{ }}`", span,
+                              label="directly in `stages`", hint=f"write `all {{ {name} = ... }}`"))
+            else:
+                ctx.add(_unknown(name, span, "stages", (), ("all", "stage N"), True))
+    all_values = {k: _convert(ctx, v, STAGE_KINDS[k], f"stages.all.{k}") for k, v in base.items()}
+    over_values = {n: {k: _convert(ctx, v, STAGE_KINDS[k], f"stages.{n}.{k}") for k, v in vals.items()}
+                   for n, (_, vals) in overrides.items()}
+    if cluster is None:
+        return None
+    stages: list[StageCosts] = []
+    ok = True
+    for s in range(cluster.pp):
+        data: dict[str, Any] = {}
+        for key in STAGE_KEYS:
+            own = over_values.get(s, {})
+            if key in own:
+                src, val = f"stages.{s}.{key}", own[key]
+            elif key in all_values:
+                src, val = f"stages.all.{key}", all_values[key]
+            else:
+                continue
+            if src in ctx.spans:
+                ctx.spans[f"stages.{s}.{key}"] = ctx.spans[src]
+            if val is None:
+                ctx.bad.add(f"stages.{s}.{key}")
+            else:
+                data[key] = val
+        # A range error in `all` is reported once, not once per stage.
+        before = len(ctx.diags)
+        checked = _check_model(
+            ctx, _Stage, data, f"stages.{s}", ctx.spans.get(f"stages.{s}", block.name_span),
+            missing_message=lambda k, s=s: f"stage {s} has no `{k}`",
+            missing_hint=lambda k, s=s: f"set `{k}` in `stages {{ all {{ ... }} }}` or in `stage {s} {{ ... }}`")
+        _dedupe_from_all(ctx, before)
+        if checked is None:
+            ok = False
+            continue
+        stage = StageCosts(pp=s, **checked.model_dump())
+        if stage.stash > stage.activation:
+            span = ctx.spans.get(f"stages.{s}.stash")
+            if not any(d.code == "E209" and d.span == span for d in ctx.diags):
+                ctx.add(error("E209", f"stage {s}: `stash` ({human_bytes(stage.stash)}) is larger than `activation` "
+                                      f"({human_bytes(stage.activation)})", span, label="stash > activation",
+                              hint="stash is the part of a microbatch's activation kept from B to W; "
+                                   "it cannot exceed the activation"))
+            ok = False
+            continue
+        stages.append(stage)
+    return tuple(stages) if ok else None
+
+
+def _dedupe_from_all(ctx: _Ctx, start: int) -> None:
+    """Drop diagnostics added since `start` that repeat one already reported for the same span (from `all`)."""
+    fresh = ctx.diags[start:]
+    del ctx.diags[start:]
+    for d in fresh:
+        if d.span is not None and any(o.span == d.span and o.code == d.code for o in ctx.diags):
+            continue
+        ctx.diags.append(d)
+
+
+def _derived_stages(ctx: _Ctx, blocks: dict[str, Block], cluster: ClusterSpec | None, model: ModelSpec,
+                    train: TrainSpec | None, partition):
+    from schedc import costmodel
+
+    if cluster is None or train is None or "partition" in ctx.bad:
+        return None, partition
+    if cluster.gpu.flops is None:
+        ctx.add(error("E203", "costs derived from `model` need `cluster.gpu.flops`",
+                      ctx.spans.get("cluster.gpu", ctx.spans.get("cluster")), label="no flops",
+                      hint="add `flops = 312TFLOPS` (peak) and `efficiency = 0.45` to `cluster.gpu`"))
+        return None, partition
+    assert model.layers is not None
+    if partition is None and model.layers < cluster.pp:
+        ctx.add(error("E210", f"cannot split {model.layers} layers into {cluster.pp} stages",
+                      ctx.spans.get("model.layers"), label="fewer layers than stages",
+                      hint="use fewer stages (`cluster.pp`) or a model with more layers"))
+        return None, partition
+    return costmodel.derive_stages(model, cluster, train.optimizer, partition)
+
+
+def _partition(ctx: _Ctx, block: Block | None, cluster: ClusterSpec | None, model: ModelSpec | None):
+    if block is None:
+        return None
+    slices: dict[int, tuple[Value, Assign]] = {}
+    for item in block.items:
+        if not (isinstance(item, Assign) and item.key == "stage" and item.index is not None):
+            span = item.span if isinstance(item, Statement) else (
+                item.key_span if isinstance(item, Assign) else item.name_span)
+            ctx.add(error("E201", "`partition` holds only `stage N = layers[a:b]`", span,
+                          label="not a stage slice", hint="write `stage 0 = layers[0:12]`"))
+            ctx.bad.add("partition")
+            continue
+        n = _stage_index(ctx, item.index, item.key_span, cluster, "partition")
+        if n is None:
+            ctx.bad.add("partition")
+            continue
+        if n in slices:
+            ctx.add(_duplicate(f"partition.{n}", item.key_span, slices[n][1].key_span))
+            ctx.bad.add("partition")
+            continue
+        v = item.value
+        if v.kind != "slice" or v.slice_of != "layers":
+            ctx.add(_type_error(v, f"partition.{n}", "a layer slice `layers[a:b]`"))
+            ctx.bad.add("partition")
+            continue
+        if (v.start is not None and v.start < 0) or (v.stop is not None and v.stop < 0):
+            ctx.add(error("E206", "layer slice bounds must be whole numbers >= 0", v.span, label="bad bound"))
+            ctx.bad.add("partition")
+            continue
+        slices[n] = (v, item)
+        ctx.spans[f"partition.{n}"] = v.span
+    if "partition" in ctx.bad or cluster is None:
+        return None
+    missing = [s for s in range(cluster.pp) if s not in slices]
+    if missing:
+        ctx.add(error("E210", "partition has no slice for stage " + ", ".join(map(str, missing)),
+                      block.name_span, label="incomplete partition",
+                      hint=f"give every stage 0..{cluster.pp - 1} a `stage N = layers[a:b]`"))
+        ctx.bad.add("partition")
+        return None
+    layers = model.layers if model is not None else None
+    out: list[tuple[int, int]] = []
+    expected = 0
+    bad = False
+    for s in range(cluster.pp):
+        v, _ = slices[s]
+        a = v.start if v.start is not None else 0
+        b = v.stop if v.stop is not None else layers
+        if b is None:
+            ctx.add(error("E210", f"stage {s}: `layers[{a}:]` needs `model.layers` to know where it ends",
+                          v.span, label="open slice", hint="write both bounds, e.g. `layers[19:24]`"))
+            bad = True
+            break
+        if a >= b:
+            ctx.add(error("E210", f"stage {s}: `{v.text}` holds no layer", v.span, label="empty slice",
+                          hint="each stage needs at least one layer: layers[a:b] with a < b"))
+            bad = True
+        elif a > expected:
+            ctx.add(error("E210", f"partition leaves layers[{expected}:{a}] in no stage", v.span,
+                          label=f"stage {s} starts at layer {a}",
+                          hint=f"stage {s} should start where stage {s - 1} ends" if s else
+                          "stage 0 should start at layer 0"))
+            bad = True
+        elif a < expected:
+            ctx.add(error("E210", f"layers[{a}:{expected}] are in more than one stage", v.span,
+                          label=f"overlaps stage {s - 1}",
+                          hint=f"stage {s} should start at layer {expected}, where stage {s - 1} ends"))
+            bad = True
+        out.append((a, b))
+        expected = max(expected, b)
+    if not bad and layers is not None and expected != layers:
+        v, _ = slices[cluster.pp - 1]
+        msg = (f"partition leaves layers[{expected}:{layers}] in no stage" if expected < layers else
+               f"partition goes past the model's {layers} layers (to layer {expected})")
+        ctx.add(error("E210", msg, v.span, label="the last stage must end at the last layer",
+                      hint=f"the model has `layers = {layers}`; the last stage should end with `:{layers}]`"))
+        bad = True
+    if bad:
+        ctx.bad.add("partition")
+        return None
+    return tuple(out)
+
+
+# -- failures ------------------------------------------------------------------------
+
+
+def _failures(ctx: _Ctx, block: Block | None) -> tuple[Failure, ...] | None:
+    if block is None:
+        return ()
+    out: list[Failure] = []
+    ok = True
+    for item in block.items:
+        if not isinstance(item, Statement):
+            span = item.key_span if isinstance(item, Assign) else item.name_span
+            name = item.key if isinstance(item, Assign) else item.name
+            ctx.add(error("E201", f"unknown statement `{name}` in `failures`", span,
+                          label=did_you_mean(name, ("fail", "slow")) or "not a failure statement",
+                          hint="write `fail gpu(dp=D, pp=S)`, `fail rank R`, `fail node N` or "
+                               "`slow gpu(dp=D, pp=S) speed = X`"))
+            ok = False
+            continue
+        f, diags = failure_from_statement(item, allow_recover=False)
+        ctx.diags.extend(diags)
+        if f is None:
+            ok = False
+            continue
+        ctx.spans[f"failures.{len(out)}"] = item.span
+        out.append(f)
+    return tuple(out) if ok else None
+
+
+def _int_of(v: Value, what: str) -> tuple[int | None, Diagnostic | None]:
+    if v.kind != "number" or v.unit or v.number.denominator != 1:  # type: ignore[union-attr]
+        return None, error("E205", f"{what} must be a whole number, got `{v.text}`", v.span, label="expected a number")
+    return int(v.number), None  # type: ignore[arg-type]
+
+
+def failure_from_statement(st: Statement, *, allow_recover: bool) -> tuple[Failure | None, list[Diagnostic]]:
+    """One `fail`/`slow`/`recover` statement -> `Failure` (shape and value checks only, not ranges)."""
+    diags: list[Diagnostic] = []
+    if st.verb == "recover" and not allow_recover:
+        return None, [error("E201", "`recover` is a replan event, not a spec statement", st.span,
+                            label="only in events", hint="remove the GPU's `fail`/`slow` line instead")]
+    targets = ("gpu", "rank", "node") if st.verb == "fail" else ("gpu",)
+    if st.target not in targets:
+        return None, [error("E201", f"`{st.verb}` cannot name `{st.target}`", st.target_span,
+                            label=did_you_mean(st.target, targets) or "unknown target",
+                            hint=f"`{st.verb}` takes " + ", ".join(
+                                "gpu(dp=D, pp=S)" if t == "gpu" else f"{t} N" for t in targets))]
+    coords: dict[str, int] = {}
+    index = None
+    if st.target == "gpu":
+        if st.args is None:
+            return None, [error("E205", f"`{st.verb} gpu` needs coordinates", st.target_span,
+                                label="expected (dp=D, pp=S)", hint=f"write `{st.verb} gpu(dp=0, pp=1)`")]
+        for arg in st.args:
+            if arg.name not in ("dp", "pp"):
+                diags.append(error("E201", f"unknown coordinate `{arg.name}`", arg.span,
+                                   label=did_you_mean(arg.name, ("dp", "pp")) or "expected dp or pp",
+                                   hint="a GPU is named gpu(dp=D, pp=S)"))
+            elif arg.name in coords:
+                diags.append(error("E202", f"coordinate `{arg.name}` is given twice", arg.span, label="twice"))
+            else:
+                n, d = _int_of(arg.value, f"`{arg.name}`")
+                if d:
+                    diags.append(d)
+                    coords[arg.name] = -1
+                else:
+                    coords[arg.name] = n  # type: ignore[assignment]
+        for c in ("dp", "pp"):
+            if c not in coords and not diags:
+                diags.append(error("E203", f"`gpu(...)` is missing `{c}`", st.target_span, label=f"no {c}",
+                                   hint=f"write `{st.verb} gpu(dp=0, pp=1)`"))
+    else:
+        if st.index is None:
+            return None, [error("E205", f"`fail {st.target}` needs a number", st.target_span,
+                                label=f"expected `{st.target} N`", hint=f"write `fail {st.target} 0`")]
+        index, d = _int_of(st.index, f"the {st.target}")
+        if d:
+            diags.append(d)
+    speed = None
+    if st.verb == "slow":
+        assert st.setting is not None  # the grammar requires `speed = X` after `slow gpu(...)`
+        if st.setting.key != "speed":
+            diags.append(error("E201", f"unknown setting `{st.setting.key}` of `slow`", st.setting.key_span,
+                               label=did_you_mean(st.setting.key, ("speed",)) or "expected `speed`",
+                               hint="write `slow gpu(dp=0, pp=1) speed = 0.5`"))
+        else:
+            v = st.setting.value
+            if v.kind != "number" or v.unit:
+                diags.append(error("E205", f"`speed` must be a plain number in (0, 1], got `{v.text}`", v.span,
+                                   label="expected a number"))
+            elif not 0 < v.number <= 1:  # type: ignore[operator]
+                diags.append(error("E206", f"`speed` must be in (0, 1], got {v.text}", v.span,
+                                   label="out of range",
+                                   hint="speed is the fraction of full speed: 0.5 means its ops take twice as long"))
+            else:
+                speed = float(v.number)  # type: ignore[arg-type]
+    if diags:
+        return None, diags
+    kind = {"fail": f"fail_{st.target}", "slow": "slow_gpu", "recover": "recover_gpu"}[st.verb]
+    return Failure(kind=kind, dp=coords.get("dp"), pp=coords.get("pp"),  # type: ignore[arg-type]
+                   rank=index if st.target == "rank" else None, node=index if st.target == "node" else None,
+                   speed=speed, span=st.span), []
+
+
+def describe_failure(f: Failure) -> str:
+    """The statement text of a failure (`fail gpu(dp=1, pp=2)`), as the printer writes it."""
+    if f.kind in ("fail_gpu", "recover_gpu"):
+        return f"{f.kind.split('_')[0]} gpu(dp={f.dp}, pp={f.pp})"
+    if f.kind == "slow_gpu":
+        return f"slow gpu(dp={f.dp}, pp={f.pp}) speed = {f.speed!r}"
+    if f.kind == "fail_rank":
+        return f"fail rank {f.rank}"
+    return f"fail node {f.node}"
+
+
+def failure_ranks(cluster: ClusterSpec, f: Failure) -> tuple[list[int], Diagnostic | None]:
+    """The ranks a failure names, or a diagnostic (E207) if it names a GPU/rank/node that does not exist."""
+    world = cluster.world_size
+    if f.kind in ("fail_gpu", "slow_gpu", "recover_gpu"):
+        assert f.dp is not None and f.pp is not None
+        if not (0 <= f.dp < cluster.dp and 0 <= f.pp < cluster.pp):
+            return [], error("E207", f"there is no GPU (dp={f.dp}, pp={f.pp})", f.span, label="no such GPU",
+                             hint=f"the cluster has dp = 0..{cluster.dp - 1} and pp = 0..{cluster.pp - 1}")
+        return [cluster.rank_of(f.dp, f.pp)], None
+    if f.kind == "fail_rank":
+        assert f.rank is not None
+        if not 0 <= f.rank < world:
+            return [], error("E207", f"there is no rank {f.rank}", f.span, label="no such rank",
+                             hint=f"the cluster has ranks 0..{world - 1} (dp * pp = {world})")
+        return [f.rank], None
+    assert f.node is not None
+    nodes = -(-world // cluster.gpus_per_node)
+    if not 0 <= f.node < nodes:
+        return [], error("E207", f"there is no node {f.node}", f.span, label="no such node",
+                         hint=f"the cluster has nodes 0..{nodes - 1} ({world} GPUs, "
+                              f"gpus_per_node = {cluster.gpus_per_node})")
+    lo = f.node * cluster.gpus_per_node
+    return list(range(lo, min(lo + cluster.gpus_per_node, world))), None
+
+
+def resolve_gpus(cluster: ClusterSpec, failures: Sequence[Failure], *,
+                 block_span: Span | None = None) -> tuple[tuple[Gpu, ...], list[Diagnostic]]:
+    """Every GPU in rank order with `failures` applied, and the problems found (E207, E208, E301)."""
+    diags: list[Diagnostic] = []
+    state: dict[int, tuple[str, float]] = {}
+    cause: dict[int, Failure] = {}
+    for f in failures:
+        if f.kind == "recover_gpu":
+            diags.append(error("E201", "`recover` is a replan event, not a failure", f.span))
+            continue
+        ranks, d = failure_ranks(cluster, f)
+        if d is not None:
+            diags.append(d)
+            continue
+        for r in ranks:
+            if r in cause:
+                dp, pp = cluster.coords_of(r)
+                first = cause[r]
+                notes = [Label(first.span, "first listed here")] if first.span is not None else []
+                diags.append(error("E208", f"GPU (dp={dp}, pp={pp}) (rank {r}) is listed twice", f.span,
+                                   label="listed again here", notes=notes,
+                                   hint="a GPU is either failed or slow, and listed once; remove one line"))
+                break
+        else:
+            for r in ranks:
+                cause[r] = f
+                state[r] = ("failed", 1.0) if f.kind != "slow_gpu" else ("live", float(f.speed or 1.0))
+    gpus = []
+    for r in range(cluster.world_size):
+        dp, pp = cluster.coords_of(r)
+        st, speed = state.get(r, ("live", 1.0))
+        gpus.append(Gpu(rank=r, dp=dp, pp=pp, node=cluster.node_of(r), state=st, speed=speed))  # type: ignore[arg-type]
+    if not diags:
+        for s in range(cluster.pp):
+            if any(g.live for g in gpus if g.pp == s):
+                continue
+            causes: list[Failure] = []
+            for g in gpus:
+                if g.pp == s and cause[g.rank] not in causes:
+                    causes.append(cause[g.rank])
+            notes = [Label(c.span, f"{describe_failure(c)} takes a replica of stage {s}")
+                     for c in causes if c.span is not None]
+            diags.append(error(
+                "E301", f"stage {s} has no live GPU left: all {cluster.dp} of its replicas failed",
+                block_span if block_span is not None else (causes[-1].span if causes else None),
+                label=f"stage {s} is lost", notes=notes,
+                hint=f"the weights of stage {s} exist on no live GPU: restore from a checkpoint onto "
+                     f"replacement GPUs, or remove one of these `fail` lines"))
+    return tuple(gpus), diags
+
+
+# -- memory ------------------------------------------------------------------------
+
+
+def human_bytes(n: int) -> str:
+    """Approximate size for messages (`1.5GiB`); the printer writes exact sizes."""
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f:
+            return f"{n / f:.2f}".rstrip("0").rstrip(".") + unit
+    return f"{n}B"
+
+
+def _check_memory(ctx: _Ctx, cluster: ClusterSpec, stages: Sequence[StageCosts], costs: str) -> None:
+    mem = cluster.gpu.memory
+    mem_span = ctx.spans.get("cluster.gpu.memory")
+    for st in stages:
+        where = ctx.spans.get(f"stages.{st.pp}.static") if costs == "explicit" else (
+            ctx.spans.get(f"partition.{st.pp}") or ctx.spans.get("model"))
+        notes = [Label(mem_span, f"gpu.memory = {human_bytes(mem)}")] if mem_span else []
+        if st.static > mem:
+            ctx.add(error("E211", f"stage {st.pp}: static memory {human_bytes(st.static)} alone exceeds gpu.memory "
+                                  f"{human_bytes(mem)} by {human_bytes(st.static - mem)}", where, label="too large",
+                          notes=notes,
+                          hint="use more pipeline stages (pp), GPUs with more memory, or a smaller model"))
+        elif st.static + st.activation > mem:
+            ctx.add(error("E302", f"stage {st.pp}: static {human_bytes(st.static)} + one microbatch's activation "
+                                  f"{human_bytes(st.activation)} exceed gpu.memory {human_bytes(mem)} by "
+                                  f"{human_bytes(st.static + st.activation - mem)}: no microbatch can run",
+                          where, label="no room for a microbatch", notes=notes,
+                          hint="use more pipeline stages, smaller microbatches, or GPUs with more memory"))
+
+
+def validate_failures(spec: Spec, failures: Sequence[Failure], sources: dict[str, str] | None = None) -> Spec:
+    """`spec` with its failures replaced by `failures`, re-checked (E207, E208, E301)."""
+    gpus, diags = resolve_gpus(spec.cluster, failures, block_span=spec.span("failures"))
+    if diags:
+        raise _spec_error(diags, sources or {})
+    spans = {k: v for k, v in spec.spans.items() if not k.startswith("failures.")}
+    for i, f in enumerate(failures):
+        if f.span is not None:
+            spans[f"failures.{i}"] = f.span
+    return replace(spec, failures=tuple(failures), gpus=gpus, spans=MappingProxyType(spans))
