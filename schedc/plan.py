@@ -1,0 +1,141 @@
+"""`schedc.compile(spec) -> Plan`: spec to verified, simulated schedule (design.md §2, §8).
+
+    spec --from_spec--> Instance --solver--> Schedule --verify_schedule--> (checked)
+         --simulate--> Metrics
+
+The fault-free iteration time comes from the same solver on the same
+instance with every GPU live at full speed (skipped when the instance is
+fault-free already: it is the iteration time itself). Never prints, never
+exits; every problem is a `SchedcError` carrying diagnostics.
+
+`Plan.write(dir)` writes what `schedc compile -o dir` writes: schedule.json,
+trace.json, timeline.svg, the torch CSVs where expressible and spec.sched.
+Files go to a temporary directory beside `dir` first and are renamed into
+place, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from schedc.diagnostics import SpecError, did_you_mean, error
+from schedc.instance import Instance, from_spec
+from schedc.schedule import Schedule
+from schedc.simulate import Metrics, metrics_of, simulate
+from schedc.spec import Spec
+from schedc.verify import verify_schedule
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A compiled spec: the verified schedule and its metrics."""
+
+    spec: Spec
+    schedule: Schedule
+    metrics: Metrics
+
+    @property
+    def instance(self) -> Instance:
+        return self.schedule.instance
+
+    def write(self, dir: str | os.PathLike) -> Path:
+        """Write schedule.json, trace.json, timeline.svg, pipeline_{d}.csv and spec.sched into `dir`.
+
+        Files of the same names already in `dir` are replaced; other files are
+        left alone. Returns the directory.
+        """
+        from schedc.export import write_timeline, write_torch_csvs, write_trace
+        from schedc.schedule_io import write_schedule
+
+        out = Path(dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            write_schedule(tmp / "schedule.json", self.schedule, self.metrics)
+            write_trace(tmp / "trace.json", self.schedule)
+            write_timeline(tmp / "timeline.svg", self.schedule, self.metrics)
+            write_torch_csvs(tmp, self.schedule)
+            spec_text = _spec_text(self.spec)
+            if spec_text is not None:
+                (tmp / "spec.sched").write_text(spec_text, encoding="utf-8")
+            if not out.exists():
+                os.replace(tmp, out)
+            else:
+                # Everything is written; moving the files in is the only step left.
+                for p in sorted(out.glob("pipeline_*.csv")):
+                    p.unlink()  # stale CSVs of an earlier schedule would mislead
+                for p in sorted(tmp.iterdir()):
+                    os.replace(p, out / p.name)
+                tmp.rmdir()
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return out
+
+
+def _spec_text(spec: Spec) -> str | None:
+    try:
+        from schedc.printer import print_spec
+    except ImportError:  # the printer is optional for writing a plan
+        return None
+    return print_spec(spec)
+
+
+def _load(spec: Spec | str | os.PathLike) -> Spec:
+    if isinstance(spec, Spec):
+        return spec
+    from schedc.load import load
+
+    return load(spec)
+
+
+def _solver(spec: Spec, name: str | None):
+    from schedc.solvers import get_solver, solver_names
+
+    chosen = name or spec.schedule.solver
+    known = solver_names()
+    if chosen not in known:
+        hint = did_you_mean(chosen, known)
+        span = spec.span("schedule.solver") if name is None else None
+        raise SpecError([error(
+            "E215", f"unknown solver `{chosen}`", span, label=hint or "unknown solver",
+            hint=(hint + " " if hint else "") + "known solvers: " + ", ".join(known))],
+            sources={})
+    return chosen, get_solver(chosen)
+
+
+def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
+            time_limit: float | None = None, seed: int = 0) -> Plan:
+    """Compile a spec (a `Spec`, spec text, or a path) into a verified, simulated `Plan`.
+
+    `solver` overrides `spec.schedule.solver`; `time_limit` (seconds)
+    overrides `spec.schedule.time_limit`. Deterministic for the same input.
+
+    >>> plan = compile("specs/example.sched", solver="1f1b")  # doctest: +SKIP
+    >>> plan.metrics.iteration_time  # doctest: +SKIP
+    """
+    from schedc.solvers import SolveOptions
+
+    spec = _load(spec)
+    name, solve = _solver(spec, solver)
+    options = SolveOptions(time_limit=spec.schedule.time_limit if time_limit is None else time_limit,
+                           seed=seed)
+    instance = from_spec(spec)
+    started = time.perf_counter()
+    schedule = solve(instance, options)
+    if schedule.solver.wall_s == 0.0:
+        schedule = replace(schedule, solver=replace(schedule.solver, wall_s=time.perf_counter() - started))
+    verify_schedule(schedule)
+    sim = simulate(schedule)
+    fault_free = sim.iteration_time  # a fault-free instance is its own fault-free reference
+    if not instance.fault_free:
+        ff = solve(instance.without_failures(), options)
+        verify_schedule(ff)
+        fault_free = simulate(ff).iteration_time
+    return Plan(spec=spec, schedule=schedule,
+                metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free))

@@ -1,0 +1,161 @@
+"""The simulator: steady-state metrics of a schedule's per-rank programs (design.md §5).
+
+`simulate(schedule)` keeps only each rank's *program* (`Schedule.programs`)
+and runs K iterations of all of them back to back with
+`schedc.timing.run_programs` (the one place that turns orders into times),
+then reports the steady-state period, per-GPU busy time, bubble ratio and
+peak memory. Programs that cannot run raise the runner's `DeadlockError`.
+
+`Metrics` is what a schedule reports (schedule.json's ``metrics``, the
+summary table of `schedc compile`/`schedc simulate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from schedc.schedule import Schedule, SolverInfo
+from schedc.timing import ProgramRun, run_programs
+from schedc.verify import memory_profile
+
+#: Iterations simulated back to back (K) and iterations averaged over (L).
+DEFAULT_ITERATIONS = 8
+STEADY_WINDOW = 4
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What running the programs K times back to back shows."""
+
+    iteration_time: int  # steady-state period, microseconds
+    iteration_end: tuple[int, ...]  # T_k for k = 0..K-1
+    busy_time: Mapping[int, int]  # rank -> microseconds of ops per iteration
+    bubble_ratio: Mapping[int, float]  # rank -> 1 - busy / iteration_time
+    peak_memory: Mapping[int, int]  # rank -> bytes
+    memory_limit: int
+    lower_bound: float
+    run: ProgramRun = field(repr=False, compare=False)
+
+    @property
+    def ratio_to_lower_bound(self) -> float:
+        return self.iteration_time / self.lower_bound if self.lower_bound > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The metrics every schedule reports (design.md §5)."""
+
+    iteration_time: int
+    lower_bound: float
+    ratio_to_lower_bound: float
+    bubble_ratio: Mapping[int, float]
+    busy_time: Mapping[int, int]
+    peak_memory: Mapping[int, int]
+    memory_limit: int
+    solver: SolverInfo
+    fault_free_iteration_time: int | None = None
+
+    @property
+    def slowdown(self) -> float | None:
+        """iteration_time / fault_free_iteration_time, when the latter is known."""
+        if not self.fault_free_iteration_time:
+            return None
+        return self.iteration_time / self.fault_free_iteration_time
+
+    @property
+    def mean_bubble_ratio(self) -> float:
+        vals = list(self.bubble_ratio.values())
+        return sum(vals) / len(vals) if vals else 0.0
+
+    @property
+    def max_bubble_ratio(self) -> float:
+        return max(self.bubble_ratio.values(), default=0.0)
+
+    @property
+    def max_peak_memory(self) -> int:
+        return max(self.peak_memory.values(), default=0)
+
+    def to_json(self) -> dict:
+        """The ``metrics`` object of schedule.json (§6); rank keys are strings."""
+        s = self.solver
+        return {
+            "iteration_time": self.iteration_time,
+            "fault_free_iteration_time": self.fault_free_iteration_time,
+            "slowdown": _round(self.slowdown),
+            "lower_bound": _round(self.lower_bound),
+            "ratio_to_lower_bound": _round(self.ratio_to_lower_bound),
+            "bubble_ratio": {str(r): _round(v) for r, v in sorted(self.bubble_ratio.items())},
+            "busy_time": {str(r): v for r, v in sorted(self.busy_time.items())},
+            "peak_memory": {str(r): v for r, v in sorted(self.peak_memory.items())},
+            "memory_limit": self.memory_limit,
+            "solver": {"name": s.name, "status": s.status, "objective": s.objective,
+                       "bound": s.bound, "wall_s": round(s.wall_s, 3), "detail": s.detail},
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 6)
+
+
+def steady_period(iteration_end: tuple[int, ...], window: int = STEADY_WINDOW) -> int:
+    """ceil((T_{K-1} - T_{K-1-L}) / L), with L shrunk to K-1 when fewer iterations ran."""
+    k = len(iteration_end)
+    if k == 0:
+        return 0
+    if k == 1:
+        return iteration_end[0]
+    n = min(window, k - 1)
+    return -(-(iteration_end[-1] - iteration_end[-1 - n]) // n)
+
+
+def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> SimResult:
+    """Run the schedule's per-rank programs `iterations` times back to back (§5).
+
+    Start times in the schedule are ignored; only each rank's order counts.
+    Raises `schedc.timing.DeadlockError` (E420/E421) if the programs cannot run.
+    """
+    if iterations < 1:
+        raise ValueError("iterations must be at least 1")
+    inst = schedule.instance
+    programs = schedule.programs
+    run = run_programs(inst, {r: [op.id for op in prog] for r, prog in programs.items()}, iterations)
+    period = steady_period(run.iteration_end)
+    busy: dict[int, int] = {}
+    bubble: dict[int, float] = {}
+    peak: dict[int, int] = {}
+    for g in inst.gpus:
+        if not g.live:
+            continue
+        prog = programs.get(g.rank, ())
+        busy[g.rank] = sum(inst.duration(op.kind, op.pp, g.rank) for op in prog)
+        bubble[g.rank] = 1.0 - busy[g.rank] / period if period > 0 else 0.0
+        peak[g.rank] = memory_profile(inst, g.rank, prog).peak
+    return SimResult(
+        iteration_time=period,
+        iteration_end=run.iteration_end,
+        busy_time=MappingProxyType(busy),
+        bubble_ratio=MappingProxyType(bubble),
+        peak_memory=MappingProxyType(peak),
+        memory_limit=inst.gpu_memory,
+        lower_bound=inst.lower_bound,
+        run=run,
+    )
+
+
+def metrics_of(schedule: Schedule, sim: SimResult | None = None, *,
+               fault_free_iteration_time: int | None = None) -> Metrics:
+    """The `Metrics` of a schedule, simulating it unless `sim` is given."""
+    sim = sim if sim is not None else simulate(schedule)
+    return Metrics(
+        iteration_time=sim.iteration_time,
+        lower_bound=sim.lower_bound,
+        ratio_to_lower_bound=sim.ratio_to_lower_bound,
+        bubble_ratio=sim.bubble_ratio,
+        busy_time=sim.busy_time,
+        peak_memory=sim.peak_memory,
+        memory_limit=sim.memory_limit,
+        solver=schedule.solver,
+        fault_free_iteration_time=fault_free_iteration_time,
+    )

@@ -1,0 +1,388 @@
+"""The verifier: does a schedule obey every rule of design.md §4?
+
+`verify_schedule(schedule)` checks a `Schedule` against its own `Instance`
+and raises one `VerificationError` carrying *all* violations it found (up to
+`MAX_DIAGNOSTICS`), or returns None. It is independent of every solver (it
+never imports `schedc.solvers`): a schedule is trusted only once it passed
+here. It is linear in the number of ops apart from sorting each rank's
+program, so it runs on every compile.
+
+Codes (stable, documented in docs/verifier.md):
+
+    E400 more violations than shown          E405 wrong duration
+    E401 completeness                        E406 memory over the limit
+    E402 executor                            E407 optimizer ordering
+    E403 dependency (with transfer time)     E408 malformed times
+    E404 two ops overlap on one GPU          (E420/E421: the program runner)
+
+Messages name ops in torch.distributed.pipelining's notation prefixed by the
+owning pipeline (``d1:2F5``); where a rank's program is involved the
+diagnostic's `detail` shows the rank x step grid around the failing step,
+like torch's ``_format_pipeline_order``, with ``<-- ERROR HERE``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from schedc.diagnostics import Diagnostic, VerificationError, error
+from schedc.instance import Instance
+from schedc.opgraph import OpGraph, data_deps, last_backward_kind, optimizer_waits_for
+from schedc.schedule import OpId, Schedule, ScheduledOp
+
+#: At most this many diagnostics are raised; the last one says how many were left out.
+MAX_DIAGNOSTICS = 20
+
+#: Steps shown above and below the failing step in a grid.
+GRID_CONTEXT = 3
+#: Columns (ranks) shown in a grid at most; beyond that only ranks near the error.
+GRID_MAX_RANKS = 16
+
+
+# -- memory: shared by the verifier and the simulator ----------------------------
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Memory of one GPU over one iteration of its program (§4.5)."""
+
+    static: int
+    peak: int  # static + the most bytes in flight at any instant
+    peak_step: int  # index in the program of the op at whose start the peak is first reached (-1: static only)
+
+
+def memory_profile(instance: Instance, rank: int, program: Sequence[ScheduledOp | OpId]) -> MemoryProfile:
+    """Peak memory of GPU `rank` running `program` (its ops in order) once.
+
+    `static` of the GPU's stage, plus `activation` from the start of each F;
+    the end of B frees `activation - stash` (without decoupling: all of it);
+    the end of W frees `stash`. Ops of one GPU run one after another, so the
+    events happen in program order and a free at the end of an op comes before
+    an allocation at the start of the next one, even at the same instant.
+    """
+    gpu = instance.gpus[rank]
+    static = instance.stages[gpu.pp].static
+    stages = instance.stages
+    decouple = instance.decouple_backward
+    in_flight = 0
+    peak, peak_step = static, -1
+    for step, op in enumerate(program):
+        kind = op.kind
+        if kind == "F":
+            in_flight += stages[op.pp].activation
+            if static + in_flight > peak:
+                peak, peak_step = static + in_flight, step
+        elif kind == "B":
+            c = stages[op.pp]
+            in_flight -= c.activation - c.stash if decouple else c.activation
+        elif kind == "W":
+            in_flight -= stages[op.pp].stash
+    return MemoryProfile(static=static, peak=peak, peak_step=peak_step)
+
+
+# -- the rank x step grid ---------------------------------------------------------
+
+
+def format_grid(programs: Mapping[int, Sequence[object]], error_rank: int | None = None,
+                error_step: int | None = None, *, ranks: Iterable[int] = (),
+                context: int = GRID_CONTEXT) -> str:
+    """The rank x step grid of `programs` around `error_step`, torch style.
+
+    One column per rank, one row per step; the row of `error_step` ends with
+    ``<-- ERROR HERE`` and its cell on `error_rank` is marked with ``*``.
+    Steps are positions in each rank's program, not times (as in torch).
+    With many ranks, only `ranks` and their neighbours are shown.
+    """
+    all_ranks = sorted(programs)
+    if len(all_ranks) > GRID_MAX_RANKS:
+        wanted = set()
+        for r in list(ranks) + ([error_rank] if error_rank is not None else []):
+            wanted |= {r - 1, r, r + 1}
+        all_ranks = [r for r in all_ranks if r in wanted] or all_ranks[:GRID_MAX_RANKS]
+    n_steps = max((len(programs[r]) for r in all_ranks), default=0)
+    if error_step is None:
+        lo, hi = 0, min(n_steps, 2 * context + 1)
+    else:
+        lo, hi = max(0, error_step - context), min(n_steps, error_step + context + 1)
+    width = len(str(max(n_steps - 1, 0)))
+    labels = [f"Step {i:0{width}d}" for i in range(lo, hi)]
+    cols = []
+    for r in all_ranks:
+        prog = programs[r]
+        cells = []
+        for i in range(lo, hi):
+            cell = str(prog[i]) if i < len(prog) else ""
+            if r == error_rank and i == error_step:
+                cell = f"*{cell}"
+            cells.append(cell)
+        head = f"Rank {r}"
+        w = max([len(head)] + [len(c) for c in cells])
+        cols.append((head, cells, w))
+    pad = " " * (len(labels[0]) + 2) if labels else ""
+    lines = [(pad + " ".join(f"{h:<{w}}" for h, _, w in cols)).rstrip()]
+    if lo > 0:
+        lines.append("...")
+    for k, label in enumerate(labels):
+        row = f"{label}: " + " ".join(f"{cells[k]:<{w}}" for _, cells, w in cols)
+        row = row.rstrip()
+        if error_step is not None and lo + k == error_step:
+            row += " <-- ERROR HERE"
+        lines.append(row)
+    if hi < n_steps:
+        lines.append("...")
+    return "\n".join(lines)
+
+
+# -- the verifier -------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.inst = schedule.instance
+        self.found: list[tuple[int, Diagnostic]] = []  # (rule order, diagnostic)
+        self._programs: dict[int, tuple[ScheduledOp, ...]] | None = None
+        self._step: dict[int, int] | None = None  # id(op) -> position in its rank's program
+
+    # programs are only needed for grids and a few rules; build them once
+    @property
+    def programs(self) -> dict[int, tuple[ScheduledOp, ...]]:
+        if self._programs is None:
+            self._programs = self.schedule.programs
+        return self._programs
+
+    def step_of(self, op: ScheduledOp) -> int:
+        if self._step is None:
+            self._step = {id(o): i for prog in self.programs.values() for i, o in enumerate(prog)}
+        return self._step.get(id(op), -1)
+
+    def grid(self, op: ScheduledOp, *others: ScheduledOp) -> str:
+        return format_grid(self.programs, op.rank, self.step_of(op), ranks=[o.rank for o in others])
+
+    def add(self, code: str, message: str, *, hint: str = "", detail: str = "") -> None:
+        self.found.append((len(self.found), error(code, message, hint=hint, detail=detail)))
+
+    def full(self) -> bool:
+        # Keep counting past the cap (for the summary) but stop building expensive grids.
+        return len(self.found) >= MAX_DIAGNOSTICS
+
+    # E408: times
+    def check_times(self) -> list[ScheduledOp]:
+        good = []
+        for op in self.schedule.ops:
+            s, e = op.start, op.end
+            if not (isinstance(s, int) and isinstance(e, int)) or isinstance(s, bool) or isinstance(e, bool):
+                self.add("E408", f"{op} has non-integer times (start {s!r}, end {e!r})",
+                         hint="times are integer microseconds")
+            elif s < 0:
+                self.add("E408", f"{op} starts at {s} us, before time 0",
+                         hint="times are non-negative integer microseconds")
+            elif e < s:
+                self.add("E408", f"{op} ends at {e} us, before it starts at {s} us")
+            else:
+                good.append(op)
+        return good
+
+    # E401 (identity, duplicates, missing) and E402 (executors)
+    def check_identity(self, ops: list[ScheduledOp]) -> dict[OpId, ScheduledOp]:
+        inst = self.inst
+        n_ranks = len(inst.gpus)
+        kinds = {"F", "B", "W", "O"} if inst.decouple_backward else {"F", "B", "O"}
+        by_id: dict[OpId, ScheduledOp] = {}
+        for op in ops:
+            if not 0 <= op.rank < n_ranks:
+                self.add("E402", f"{op} runs on rank {op.rank}, which does not exist "
+                                 f"(ranks are 0..{n_ranks - 1})")
+                continue
+            if op.kind not in kinds:
+                if op.kind == "W":
+                    self.add("E401", f"{op} is a W op, but decouple_backward is off",
+                             hint="without decoupling B is the full backward and there is no W")
+                else:
+                    self.add("E401", f"op of unknown kind {op.kind!r} on rank {op.rank}")
+                continue
+            if not (0 <= op.dp < inst.dp and 0 <= op.pp < inst.pp):
+                self.add("E401", f"{op} names pipeline {op.dp} stage {op.pp}, outside "
+                                 f"dp=0..{inst.dp - 1}, pp=0..{inst.pp - 1}")
+                continue
+            if op.kind == "O":
+                if op.mb is not None:
+                    self.add("E401", f"optimizer op {op} names microbatch {op.mb}; O has none")
+                    continue
+            elif op.mb is None or not 0 <= op.mb < inst.microbatches:
+                self.add("E401", f"{op} names microbatch {op.mb}, outside 0..{inst.microbatches - 1}")
+                continue
+            other = by_id.get(op.id)
+            if other is not None:
+                self.add("E401", f"{op} is scheduled twice: on rank {other.rank} at {other.start} us "
+                                 f"and on rank {op.rank} at {op.start} us",
+                         hint="every op runs exactly once")
+                continue
+            by_id[op.id] = op
+        graph = OpGraph(inst)
+        missing = [o for o in graph.compute_ops if o not in by_id]
+        for o in missing[:MAX_DIAGNOSTICS]:
+            self.add("E401", f"{o} is missing: no rank runs it",
+                     hint="every F, B" + (", W" if inst.decouple_backward else "")
+                          + " of every microbatch at every stage must be scheduled")
+        if len(missing) > MAX_DIAGNOSTICS:
+            self.add("E401", f"... {len(missing) - MAX_DIAGNOSTICS} more ops are missing")
+        for o in graph.optimizer_ops:
+            if o not in by_id:
+                self.add("E401", f"{o} is missing: live GPU (dp={o.dp}, pp={o.pp}) "
+                                 f"(rank {inst.gpu(o.dp, o.pp).rank}) has no optimizer op",
+                         hint="each live GPU runs exactly one O per iteration")
+        return by_id
+
+    def check_executors(self, by_id: dict[OpId, ScheduledOp]) -> None:
+        inst = self.inst
+        for op in by_id.values():
+            gpu = inst.gpus[op.rank]
+            if not gpu.live:
+                self.add("E402", f"{op} runs on rank {op.rank} (dp={gpu.dp}, pp={gpu.pp}), which failed",
+                         hint="failed GPUs run nothing; re-route the op to a live GPU of its stage",
+                         detail="" if self.full() else self.grid(op))
+            elif gpu.pp != op.pp:
+                self.add("E402", f"{op} of stage {op.pp} runs on rank {op.rank}, a GPU of stage {gpu.pp}",
+                         hint=f"an op runs on a live GPU of its own stage; stage {op.pp} has ranks "
+                              + ", ".join(str(g.rank) for g in inst.live_gpus(op.pp)),
+                         detail="" if self.full() else self.grid(op))
+            elif op.kind == "O" and gpu.dp != op.dp:
+                self.add("E402", f"{op} is the optimizer of GPU (dp={op.dp}, pp={op.pp}) but runs on "
+                                 f"rank {op.rank} (dp={gpu.dp}, pp={gpu.pp})",
+                         hint="each O runs on its own GPU")
+        # F, B and W of one (d, m, s) share one executor: the activations live there.
+        kinds = ("B", "W") if inst.decouple_backward else ("B",)
+        for f in by_id.values():
+            if f.kind != "F":
+                continue
+            for k in kinds:
+                other = by_id.get(OpId(k, f.dp, f.pp, f.mb))
+                if other is not None and other.rank != f.rank:
+                    self.add("E402", f"{other} runs on rank {other.rank} but {f} runs on rank {f.rank}",
+                             hint="F, B and W of one microbatch at one stage share one executor "
+                                  "(the activations live there)",
+                             detail="" if self.full() else self.grid(other, f))
+                    break
+
+    def check_durations(self, by_id: dict[OpId, ScheduledOp]) -> None:
+        inst = self.inst
+        for op in by_id.values():
+            want = inst.duration(op.kind, op.pp, op.rank)
+            if op.end - op.start != want:
+                speed = inst.gpus[op.rank].speed
+                at = f" at speed {speed:g}" if speed < 1.0 else ""
+                self.add("E405", f"{op} on rank {op.rank} lasts {op.end - op.start} us "
+                                 f"({op.start}..{op.end}); it takes {want} us{at}",
+                         hint="a duration is the stage's cost divided by the GPU's speed, rounded up")
+
+    def check_dependencies(self, by_id: dict[OpId, ScheduledOp]) -> None:
+        inst = self.inst
+        for op in by_id.values():
+            if op.kind == "O":
+                continue
+            for dep in data_deps(inst, op.id):
+                pred = by_id.get(dep.op)
+                if pred is None:
+                    continue  # reported as missing
+                earliest = pred.end + dep.delay
+                if op.start < earliest:
+                    via = (f" plus the {dep.delay} us transfer across the stage boundary"
+                           if dep.delay else "")
+                    self.add("E403", f"{op} starts at {op.start} us, before {pred.id} ends at "
+                                     f"{pred.end} us{via} (earliest start {earliest} us)",
+                             hint="an op starts after its dependencies end; "
+                                  "stage boundaries always pay the transfer time",
+                             detail="" if self.full() else self.grid(op, pred))
+
+    def check_programs(self) -> None:
+        """E404 overlap, E406 memory and 'O is last' (E407), per rank's program."""
+        inst = self.inst
+        for rank, prog in sorted(self.programs.items()):
+            if not 0 <= rank < len(inst.gpus):
+                continue
+            for a, b in zip(prog, prog[1:]):
+                if b.start < a.end:
+                    self.add("E404", f"{a} ({a.start}..{a.end} us) and {b} ({b.start}..{b.end} us) "
+                                     f"overlap on rank {rank}",
+                             hint="a GPU runs one op at a time",
+                             detail="" if self.full() else self.grid(b))
+            seen_o = None
+            for op in prog:
+                if seen_o is not None and op.kind != "O":
+                    self.add("E407", f"{op} runs on rank {rank} after its optimizer op {seen_o} "
+                                     f"(starts {op.start} us, O starts {seen_o.start} us)",
+                             hint="O is the last op of its GPU's program in an iteration",
+                             detail="" if self.full() else self.grid(op, seen_o))
+                    break
+                if op.kind == "O":
+                    seen_o = op
+            if not inst.gpus[rank].live or any(o.pp != inst.gpus[rank].pp for o in prog):
+                continue  # reported as executor errors; memory would be meaningless
+            mem = memory_profile(inst, rank, prog)
+            if mem.peak > inst.gpu_memory:
+                op = prog[mem.peak_step]
+                self.add("E406", f"rank {rank} needs {mem.peak} bytes at the start of {op} "
+                                 f"({op.start} us), {mem.peak - inst.gpu_memory} bytes over its "
+                                 f"{inst.gpu_memory} bytes (static {mem.static} + "
+                                 f"{mem.peak - mem.static} in flight)",
+                         hint="fewer microbatches in flight on this GPU: run a B (or W) before this F",
+                         detail="" if self.full() else self.grid(op))
+
+    def check_optimizer(self, by_id: dict[OpId, ScheduledOp]) -> None:
+        inst = self.inst
+        kind = last_backward_kind(inst)
+        last_end: dict[int, ScheduledOp] = {}  # stage -> its last-ending W (or B)
+        for op in by_id.values():
+            if op.kind == kind:
+                cur = last_end.get(op.pp)
+                if cur is None or (op.end, op.id) > (cur.end, cur.id):
+                    last_end[op.pp] = op
+        for o in by_id.values():
+            if o.kind != "O":
+                continue
+            for s in optimizer_waits_for(inst, o.pp):
+                w = last_end.get(s)
+                if w is None or o.start >= w.end:
+                    continue
+                if s == o.pp:
+                    why = f"{w.id} of its own stage ends at {w.end} us"
+                    hint = "O of a stage starts after every " + kind + " of that stage, on all its GPUs"
+                else:
+                    why = f"{w.id} of stage {s} ends at {w.end} us"
+                    hint = ("without stagger_optimizer every O waits for every " + kind
+                            + " of every stage")
+                self.add("E407", f"{o} on rank {o.rank} starts at {o.start} us, before {why}",
+                         hint=hint, detail="" if self.full() else self.grid(o, w))
+
+    def run(self) -> list[Diagnostic]:
+        ops = self.check_times()
+        by_id = self.check_identity(ops)
+        self.check_executors(by_id)
+        self.check_durations(by_id)
+        self.check_dependencies(by_id)
+        self.check_programs()
+        self.check_optimizer(by_id)
+        diags = [d for _, d in self.found]
+        if len(diags) > MAX_DIAGNOSTICS:
+            extra = len(diags) - (MAX_DIAGNOSTICS - 1)
+            diags = diags[:MAX_DIAGNOSTICS - 1] + [error(
+                "E400", f"{extra} more violations not shown",
+                hint="fix the ones above first; many usually share one cause")]
+        return diags
+
+
+def check_schedule(schedule: Schedule) -> list[Diagnostic]:
+    """Every violation of design.md §4 in `schedule` (at most `MAX_DIAGNOSTICS`), in rule order."""
+    return _Checker(schedule).run()
+
+
+def verify_schedule(schedule: Schedule) -> None:
+    """Raise `VerificationError` with every violation of design.md §4, or return None.
+
+    >>> verify_schedule(get_solver("1f1b")(instance, SolveOptions()))  # doctest: +SKIP
+    """
+    diags = check_schedule(schedule)
+    if diags:
+        raise VerificationError(diags)
