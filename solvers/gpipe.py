@@ -13,10 +13,10 @@ import time
 from schedc.diagnostics import InfeasibleError, error
 from schedc.instance import Instance
 from schedc.schedule import Schedule
-from solvers import SolveOptions
-from solvers.common import (barrier_instance, check_memory, finish, fits_in_flight, fmt_bytes,
+from schedc.solvers import SolveOptions
+from schedc.solvers.common import (barrier_instance, check_memory, finish, fits_in_flight, fmt_bytes,
                             gpu_name, require_no_failures)
-from solvers.one_f_one_b import template_programs
+from schedc.solvers.one_f_one_b import template_programs
 
 NAME = "gpipe"
 

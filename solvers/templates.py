@@ -13,7 +13,7 @@ from typing import Sequence
 
 from schedc.instance import Instance
 from schedc.schedule import OpId
-from solvers.common import fits_in_flight, program_peak
+from schedc.solvers.common import fits_in_flight, program_peak
 
 Unit = tuple[int, int]  # (dp, mb): a microbatch by its owner pipeline and index
 

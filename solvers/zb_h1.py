@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from schedc.instance import Instance
 from schedc.schedule import Schedule
-from solvers import SolveOptions
-from solvers.common import check_memory, finish, require_no_failures
-from solvers.one_f_one_b import template_programs
+from schedc.solvers import SolveOptions
+from schedc.solvers.common import check_memory, finish, require_no_failures
+from schedc.solvers.one_f_one_b import template_programs
 
 NAME = "zb-h1"
 

@@ -1,0 +1,97 @@
+"""Who executes each microbatch at each stage: the placement half of a solver's job.
+
+An executor table is `executor[u][s]`, the rank that runs F, B (and W) of
+microbatch u = d*M + m at stage s. Every function here gives each microbatch
+a live GPU of its own stage (design.md §4.2).
+"""
+
+from __future__ import annotations
+
+from schedc.instance import Instance
+
+Executor = list[list[int]]
+
+
+def microbatch_key(instance: Instance) -> list[int]:
+    """Order microbatches by index, then pipeline: (0,0), (1,0), ..., (0,1), ..."""
+    D, M = instance.dp, instance.microbatches
+    return [(u % M) * D + u // M for u in range(D * M)]
+
+
+def round_robin(instance: Instance) -> Executor:
+    """Each failed GPU's microbatches dealt in turn to the live peers of its stage (rank order).
+
+    One counter per stage runs across all failed GPUs of that stage, so two
+    failures spread over the peers rather than both landing on the first.
+    """
+    D, S, M = instance.dp, instance.pp, instance.microbatches
+    ex: Executor = [[instance.gpu(u // M, s).rank for s in range(S)] for u in range(D * M)]
+    for s in range(S):
+        peers = [g.rank for g in instance.live_gpus(s)]
+        turn = 0
+        for m in range(M):
+            for d in range(D):
+                if not instance.gpu(d, s).live:
+                    ex[d * M + m][s] = peers[turn % len(peers)]
+                    turn += 1
+    return ex
+
+
+def balanced_counts(instance: Instance, s: int) -> dict[int, int]:
+    """Microbatches per live GPU of stage s, proportional to speed (water-filling).
+
+    A full-speed GPU keeps its own M (it cannot give work away, only take
+    it); a slow or failed GPU's work goes, one microbatch at a time, to the
+    GPU that would finish it soonest: the smallest (n + 1) / speed, ties to
+    the lower rank.
+    """
+    M = instance.microbatches
+    live = instance.live_gpus(s)
+    count = {g.rank: (M if g.speed >= 1.0 else 0) for g in live}
+    speed = {g.rank: g.speed for g in live}
+    pool = instance.dp * M - sum(count.values())
+    for _ in range(pool):
+        r = min(count, key=lambda r: ((count[r] + 1) / speed[r], r))
+        count[r] += 1
+    return count
+
+
+def balanced(instance: Instance, spread: bool = True) -> Executor:
+    """Speed-weighted placement: failed GPUs' microbatches and a slow GPU's surplus move to peers.
+
+    A slow GPU keeps `balanced_counts` of its own microbatches; with `spread`
+    the ones it gives away are evenly spaced over the iteration (so the peers'
+    extra work is spread too), else they are its last ones. The moved
+    microbatches, in (m, d) order, go to the GPUs with room left, in turns.
+    """
+    D, S, M = instance.dp, instance.pp, instance.microbatches
+    ex: Executor = [[instance.gpu(u // M, s).rank for s in range(S)] for u in range(D * M)]
+    for s in range(S):
+        count = balanced_counts(instance, s)
+        pool: list[tuple[int, int]] = []  # (m, d) of microbatches to move
+        room = dict(count)
+        for d in range(D):
+            g = instance.gpu(d, s)
+            if not g.live:
+                pool.extend((m, d) for m in range(M))
+                continue
+            keep = min(M, count[g.rank])
+            room[g.rank] -= keep
+            if keep == M:
+                continue
+            if spread:
+                kept = {int(i * M / keep) for i in range(keep)} if keep else set()
+            else:
+                kept = set(range(keep))
+            pool.extend((m, d) for m in range(M) if m not in kept)
+        pool.sort()
+        takers = [r for r in sorted(room) if room[r] > 0]
+        i = 0
+        for m, d in pool:
+            while room[takers[i % len(takers)]] == 0:
+                i += 1
+            r = takers[i % len(takers)]
+            room[r] -= 1
+            ex[d * M + m][s] = r
+            i += 1
+    return ex

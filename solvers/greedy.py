@@ -1,0 +1,113 @@
+"""`greedy`: schedc's own list scheduler (design.md §7, docs/baselines.md).
+
+It builds a few candidate plans and keeps the one with the shortest
+steady-state iteration time (the programs run back to back,
+`steady_iteration_time`, as the simulator measures them):
+
+- placements (`solvers.assign`): speed-weighted balance, which moves failed
+  GPUs' microbatches and part of a slow GPU's to peers so that loads even
+  out (spread over the iteration, or the slow GPU's last ones), and the
+  plain round-robin re-routing of `reroute-1f1b`;
+- priority rules for the list scheduler (`solvers.listsched`): 1F1B-like
+  (each W right after its B) and ZB-like (B, then F, W filling idle time);
+- in-flight limits: 1F1B's S - s per pipeline a GPU serves, or only memory;
+- seeds: the 1F1B and ZB-H1 templates on fault-free instances (so greedy is
+  never worse than them), and `reroute-1f1b`'s own programs under failures
+  (so it is never worse than re-routing).
+
+It uses the instance's own options (decoupled B/W, staggered optimizer) and
+never puts more microbatches in flight on a GPU than its memory holds.
+Deterministic: the candidates are tried in a fixed order and ties keep the
+first.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+from schedc.instance import Instance
+from schedc.schedule import OpId, Schedule
+from schedc.solvers import SolveOptions
+from schedc.solvers.assign import Executor, balanced, microbatch_key, round_robin
+from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
+                            finish, fits_in_flight, steady_iteration_time, with_optimizer)
+from schedc.solvers.listsched import Policy, list_schedule
+from schedc.solvers.one_f_one_b import template_programs
+from schedc.solvers.reroute import reroute_programs
+
+NAME = "greedy"
+
+ONE_F_ONE_B = Policy(name="1f1b", kinds=("W", "B", "F"))
+ZERO_BUBBLE = Policy(name="zb", kinds=("B", "F", "W"))
+
+Programs = dict[int, list[OpId]]
+
+
+def _caps(instance: Instance, executor: Executor, mode: str) -> list[int]:
+    """Per rank in-flight limit: memory, and for "1f1b" also S - s per pipeline served."""
+    M = instance.microbatches
+    load = [0] * len(instance.gpus)
+    for row in executor:
+        for r in row:
+            load[r] += 1
+    caps = []
+    for g in instance.gpus:
+        if not g.live:
+            caps.append(0)
+            continue
+        cap = fits_in_flight(instance, g.rank)
+        if mode == "1f1b":
+            cap = min(cap, (instance.pp - g.pp) * max(1, -(-load[g.rank] // M)))
+        caps.append(max(cap, 1))
+    return caps
+
+
+def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Programs]]]:
+    """(name, build) for each candidate plan, in the fixed order they are tried."""
+    inst = instance
+    if not inst.failed_gpus:
+        yield "template 1f1b", lambda: template_programs(inst, "1f1b")
+        if inst.decouple_backward:
+            yield "template zb-h1", lambda: template_programs(inst, "zb-h1")
+    else:
+        def rerouted() -> Programs:
+            progs, _ = reroute_programs(barrier_instance(inst))
+            return decoupled_programs(progs) if inst.decouple_backward else progs
+        yield "reroute-1f1b", rerouted
+    placements: list[tuple[str, Executor]] = []
+    for name, ex in (("balanced", balanced(inst, spread=True)),
+                     ("balanced-tail", balanced(inst, spread=False)),
+                     ("round-robin", round_robin(inst))):
+        if all(ex != other for _, other in placements):
+            placements.append((name, ex))
+    key = microbatch_key(inst)
+    policies = [ONE_F_ONE_B, ZERO_BUBBLE] if inst.decouple_backward else [ONE_F_ONE_B]
+    for pname, ex in placements:
+        for policy in policies:
+            for cap_mode in ("1f1b", "memory"):
+                caps = _caps(inst, ex, cap_mode)
+
+                def build(ex=ex, policy=policy, caps=caps) -> Programs:
+                    return list_schedule(inst, ex, key, caps, policy).programs
+                yield f"{pname}/{policy.name}/{cap_mode}-cap", build
+
+
+def solve(instance: Instance, options: SolveOptions) -> Schedule:
+    """The best of greedy's candidate plans; E315 if a stage has no live GPU, E310 if one
+    microbatch does not fit on some GPU."""
+    started = time.perf_counter()
+    check_stages_live(instance, solver=NAME)
+    check_memory(instance, solver=NAME)
+    best: tuple[int, str, Programs] | None = None
+    tried = 0
+    for name, build in candidates(instance):
+        progs = with_optimizer(instance, build())
+        period = steady_iteration_time(instance, progs)
+        tried += 1
+        if best is None or period < best[0]:
+            best = (period, name, progs)
+    assert best is not None  # candidates() always yields at least one plan
+    period, name, progs = best
+    return finish(instance, progs, NAME, started, objective=float(period),
+                  detail=f"best of {tried} candidates: {name} (steady iteration {period} us)")
