@@ -36,8 +36,8 @@ def _context():
     if _CONTEXT is None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the forkserver and the ranks
         _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.worker",
-                                         "schedc.runtime.runtime"])
+        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.warmup",
+                                         "schedc.runtime.worker", "schedc.runtime.runtime"])
     return _CONTEXT
 
 

@@ -1,0 +1,79 @@
+"""`schedc run OUT`: run compiled per-rank programs locally (CPU, gloo) (design.md §8).
+
+Starts every live rank of ``OUT/programs.json`` as a local process
+(`schedc.runtime.launcher.launch`), prints one line per finished iteration
+(its wall time and mean loss), and fails with an E5xx diagnostic if any rank
+fails. torch is imported only inside `run`, so other sub-commands stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from schedc.diagnostics import RunError, error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", metavar="OUT", help="folder written by `schedc compile SPEC -o OUT`")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="iterations to run (default: the spec's train.iterations)")
+    parser.add_argument("--emulate", action="store_true",
+                        help="replace every compute op by sleeping for its scheduled duration; "
+                             "communication stays real (checks the schedule's timing)")
+    parser.add_argument("--save-weights", metavar="FILE", default=None,
+                        help="after the last iteration, torch.save the whole model's state_dict "
+                             "(keys of model.source's full nn.Sequential)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="seconds a rank waits for a peer before failing (default 60)")
+    parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedc.runtime.launcher import launch
+
+    if args.save_weights and args.emulate:
+        raise RunError([error("E525", "--save-weights needs real compute, not --emulate",
+                              hint="drop --emulate to train and save weights")])
+    if args.timeout <= 0:
+        raise RunError([error("E524", f"--timeout must be positive, got {args.timeout:g}")])
+
+    def progress(rep) -> None:
+        if not args.json:
+            loss = "" if args.emulate else f"  loss {rep.loss:.6f}"
+            print(f"iteration {rep.iteration}: {rep.end - rep.start:.4f} s{loss}", flush=True)
+
+    result = launch(Path(args.out), iterations=args.iterations, emulate=args.emulate,
+                    timeout=args.timeout, want_weights=bool(args.save_weights), progress=progress)
+    if args.save_weights:
+        import torch
+
+        target = Path(args.save_weights)
+        tmp = target.with_name(f".{target.name}.tmp")
+        torch.save(result.state_dict, tmp)
+        os.replace(tmp, target)  # never a half-written weights file
+    predicted = result.manifest.metrics.get("iteration_time")
+    summary = {
+        "ok": True,
+        "iterations": len(result.iterations),
+        "losses": None if args.emulate else result.losses,
+        "iteration_times_s": [r.end - r.start for r in result.iterations],
+        "steady_iteration_time_s": result.iteration_time(),
+        "predicted_iteration_time_s": None if predicted is None else predicted / 1e6,
+        "wall_s": result.wall_s,
+        "weights": args.save_weights,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        line = f"{len(result.iterations)} iterations on {len(result.manifest.live_ranks)} ranks in " \
+               f"{result.wall_s:.2f} s; steady iteration time {result.iteration_time() * 1e3:.2f} ms"
+        if predicted is not None:
+            line += f" (schedule: {predicted / 1e3:.2f} ms)"
+        print(line, file=sys.stdout)
+        if args.save_weights:
+            print(f"weights saved to {args.save_weights}")
+    return 0
