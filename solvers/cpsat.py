@@ -1,0 +1,470 @@
+"""CP-SAT planner: re-route, rebalance and order every op under memory limits.
+
+`solve(instance, options)` runs the greedy list scheduler first (a valid plan
+in milliseconds), hands its schedule to CP-SAT as a complete hint, and returns
+whichever of the two the simulator times faster. docs/planner.md explains the
+model; in short:
+
+- **Placement.** For each microbatch (d, m) at stage s, one literal per
+  candidate executor (`schedc.opgraph.candidate_executors`): a failed GPU's
+  work goes to a live peer, a slow GPU's work may move to its peers. F, B and
+  W of (d, m, s) share that literal (the activations live on the executor).
+- **Time.** One optional interval per op and candidate; `NoOverlap` per GPU;
+  dependencies with the boundary transfer; the optimizer after its stage's
+  barrier (or the global one without staggering).
+- **Memory.** Per GPU a cumulative over variable-size intervals
+  [F start, B end) holding `activation - stash` and [F start, W end) holding
+  `stash` (without decoupling: [F start, B end) holding `activation`), with
+  capacity `gpu_memory - static`.
+- **Objective.** The steady-state period P >= (end of O) - (first start) of
+  every live GPU: repeating the one-iteration schedule every P is feasible, so
+  the simulator's time is at most P. `Instance.lower_bound` bounds P's domain
+  so the search stops when it reaches it.
+
+Monolithic models stop paying off beyond a few thousand ops
+(/work/shared/cpsat-notes.md), so pipelines that no failure touches and that
+receive no re-routed work in the seed are fixed to the seed's timing; when even
+the remaining model is too large, the greedy plan is returned (`fallback`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+from schedc.diagnostics import InfeasibleError, error
+from schedc.instance import Instance
+from schedc.opgraph import (
+    candidate_executors,
+    compute_kinds,
+    data_deps,
+    last_backward_kind,
+    optimizer_waits_for,
+)
+from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo
+from schedc.solvers import SolveOptions
+from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
+from schedc.timing import DeadlockError, schedule_from_programs
+
+NAME = "cpsat"
+
+#: Above this many free compute ops CP-SAT adds nothing within a second or two
+#: on two cores (cpsat-notes.md: presolve alone takes seconds at ~25k ops).
+MAX_MODEL_OPS = 2500
+#: Rough cost of building the model in Python, per op (seconds); used to skip
+#: CP-SAT when the deadline cannot even cover the build.
+_BUILD_S_PER_OP = 40e-6
+#: Deterministic-time units of search per second of `time_limit`.
+DET_PER_SECOND = 0.4
+
+
+# -- feasibility ---------------------------------------------------------------
+
+
+def check_feasible(instance: Instance) -> None:
+    """Raise `InfeasibleError` (E3xx) when no schedule can exist for `instance`.
+
+    E301: a stage has no live GPU (re-routing is impossible; recover from a
+    checkpoint). E310: a stage's GPUs cannot hold one microbatch in flight
+    next to their static memory. One microbatch in flight always suffices
+    otherwise (run microbatches one at a time), so these are the only
+    memory-infeasible cases.
+    """
+    diags = []
+    for s in range(instance.pp):
+        if not instance.live_gpus(s):
+            lost = ", ".join(f"(dp={g.dp}, pp={g.pp})" for g in instance.gpus if g.pp == s)
+            diags.append(error(
+                "E301", f"stage {s} has no live replica: every GPU that holds it failed ({lost})",
+                hint="re-routing needs a live peer of the stage that holds its weights; restore the "
+                     "job from the last checkpoint (on replacement GPUs or with fewer pipelines)"))
+    for s in range(instance.pp):
+        live = instance.live_gpus(s)
+        if not live:
+            continue
+        c = instance.stages[s]
+        room = instance.gpu_memory - c.static
+        if room >= c.activation:
+            continue
+        fits = fits_in_flight(instance, live[0].rank)
+        need = c.static + c.activation
+        where = gpu_name(instance, live[0].rank)
+        if len(live) > 1:
+            where += f" and the {len(live) - 1} other live GPU{'s' if len(live) > 2 else ''} of stage {s}"
+        diags.append(error(
+            "E310",
+            f"stage {s} does not fit in memory: {where} can hold {fits} microbatches in flight, "
+            f"a schedule needs at least 1",
+            detail=(f"static {fmt_bytes(c.static)} + one microbatch's activation "
+                    f"{fmt_bytes(c.activation)} = {fmt_bytes(need)} > gpu.memory "
+                    f"{fmt_bytes(instance.gpu_memory)}; one microbatch in flight needs "
+                    f"{fmt_bytes(need - instance.gpu_memory)} more"),
+            hint=f"raise gpu.memory to at least {fmt_bytes(need)}, shrink stage {s}'s activation "
+                 "(activation recomputation, a smaller microbatch_size) or move layers off stage "
+                 f"{s} (more pipeline stages)"))
+    if diags:
+        raise InfeasibleError(diags)
+
+
+# -- timing --------------------------------------------------------------------
+
+
+def iteration_time(schedule: Schedule) -> int:
+    """Steady-state period of a schedule's programs, as the simulator measures it (§5)."""
+    programs = {r: [op.id for op in ops] for r, ops in schedule.programs.items()}
+    return steady_iteration_time(schedule.instance, programs)
+
+
+def span_bound(schedule: Schedule) -> int:
+    """The largest per-GPU span (last end - first start): a period the schedule can repeat at."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for op in schedule.ops:
+        first[op.rank] = min(first.get(op.rank, op.start), op.start)
+        last[op.rank] = max(last.get(op.rank, op.end), op.end)
+    return max((last[r] - first[r] for r in first), default=0)
+
+
+def retime(instance: Instance, schedule: Schedule, info: SolverInfo) -> Schedule | None:
+    """The programs of `schedule` (possibly made for another instance) timed on `instance`.
+
+    Returns None when they do not fit it: an executor that is no longer live,
+    an op that is missing or does not exist, or a deadlock.
+    """
+    live = {g.rank for g in instance.live_gpus()}
+    try:
+        programs = {r: [op.id for op in ops] for r, ops in schedule.programs.items()}
+        if any(programs[r] for r in programs if r not in live):
+            return None
+        programs = {r: p for r, p in programs.items() if r in live}
+        expected = {OpId(k, d, s, m) for s in range(instance.pp) for d in range(instance.dp)
+                    for m in range(instance.microbatches) for k in compute_kinds(instance)}
+        expected |= {OpId("O", g.dp, g.pp) for g in instance.live_gpus()}
+        have = [op for p in programs.values() for op in p]
+        if len(have) != len(expected) or set(have) != expected:
+            return None
+        for r, p in programs.items():
+            g = instance.gpu_of_rank(r)
+            for op in p:
+                if op.pp != g.pp or (op.kind == "O" and op.dp != g.dp):
+                    return None
+                if op.kind != "O" and r not in candidate_executors(instance, op.dp, op.pp):
+                    return None
+        out = schedule_from_programs(instance, programs, info)
+    except (DeadlockError, KeyError, IndexError):
+        return None
+    return out if _peak_ok(out) else None
+
+
+def _peak_ok(schedule: Schedule) -> bool:
+    """Whether every GPU's memory stays within the limit."""
+    inst = schedule.instance
+    return all(program_peak(inst, r, [op.id for op in ops]) <= inst.gpu_memory
+               for r, ops in schedule.programs.items())
+
+
+# -- the model -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Result:
+    schedule: Schedule | None
+    status: str  # CP-SAT's status name
+    objective: float | None
+    bound: float | None
+    detail: str
+
+
+def _free_pipelines(instance: Instance, seed: Schedule, ops_per_pipeline: int) -> set[int]:
+    """Pipelines the model keeps free; the others are fixed to the seed's timing.
+
+    Always free: pipelines with a failed or slow GPU, and those whose GPUs run
+    re-routed work in the seed (their timing depends on that work). Then, while
+    the model stays under `MAX_MODEL_OPS`, the other pipelines that could take
+    work from a failed or slow GPU, nearest first, so that CP-SAT may move
+    work where the seed did not.
+    """
+    if instance.fault_free:
+        return set(range(instance.dp))
+    free = {g.dp for g in instance.gpus if not g.live or g.speed < 1.0}
+    for op in seed.ops:
+        if op.kind != "O" and op.rank != instance.gpu(op.dp, op.pp).rank:
+            free.add(op.dp)
+            free.add(instance.gpu_of_rank(op.rank).dp)
+    affected = sorted({g.dp for g in instance.gpus if not g.live or g.speed < 1.0})
+    extra = sorted((min(abs(d - a) for a in affected), d) for d in range(instance.dp) if d not in free)
+    for _, d in extra:
+        if (len(free) + 1) * ops_per_pipeline > MAX_MODEL_OPS:
+            break
+        free.add(d)
+    return free
+
+
+def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: SolveOptions,
+                 deadline: float, wall_left: float) -> _Result:
+    """Build and solve the model, pipelines outside `free` fixed to `seed`; CP-SAT ends by the
+    earlier of a deterministic limit (from `options.time_limit`) and `deadline`."""
+    from ortools.sat.python import cp_model
+
+    inst = instance
+    kinds = compute_kinds(inst)
+    lastk = last_backward_kind(inst)
+    seed_ops = {op.id: op for op in seed.ops}
+    horizon = seed.makespan + span_bound(seed) + 1
+    m = cp_model.CpModel()
+
+    start: dict[OpId, object] = {}
+    end: dict[OpId, object] = {}
+    hint: dict[object, int] = {}
+    on_rank: dict[int, list[tuple[object, object | None]]] = {}  # rank -> (start var/const, literal)
+    intervals: dict[int, list[object]] = {}
+    mem: dict[int, tuple[list[object], list[int]]] = {}
+    fixed_end: dict[OpId, int] = {}  # ops of frozen pipelines
+    choice: dict[tuple[int, int, int], dict[int, object]] = {}  # (d, s, mb) -> rank -> literal
+
+    def var(name: str, value: int, lo: int = 0, hi: int = horizon):
+        v = m.NewIntVar(lo, hi, name)
+        hint[v] = value
+        return v
+
+    for s in range(inst.pp):
+        c = inst.stages[s]
+        for d in range(inst.dp):
+            if d not in free:
+                for mb in range(inst.microbatches):
+                    for k in kinds:
+                        op = seed_ops[OpId(k, d, s, mb)]
+                        intervals.setdefault(op.rank, []).append(
+                            m.NewIntervalVar(op.start, op.duration, op.end, ""))
+                        fixed_end[op.id] = op.end
+                        on_rank.setdefault(op.rank, []).append((op.start, None))
+                continue
+            # Only GPUs of free pipelines may take work: a frozen GPU's timing and memory are fixed.
+            cands = [r for r in candidate_executors(inst, d, s) if inst.gpu_of_rank(r).dp in free]
+            for mb in range(inst.microbatches):
+                chosen = seed_ops[OpId("F", d, s, mb)].rank
+                lits = {}
+                for r in cands:
+                    if len(cands) == 1:
+                        lits[r] = None
+                    else:
+                        lit = m.NewBoolVar(f"x{d}_{s}_{mb}_{r}")
+                        hint[lit] = int(r == chosen)
+                        lits[r] = lit
+                if len(cands) > 1:
+                    m.AddExactlyOne(lits.values())
+                choice[(d, s, mb)] = lits
+                for k in kinds:
+                    op = OpId(k, d, s, mb)
+                    sop = seed_ops[op]
+                    st, en = var(f"s{op}", sop.start), var(f"e{op}", sop.end)
+                    start[op], end[op] = st, en
+                    for r, lit in lits.items():
+                        dur = inst.duration(k, s, r)
+                        if lit is None:
+                            iv = m.NewIntervalVar(st, dur, en, "")
+                        else:
+                            iv = m.NewOptionalIntervalVar(st, dur, en, lit, "")
+                        intervals.setdefault(r, []).append(iv)
+                        if k == "F":
+                            on_rank.setdefault(r, []).append((st, lit))
+                # Memory held on the executor while the microbatch is in flight.
+                f_s, f_e = start[OpId("F", d, s, mb)], None
+                holds = ([("B", c.activation - c.stash), ("W", c.stash)] if inst.decouple_backward
+                         else [("B", c.activation)])
+                for k, demand in holds:
+                    if demand <= 0:
+                        continue
+                    f_e = end[OpId(k, d, s, mb)]
+                    size = var(f"m{k}{d}_{s}_{mb}", seed_ops[OpId(k, d, s, mb)].end
+                               - seed_ops[OpId("F", d, s, mb)].start)
+                    for r, lit in lits.items():
+                        if lit is None:
+                            iv = m.NewIntervalVar(f_s, size, f_e, "")
+                        else:
+                            iv = m.NewOptionalIntervalVar(f_s, size, f_e, lit, "")
+                        mem.setdefault(r, ([], []))
+                        mem[r][0].append(iv)
+                        mem[r][1].append(demand)
+
+    # Dependencies (a frozen predecessor is a constant).
+    for op, st in start.items():
+        if op.kind == "O":
+            continue
+        for dep in data_deps(inst, op):
+            if dep.op in end:
+                m.Add(st >= end[dep.op] + dep.delay)
+            else:
+                m.Add(st >= fixed_end[dep.op] + dep.delay)
+
+    # Symmetry: microbatches of one pipeline are interchangeable, so fix their forward order
+    # at each stage wherever the seed agrees (a hint the model forbids would be lost).
+    for s in range(inst.pp):
+        for d in free:
+            for mb in range(inst.microbatches - 1):
+                a, b = OpId("F", d, s, mb), OpId("F", d, s, mb + 1)
+                if seed_ops[a].start <= seed_ops[b].start:
+                    m.Add(start[a] <= start[b])
+
+    # Optimizer barriers and O per live GPU.
+    barriers: dict[tuple[int, ...], object] = {}
+    for group in sorted({optimizer_waits_for(inst, s) for s in range(inst.pp)}):
+        ends_seed = [seed_ops[OpId(lastk, d, s, mb)].end for s in group for d in range(inst.dp)
+                     for mb in range(inst.microbatches)]
+        bar = var(f"bar{group}", max(ends_seed, default=0))
+        for s in group:
+            for d in range(inst.dp):
+                for mb in range(inst.microbatches):
+                    op = OpId(lastk, d, s, mb)
+                    m.Add(bar >= (end[op] if op in end else fixed_end[op]))
+        barriers[group] = bar
+
+    lb = max(0, math.ceil(inst.lower_bound - 1e-9))
+    seed_p = span_bound(seed)
+    period = m.NewIntVar(min(lb, seed_p), seed_p, "P")
+    hint[period] = seed_p
+    seed_first: dict[int, int] = {}
+    for op in seed.ops:
+        seed_first[op.rank] = min(seed_first.get(op.rank, op.start), op.start)
+    for g in inst.live_gpus():
+        r = g.rank
+        o = OpId("O", g.dp, g.pp)
+        so = seed_ops[o]
+        dur = inst.duration("O", g.pp, r)
+        o_s, o_e = var(f"s{o}", so.start), var(f"e{o}", so.end)
+        m.Add(o_s >= barriers[optimizer_waits_for(inst, g.pp)])
+        intervals.setdefault(r, []).append(m.NewIntervalVar(o_s, dur, o_e, ""))
+        first = var(f"a{r}", seed_first[r])
+        m.Add(first <= o_s)
+        for st, lit in on_rank.get(r, []):
+            if lit is None:
+                m.Add(first <= st)
+            else:
+                m.Add(first <= st).OnlyEnforceIf(lit)
+        m.Add(period >= o_e - first)
+    for r, ivs in intervals.items():
+        if len(ivs) > 1:
+            m.AddNoOverlap(ivs)
+    for r, (ivs, demands) in mem.items():
+        cap = inst.gpu_memory - inst.stages[inst.gpu_of_rank(r).pp].static
+        # Frozen pipelines' memory use is unchanged from the seed, which respected the limit,
+        # and their GPUs run no free work (else they would be touched), so only free GPUs count.
+        if sum(demands) > cap:
+            m.AddCumulative(ivs, demands, cap)
+    m.Minimize(period)
+    for v, val in hint.items():
+        m.AddHint(v, val)
+
+    wall = min(wall_left, deadline - time.monotonic() - 0.01)
+    if wall <= 0.01:
+        return _Result(None, "SKIPPED", None, None, "CP-SAT skipped: the model took the time left")
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    p.num_workers = max(1, options.workers)
+    p.random_seed = options.seed
+    p.symmetry_level = 0
+    p.cp_model_probing_level = 0
+    p.max_time_in_seconds = wall
+    # The deterministic limit ends the search the same way on every run; the wall limit only
+    # guards the deadline on a loaded machine (measured: ~1.5 s of wall per unit on 2 cores).
+    p.max_deterministic_time = max(0.01, options.time_limit * DET_PER_SECOND)
+    p.interleave_search = True  # with a deterministic limit: the same plan on every run
+    status = solver.Solve(m)
+    name = solver.StatusName(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return _Result(None, name, None, None, f"CP-SAT: {name}")
+    objective = solver.ObjectiveValue()
+    bound = solver.BestObjectiveBound()
+
+    programs: dict[int, list[tuple[int, int, OpId]]] = {g.rank: [] for g in inst.live_gpus()}
+    for s in range(inst.pp):
+        for d in range(inst.dp):
+            for mb in range(inst.microbatches):
+                if d not in free:
+                    for k in kinds:
+                        op = seed_ops[OpId(k, d, s, mb)]
+                        programs[op.rank].append((op.start, op.end, op.id))
+                    continue
+                lits = choice[(d, s, mb)]
+                rank = next(r for r, lit in lits.items() if lit is None or solver.BooleanValue(lit))
+                for k in kinds:
+                    op = OpId(k, d, s, mb)
+                    programs[rank].append((solver.Value(start[op]), solver.Value(end[op]), op))
+    for g in inst.live_gpus():
+        o = OpId("O", g.dp, g.pp)
+        programs[g.rank].append((1 << 62, 1 << 62, o))  # O closes each program
+    ordered = {r: [op for _, _, op in sorted(v)] for r, v in programs.items()}
+    sched = schedule_from_programs(inst, ordered, SolverInfo(name=NAME))
+    return _Result(sched, name, objective, bound, f"CP-SAT {name.lower()}")
+
+
+# -- the solver ----------------------------------------------------------------
+
+
+def _seeds(instance: Instance, options: SolveOptions, deadline: float) -> list[Schedule]:
+    from schedc.solvers import get_solver
+
+    seeds = []
+    if options.hint is not None:
+        warm = retime(instance, options.hint, SolverInfo(name=NAME, detail="warm start"))
+        if warm is not None:
+            seeds.append(warm)
+    greedy = get_solver("greedy")
+    budget = max(0.0, deadline - time.monotonic())
+    seeds.append(greedy(instance, replace(options, time_limit=budget)))
+    return seeds
+
+
+def solve(instance: Instance, options: SolveOptions) -> Schedule:
+    """Plan `instance`: greedy first, then CP-SAT warm-started from it, within `options.time_limit`.
+
+    Returns the faster (by simulated iteration time) of the seed (greedy, or
+    `options.hint` re-timed when it still fits the instance) and CP-SAT's plan.
+    `SolverInfo.status` is `optimal` when the returned plan's time equals a
+    proven bound, `feasible` when CP-SAT's plan won without proof, and
+    `fallback` when the seed is returned. `objective` is the period CP-SAT
+    (or the seed) guarantees (the largest per-GPU span), `bound` the proven
+    lower bound on it. Raises `InfeasibleError` (E3xx) when no schedule exists.
+    Deterministic: CP-SAT stops on a deterministic limit; the wall-clock limit
+    only guards `time_limit` on a loaded machine.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + options.time_limit
+    check_feasible(instance)
+    seeds = _seeds(instance, options, deadline)
+    scored = sorted(((iteration_time(s), i, s) for i, s in enumerate(seeds)), key=lambda x: x[:2])
+    best_time, _, best = scored[0]
+    seed_name = "previous plan" if best.solver.detail == "warm start" else best.solver.name
+    lb = math.ceil(instance.lower_bound - 1e-9)
+
+    def finish(schedule: Schedule, status: str, objective, bound, detail: str) -> Schedule:
+        return replace(schedule, solver=SolverInfo(
+            name=NAME, status=status, objective=objective, bound=bound,
+            wall_s=time.monotonic() - t0, detail=detail))
+
+    if best_time <= lb:
+        return finish(best, "optimal", float(best_time), float(lb), f"{seed_name} reaches the lower bound")
+    per_pipeline = instance.pp * instance.microbatches * len(compute_kinds(instance))
+    free = _free_pipelines(instance, best, per_pipeline)
+    n_free = len(free) * per_pipeline
+    # Leave room after the search for re-timing and simulating CP-SAT's plan.
+    wall_left = deadline - time.monotonic() - _BUILD_S_PER_OP * n_free * 2
+    if n_free > MAX_MODEL_OPS:
+        return finish(best, "fallback", float(span_bound(best)), float(lb),
+                      f"{seed_name}: {n_free} free ops exceed the CP-SAT model's limit {MAX_MODEL_OPS}")
+    if wall_left < 0.05:
+        return finish(best, "fallback", float(span_bound(best)), float(lb),
+                      f"{seed_name}: no time left for CP-SAT")
+    res = _solve_model(instance, best, free, options, deadline, wall_left)
+    if res.schedule is None:
+        return finish(best, "fallback", float(span_bound(best)), float(lb), f"{seed_name}; {res.detail}")
+    cp_time = iteration_time(res.schedule)
+    bound = float(max(math.ceil((res.bound or 0.0) - 1e-9), lb))
+    if cp_time < best_time:
+        status = "optimal" if cp_time <= bound else "feasible"
+        return finish(res.schedule, status, res.objective, bound, res.detail)
+    status = "optimal" if best_time <= bound else "fallback"
+    return finish(best, status, float(span_bound(best)), bound,
+                  f"{seed_name} kept: {res.detail} found nothing faster")
