@@ -152,6 +152,9 @@ class _Checker:
             self._programs = self.schedule.programs
         return self._programs
 
+    def programs_ranks(self) -> list[int]:
+        return sorted({g.rank for g in self.inst.gpus if g.live} | {op.rank for op in self.schedule.ops})
+
     def step_of(self, op: ScheduledOp) -> int:
         if self._step is None:
             self._step = {id(o): i for prog in self.programs.values() for i, o in enumerate(prog)}
@@ -169,6 +172,7 @@ class _Checker:
 
     # E408: times
     def check_times(self) -> list[ScheduledOp]:
+        """Report malformed times; returns the ops whose times the other rules can use."""
         good = []
         for op in self.schedule.ops:
             s, e = op.start, op.end
@@ -342,24 +346,30 @@ class _Checker:
         for o in by_id.values():
             if o.kind != "O":
                 continue
-            for s in optimizer_waits_for(inst, o.pp):
-                w = last_end.get(s)
-                if w is None or o.start >= w.end:
-                    continue
-                if s == o.pp:
-                    why = f"{w.id} of its own stage ends at {w.end} us"
-                    hint = "O of a stage starts after every " + kind + " of that stage, on all its GPUs"
-                else:
-                    why = f"{w.id} of stage {s} ends at {w.end} us"
-                    hint = ("without stagger_optimizer every O waits for every " + kind
-                            + " of every stage")
-                self.add("E407", f"{o} on rank {o.rank} starts at {o.start} us, before {why}",
-                         hint=hint, detail="" if self.full() else self.grid(o, w))
+            # One diagnostic per O, naming the W it waits for that ends last.
+            waits = [last_end[s] for s in optimizer_waits_for(inst, o.pp) if s in last_end]
+            w = max(waits, key=lambda x: (x.end, x.id), default=None)
+            if w is None or o.start >= w.end:
+                continue
+            if w.pp == o.pp:
+                why = f"{w.id} of its own stage ends at {w.end} us"
+                hint = "O of a stage starts after every " + kind + " of that stage, on all its GPUs"
+            else:
+                why = f"{w.id} of stage {w.pp} ends at {w.end} us"
+                hint = "without stagger_optimizer every O waits for every " + kind + " of every stage"
+            self.add("E407", f"{o} on rank {o.rank} starts at {o.start} us, before {why}",
+                     hint=hint, detail="" if self.full() else self.grid(o, w))
 
     def run(self) -> list[Diagnostic]:
-        ops = self.check_times()
-        by_id = self.check_identity(ops)
+        timed = {id(op) for op in self.check_times()}
+        by_id = self.check_identity(list(self.schedule.ops))
         self.check_executors(by_id)
+        # Rules about time only look at ops with well-formed times (the rest are reported).
+        if len(timed) < len(self.schedule.ops):
+            by_id = {k: op for k, op in by_id.items() if id(op) in timed}
+            self._programs = {r: tuple(sorted((o for o in self.schedule.ops if id(o) in timed and o.rank == r),
+                                              key=lambda o: (o.start, o.end, o.id)))
+                              for r in self.programs_ranks()}
         self.check_durations(by_id)
         self.check_dependencies(by_id)
         self.check_programs()
