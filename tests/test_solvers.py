@@ -1,0 +1,188 @@
+"""The baseline schedulers and greedy: closed forms, errors, and properties over random instances."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedc.diagnostics import InfeasibleError
+from schedc.instance import make_instance
+from schedc.simulate import simulate
+from schedc.solvers import SolveOptions, solve
+from schedc.solvers.common import steady_iteration_time
+from schedc.verify import verify_schedule
+from tests.strategies import instances
+
+BASELINES = ["gpipe", "1f1b", "zb-h1", "reroute-1f1b", "drop-pipeline", "redundant", "greedy"]
+OPTS = SolveOptions()
+
+
+def iteration_time(schedule) -> int:
+    """Steady-state period by the program runner, checked against the simulator."""
+    progs = {r: [op.id for op in p] for r, p in schedule.programs.items()}
+    t = steady_iteration_time(schedule.instance, progs)
+    assert simulate(schedule).iteration_time == t
+    return t
+
+
+def uniform(dp=1, pp=4, mb=8, f=1000, b=1000, w=1000, o=100, **kw):
+    return make_instance(dp, pp, mb, forward=f, backward_input=b, backward_weight=w, optimizer=o, **kw)
+
+
+# -- closed forms --------------------------------------------------------------
+
+@pytest.mark.parametrize("S,M", [(1, 1), (2, 3), (4, 4), (4, 8), (3, 10)])
+@pytest.mark.parametrize("name", ["1f1b", "gpipe"])
+def test_one_f_one_b_and_gpipe_closed_form(name, S, M):
+    inst = uniform(dp=2, pp=S, mb=M, f=700, b=900, w=400, o=150)
+    sched = solve(inst, name)
+    verify_schedule(sched)
+    assert iteration_time(sched) == (M + S - 1) * (700 + 900 + 400) + 150
+
+
+def test_1f1b_warmup_capped_by_memory_still_valid():
+    # Room for 2 microbatches: stage 0 cannot hold its usual 4, and gpipe refuses.
+    inst = uniform(pp=4, mb=8, activation=1 << 20, static=0, gpu_memory=2 << 20)
+    sched = solve(inst, "1f1b")
+    verify_schedule(sched)
+    assert "capped by memory" in sched.solver.detail
+    # Fewer in flight than the pipeline depth leaves more bubble than the closed form.
+    assert iteration_time(sched) > (8 + 4 - 1) * 3000 + 100
+    with pytest.raises(InfeasibleError) as exc:
+        solve(inst, "gpipe")
+    assert exc.value.codes == ["E312"] * 4
+    msg = str(exc.value.diagnostics[0].message)
+    assert "fits only 2" in msg and "1f1b" in exc.value.diagnostics[0].hint
+
+
+@pytest.mark.parametrize("S,M", [(2, 4), (4, 8), (4, 16), (6, 12)])
+def test_zb_h1_bubble_is_a_third_of_1f1b(S, M):
+    """With F = B = W and no transfers, ZB-H1's bubble is (S-1)F against 1F1B's 3(S-1)F.
+
+    Tolerance: the ratio of bubbles (iteration time minus the busy time of a
+    GPU) must lie in [0.25, 0.40].
+    """
+    inst = uniform(pp=S, mb=M, f=1000, b=1000, w=1000, o=0)
+    busy = M * 3000
+    bubble_1f1b = iteration_time(solve(inst, "1f1b")) - busy
+    zb = solve(inst, "zb-h1")
+    verify_schedule(zb)
+    bubble_zb = iteration_time(zb) - busy
+    assert bubble_1f1b == (S - 1) * 3000
+    assert 0.25 <= bubble_zb / bubble_1f1b <= 0.40
+
+
+def test_baselines_run_the_fields_options():
+    inst = uniform(dp=2, decouple_backward=True, stagger_optimizer=True)
+    for name in ["gpipe", "1f1b", "reroute-1f1b", "drop-pipeline", "redundant"]:
+        s = solve(inst, name).instance
+        assert (s.decouple_backward, s.stagger_optimizer) == (False, False), name
+    zb = solve(inst, "zb-h1").instance
+    assert (zb.decouple_backward, zb.stagger_optimizer) == (True, False)
+    assert solve(inst, "greedy").instance == inst
+
+
+# -- refusals --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])
+def test_fault_free_templates_refuse_failures_but_accept_slow_gpus(name):
+    with pytest.raises(InfeasibleError) as exc:
+        solve(uniform(dp=2, failed=[(1, 2)]), name)
+    assert exc.value.codes == ["E311"]
+    assert "(dp=1, pp=2)" in exc.value.diagnostics[0].message
+    assert "reroute-1f1b" in exc.value.diagnostics[0].hint
+    verify_schedule(solve(uniform(dp=2, slow={(1, 2): 0.5}), name))
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_one_microbatch_that_does_not_fit_is_E310(name):
+    inst = uniform(dp=2, pp=3, activation=[1 << 20, 3 << 20, 1 << 20], static=1 << 20,
+                   gpu_memory=3 << 20)
+    with pytest.raises(InfeasibleError) as exc:
+        solve(inst, name)
+    assert set(exc.value.codes) == {"E310"}
+    msg = exc.value.diagnostics[0].message
+    assert "pp=1" in msg and "gpu.memory is 3MiB" in msg
+    # redundant also holds the shadowed stage's weights: 2MiB static instead of 1MiB
+    assert ("= 5MiB" if name == "redundant" else "= 4MiB") in msg
+
+
+def test_drop_pipeline_needs_a_whole_pipeline():
+    with pytest.raises(InfeasibleError) as exc:
+        solve(uniform(dp=2, failed=[(0, 1), (1, 3)]), "drop-pipeline")
+    assert exc.value.codes == ["E313"]
+
+
+def test_drop_pipeline_moves_whole_microbatches_and_keeps_dropped_gpus_in_sync():
+    inst = uniform(dp=3, pp=3, mb=4, failed=[(1, 1)])
+    sched = solve(inst, "drop-pipeline")
+    verify_schedule(sched)
+    for op in sched.ops:
+        g = inst.gpu_of_rank(op.rank)
+        if op.kind == "O":
+            continue
+        assert g.dp != 1 and g.pp == op.pp
+        # a microbatch runs on one pipeline at every stage
+        assert {o.rank // 3 for o in sched.ops if (o.dp, o.mb) == (op.dp, op.mb)} == {g.dp}
+    dropped_live = [inst.gpu(1, s).rank for s in (0, 2)]
+    for r in dropped_live:
+        assert [op.kind for op in sched.program(r)] == ["O"]
+
+
+def test_redundant_pays_the_shadow_forward_and_needs_the_holder():
+    inst = uniform(pp=3, f=[100, 200, 300], static=[10, 20, 30])
+    sched = solve(inst, "redundant")
+    assert [c.forward for c in sched.instance.stages] == [300, 500, 400]
+    assert [c.static for c in sched.instance.stages] == [30, 50, 40]
+    failed = solve(uniform(dp=2, pp=3, failed=[(1, 0)]), "redundant")
+    verify_schedule(failed)
+    g = failed.instance.gpu(1, 0)
+    assert g.live and g.speed == 0.5 and failed.instance.gpu(1, 2).speed == 0.5
+    assert "approximation" in failed.solver.detail
+    with pytest.raises(InfeasibleError) as exc:
+        solve(uniform(dp=2, pp=3, failed=[(1, 0), (1, 2)]), "redundant")
+    assert exc.value.codes == ["E314"]
+
+
+# -- properties over random instances ---------------------------------------------
+
+@pytest.mark.parametrize("name", BASELINES)
+@given(inst=instances())
+def test_every_solver_returns_a_valid_schedule_or_refuses(name, inst):
+    try:
+        sched = solve(inst, name)
+    except InfeasibleError as e:
+        assert all(c.startswith("E3") for c in e.codes)
+        return
+    verify_schedule(sched)
+    assert sched.solver.name == name and sched.solver.wall_s > 0
+    assert iteration_time(sched) >= sched.instance.lower_bound - 1e-6
+    again = solve(inst, name)  # deterministic, up to the wall time
+    assert (again.instance, again.ops, again.solver.detail) == (sched.instance, sched.ops, sched.solver.detail)
+
+
+@given(inst=instances(failures=True))
+def test_greedy_never_worse_than_reroute(inst):
+    greedy = solve(inst, "greedy")
+    reroute = solve(inst, "reroute-1f1b")
+    assert iteration_time(greedy) <= iteration_time(reroute)
+
+
+@given(inst=instances(failures=False))
+def test_greedy_never_worse_than_fault_free_templates(inst):
+    greedy = iteration_time(solve(inst, "greedy"))
+    assert greedy <= iteration_time(solve(inst, "1f1b"))
+    if inst.decouple_backward:
+        assert greedy <= iteration_time(solve(inst, "zb-h1"))
+
+
+@settings(max_examples=20)
+@given(st.integers(0, 3), st.integers(0, 1))
+def test_greedy_close_to_lower_bound_with_enough_microbatches(d_fail, s_fail):
+    """Failure instances with M >= 2S and room in memory: greedy within 5% of the bound."""
+    inst = uniform(dp=4, pp=4, mb=8, f=1000, b=1000, w=800, o=200, latency=20,
+                   failed=[(d_fail, s_fail * 3)], slow={((d_fail + 1) % 4, 1): 0.5})
+    sched = solve(inst, "greedy")
+    verify_schedule(sched)
+    assert iteration_time(sched) <= 1.05 * inst.lower_bound
