@@ -11,6 +11,12 @@ from schedc.diagnostics import (
 
 __version__ = "0.1.0"
 
+# Imported eagerly on purpose: the function `load` must shadow the submodule
+# `schedc.load` of the same name (lark and pydantic only; no torch, no OR-Tools).
+from schedc.load import load  # noqa: E402
+from schedc.printer import print_spec  # noqa: E402
+from schedc.replan import replan  # noqa: E402  (same reason; OR-Tools loads only when it runs)
+
 __all__ = [
     "__version__",
     "Diagnostic",
@@ -19,4 +25,8 @@ __all__ = [
     "SchedcError",
     "SpecError",
     "VerificationError",
+    "load",
+    "print_spec",
+    "replan",
 ]
+

@@ -1,0 +1,87 @@
+"""`schedc.replan(plan, event, deadline=...) -> Plan`: a new plan when the cluster changes (§8).
+
+A launcher calls this on every failure, slowdown or rejoin:
+
+    >>> plan = schedc.compile("specs/example.sched")                    # doctest: +SKIP
+    >>> plan = schedc.replan(plan, "fail gpu(dp=2, pp=1)", deadline=1.0)  # doctest: +SKIP
+    >>> print_spec(plan.spec)  # the updated spec, to keep with the job  # doctest: +SKIP
+
+The events are applied to `plan.spec` (`schedc.events.apply_events`), and the
+new instance is planned by `cpsat` warm-started from the current schedule
+(`SolveOptions.hint`: when its programs still fit, e.g. after a slowdown or a
+rejoin, they are re-timed and compete with greedy as CP-SAT's seed). The
+solver gets what is left of `deadline` after a reserve for verifying and
+simulating the result, so the whole call, verification and simulation
+included, ends within `deadline` (measured: `tests/test_replan.py`, and
+`schedc bench`). Every returned plan passed `verify_schedule`. Deterministic:
+the same plan and events give the same new plan. Never prints, never exits;
+raises `SchedcError`s (E2xx for bad events, E301 when a stage loses every
+replica, E3xx when nothing fits in memory).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Sequence
+
+from schedc.diagnostics import InfeasibleError, VerificationError, error
+from schedc.events import apply_events
+from schedc.instance import Instance, from_spec
+from schedc.plan import Plan
+from schedc.schedule import Schedule
+from schedc.simulate import metrics_of, simulate
+from schedc.spec import Failure
+from schedc.verify import verify_schedule
+
+#: Seconds per op reserved for verifying and simulating the new schedule, and a floor
+#: (measured on the 2-core machine: ~25 us per op for both together; doubled for safety).
+_CHECK_S_PER_OP = 50e-6
+_CHECK_S_MIN = 0.02
+#: Share of the deadline the solver may use at most; the rest absorbs Python overheads.
+_SOLVER_SHARE = 0.8
+
+
+def _n_ops(instance: Instance) -> int:
+    kinds = 3 if instance.decouple_backward else 2
+    return instance.dp * instance.pp * instance.microbatches * kinds + len(instance.live_gpus())
+
+
+def replan(plan: Plan, event: str | Failure | Sequence[str | Failure], deadline: float = 1.0, *,
+           solver: str = "cpsat", seed: int = 0) -> Plan:
+    """A verified plan for `plan.spec` with `event` applied, computed within `deadline` seconds.
+
+    `event`: one event or a list, as text (``"fail gpu(dp=1, pp=2)"``,
+    ``"fail node 3"``, ``"slow gpu(dp=0, pp=3) speed = 0.7"``,
+    ``"recover gpu(dp=1, pp=2)"``) or `Failure`s. The new `Plan.spec` is the
+    updated spec; its metrics keep the fault-free iteration time of `plan`
+    (events change which GPUs are live, not the fault-free job).
+    """
+    from schedc.solvers import SolveOptions, get_solver
+
+    started = time.monotonic()
+    if deadline <= 0:
+        raise InfeasibleError([error("E320", f"replan deadline must be positive, got {deadline}",
+                                     hint="pass deadline in seconds, e.g. deadline=1.0")])
+    spec = apply_events(plan.spec, event)
+    instance = from_spec(spec)
+    reserve = max(_CHECK_S_MIN, _CHECK_S_PER_OP * _n_ops(instance))
+    budget = min(deadline * _SOLVER_SHARE, deadline - reserve - (time.monotonic() - started))
+    options = SolveOptions(time_limit=max(budget, 0.0), seed=seed, hint=plan.schedule)
+    schedule = get_solver(solver)(instance, options)
+    try:
+        verify_schedule(schedule)
+    except VerificationError:
+        # A solver bug must not reach a launcher: fall back to the greedy list scheduler.
+        schedule = get_solver("greedy")(instance, replace(options, hint=None, time_limit=0.0))
+        verify_schedule(schedule)
+    schedule = _with_wall(schedule, time.monotonic() - started)
+    sim = simulate(schedule)
+    fault_free = plan.metrics.fault_free_iteration_time or plan.metrics.iteration_time
+    return Plan(spec=spec, schedule=schedule,
+                metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free))
+
+
+def _with_wall(schedule: Schedule, wall_s: float) -> Schedule:
+    """The schedule with its solver's wall time replaced by the whole replan's so far."""
+    return replace(schedule, solver=replace(schedule.solver, wall_s=max(schedule.solver.wall_s, wall_s)))
