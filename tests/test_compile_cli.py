@@ -1,0 +1,98 @@
+"""`schedc.compile`, `Plan.write`, and the `schedc compile` / `schedc simulate` commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import schedc.cli as cli
+from schedc.diagnostics import SpecError
+from schedc.plan import Plan, compile
+
+SPEC = """
+cluster { dp = 2  pp = 3  gpus_per_node = 8
+          gpu { memory = 40GiB }  link { latency = 20us  bandwidth = 25GB/s } }
+stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 1ms  optimizer = 0.2ms
+               activation = 1GiB  stash = 256MiB  static = 4GiB  send = 16MiB } }
+train { microbatches = 4 }
+schedule { solver = "1f1b" }
+"""
+
+
+@pytest.fixture
+def spec_path(tmp_path):
+    p = tmp_path / "spec.sched"
+    p.write_text(SPEC)
+    return p
+
+
+@pytest.fixture
+def run_cli(monkeypatch):
+    # Only the commands under test: the dispatcher imports every command module.
+    monkeypatch.setattr(cli, "COMMANDS", {k: v for k, v in cli.COMMANDS.items() if k in ("compile", "simulate")})
+    return cli.main
+
+
+def test_compile_returns_a_verified_plan(spec_path):
+    plan = compile(spec_path)
+    assert isinstance(plan, Plan) and plan.schedule.solver.name == "1f1b"
+    m = plan.metrics
+    assert m.fault_free_iteration_time == m.iteration_time and m.slowdown == 1.0
+    assert m.iteration_time >= m.lower_bound
+
+
+def test_unknown_solver_lists_known_names(spec_path):
+    with pytest.raises(SpecError) as exc:
+        compile(spec_path, solver="1f1c")
+    d = exc.value.diagnostics[0]
+    assert d.code == "E215" and "1f1b" in d.hint and "gpipe" in d.hint
+
+
+def test_plan_write_files(spec_path, tmp_path):
+    out = compile(spec_path).write(tmp_path / "out")
+    names = sorted(p.name for p in out.iterdir())
+    assert {"schedule.json", "trace.json", "timeline.svg", "pipeline_0.csv", "pipeline_1.csv"} <= set(names)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no temporary left
+
+
+def test_cli_compile_then_simulate(spec_path, tmp_path, run_cli, capsys):
+    out = tmp_path / "out"
+    assert run_cli(["compile", str(spec_path), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "iteration time" in text and "ratio to lower bound" in text and "1f1b" in text
+    assert run_cli(["simulate", str(out / "schedule.json"), "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)["metrics"]
+    stored = json.loads((out / "schedule.json").read_text())["metrics"]
+    for key in ("iteration_time", "lower_bound", "bubble_ratio", "peak_memory", "fault_free_iteration_time"):
+        assert simulated[key] == stored[key]
+
+
+def test_cli_simulate_hand_edited_invalid_schedule(spec_path, tmp_path, run_cli, capsys):
+    out = tmp_path / "out"
+    assert run_cli(["compile", str(spec_path), "-o", str(out), "--json"]) == 0
+    capsys.readouterr()
+    path = out / "schedule.json"
+    obj = json.loads(path.read_text())
+    op = next(o for o in obj["ops"] if o["kind"] == "F" and o["pp"] == 1)
+    op["start"] -= 1  # now before its input arrives, and 1 us too long
+    path.write_text(json.dumps(obj))
+    assert run_cli(["simulate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "error[E403]" in err and "<-- ERROR HERE" in err and "Traceback" not in err
+
+
+def test_cli_simulate_malformed_file(tmp_path, run_cli, capsys):
+    bad = tmp_path / "schedule.json"
+    bad.write_text('{"format": "schedc.schedule/v1", "dp": "two"}')
+    assert run_cli(["simulate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "error[E602]" in err and "$.dp" in err and "Traceback" not in err
+
+
+def test_cli_compile_bad_spec(tmp_path, run_cli, capsys):
+    bad = tmp_path / "bad.sched"
+    bad.write_text("cluster { dp = 2 ")
+    assert run_cli(["compile", str(bad), "-o", str(tmp_path / "o")]) == 1
+    assert "error[E1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
