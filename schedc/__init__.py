@@ -17,8 +17,21 @@ from schedc.load import load  # noqa: E402
 from schedc.printer import print_spec  # noqa: E402
 from schedc.replan import replan  # noqa: E402  (same reason; OR-Tools loads only when it runs)
 
+
+
+def __getattr__(name: str):
+    # `compile` and `Plan` load lazily so `import schedc` stays light (no OR-Tools, no torch).
+    if name in ("compile", "Plan"):
+        from schedc import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'schedc' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
+    "Plan",
+    "compile",
     "Diagnostic",
     "InfeasibleError",
     "RunError",
