@@ -107,15 +107,30 @@ def _parser() -> Lark:
                 propagate_positions=True, maybe_placeholders=True)
 
 
+def normalize_newlines(text: str) -> str:
+    """`\r\n` and lone `\r` become `\n`, so that lines mean the same to lark, spans and editors."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def display_text(text: str) -> str:
+    """`text` for source excerpts: other characters Python treats as line breaks become spaces.
+
+    Spans count lines by `\n` only; `str.splitlines` (used when rendering) also splits
+    on form feeds, `\x85`, `\u2028`, ... Same length, so columns stay right.
+    """
+    return text.translate({c: " " for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)})
+
+
 def parse_text(text: str, file: str = "<spec>") -> Document:
     """Parse spec text into a `Document`; raise `SpecError` (E1xx) on a syntax error."""
+    text = normalize_newlines(text)
     tree = _run_parser(text, file, "start")
     return Document(items=tuple(_item(c, file) for c in tree.children), file=file, text=text)
 
 
 def parse_statements(text: str, file: str = "<event>") -> tuple[Statement, ...]:
     """Parse a list of failure/recover statements (replan events)."""
-    tree = _run_parser(text, file, "events")
+    tree = _run_parser(normalize_newlines(text), file, "events")
     return tuple(_statement(c, file) for c in tree.children)
 
 
@@ -128,7 +143,7 @@ def _run_parser(text: str, file: str, start: str) -> Tree:
             recent = (recent + [tok])[-2:]
         return interactive.resume_parse()
     except UnexpectedInput as exc:
-        raise SpecError([_syntax_diagnostic(exc, text, file, recent)], {file: text}) from None
+        raise SpecError([_syntax_diagnostic(exc, text, file, recent)], {file: display_text(text)}) from None
 
 
 # -- friendly syntax errors ----------------------------------------------------

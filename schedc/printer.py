@@ -138,7 +138,7 @@ def format_flops(x: float) -> str:
     """FLOP/s as `312TFLOPS` when exact, else the float's shortest repr in FLOPS."""
     for unit, f in (("PFLOPS", 10**15), ("TFLOPS", 10**12), ("GFLOPS", 10**9)):
         text = _decimal(Fraction(x) / f)
-        if text is not None and float(Fraction(text) * f) == x:
+        if x >= f and text is not None and float(Fraction(text) * f) == x:
             return f"{text}{unit}"
     return f"{_float(x)}FLOPS"
 

@@ -11,6 +11,7 @@ Codes are listed in docs/errors.md.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -21,7 +22,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schedc.diagnostics import Diagnostic, InfeasibleError, Label, Span, SpecError, did_you_mean, error
-from schedc.parse import Arg, Assign, Block, Document, Statement, Value
+from schedc.parse import Assign, Block, Document, Statement, Value, display_text
 from schedc.spec import (
     STAGE_KEYS,
     STAGE_SIZE_KEYS,
@@ -177,6 +178,7 @@ class _Ctx:
     diags: list[Diagnostic] = field(default_factory=list)
     spans: dict[str, Span] = field(default_factory=dict)
     bad: set[str] = field(default_factory=set)  # paths whose value was rejected (no "missing" for them)
+    texts: dict[str, str] = field(default_factory=dict)  # path -> the value as written
 
     def add(self, diag: Diagnostic) -> None:
         self.diags.append(diag)
@@ -204,6 +206,8 @@ def _read_block(ctx: _Ctx, block: Block, path: str, keys: Iterable[str], subbloc
         is_block = isinstance(item, Block)
         if name not in (subblocks if is_block else keys):
             ctx.add(_unknown(name, name_span, path, keys, subblocks, is_block))
+            # A misspelt key is not also reported as missing.
+            ctx.bad.update(f"{path}.{m}" for m in difflib.get_close_matches(name, keys, n=1, cutoff=0.6))
             continue
         if isinstance(item, Assign) and item.index is not None:
             ctx.add(error("E201", f"`{name} {item.index.text} = ...` is not allowed in `{path}`", item.span,
@@ -223,6 +227,7 @@ def _read_block(ctx: _Ctx, block: Block, path: str, keys: Iterable[str], subbloc
         else:
             out.values[name] = item.value
             ctx.spans[f"{path}.{name}"] = item.value.span
+            ctx.texts[f"{path}.{name}"] = item.value.text
     return out
 
 
@@ -354,7 +359,8 @@ def _converted(ctx: _Ctx, read: _Read, kinds: dict[str, Kind], path: str) -> dic
 
 def _check_model(ctx: _Ctx, model_cls: type[BaseModel], data: dict[str, Any], path: str, where: Span | None,
                  *, missing_hint: Callable[[str], str] | None = None,
-                 missing_message: Callable[[str], str] | None = None) -> BaseModel | None:
+                 missing_message: Callable[[str], str] | None = None,
+                 sources: dict[str, str] | None = None) -> BaseModel | None:
     """Run a pydantic model; turn its errors into diagnostics at the value's span."""
     try:
         return model_cls.model_validate(data)
@@ -364,11 +370,14 @@ def _check_model(ctx: _Ctx, model_cls: type[BaseModel], data: dict[str, Any], pa
             full = f"{path}.{key}" if path else key
             if full in ctx.bad:
                 continue
-            ctx.add(_pydantic_diagnostic(err, full, ctx.spans.get(full) or where, missing_hint, missing_message))
+            shown = (sources or {}).get(full, full)  # e.g. stages.2.send was set in stages.all.send
+            ctx.add(_pydantic_diagnostic(err, shown, ctx.spans.get(full) or where, missing_hint, missing_message,
+                                         ctx.texts.get(shown)))
         return None
 
 
-def _pydantic_diagnostic(err: dict, path: str, span: Span | None, missing_hint, missing_message) -> Diagnostic:
+def _pydantic_diagnostic(err: dict, path: str, span: Span | None, missing_hint, missing_message,
+                         written: str | None = None) -> Diagnostic:
     kind = err["type"]
     c = err.get("ctx") or {}
     got = err.get("input")
@@ -384,7 +393,7 @@ def _pydantic_diagnostic(err: dict, path: str, span: Span | None, missing_hint, 
     if kind in bounds:
         words, name = bounds[kind]
         limit = c.get(name)
-        shown = _show(got)
+        shown = written if written is not None else _show(got)
         if kind == "greater_than_equal" and limit == 0:
             return error("E206", f"`{path}` must not be negative, got {shown}", span, label="negative")
         return error("E206", f"`{path}` must be {words} {limit}, got {shown}", span, label="out of range")
@@ -438,7 +447,7 @@ def validate(doc: Document, *, name: str | None = None) -> Spec:
         _check_memory(ctx, cluster, stages, costs)
 
     if ctx.diags:
-        raise _spec_error(ctx.diags, {doc.file: doc.text})
+        raise _spec_error(ctx.diags, {doc.file: display_text(doc.text)})
     assert cluster is not None and train is not None and schedule is not None and stages is not None
     return Spec(cluster=cluster, stages=stages, train=train, schedule=schedule, failures=failures or (),
                 gpus=gpus, model=model, partition=partition, costs=costs, source_name=name or doc.file,
@@ -617,7 +626,10 @@ def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tu
     ok = True
     for s in range(cluster.pp):
         data: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for key in STAGE_KEYS:
+            if f"stages.all.{key}" in ctx.bad or f"stages.{s}.{key}" in ctx.bad:
+                ctx.bad.add(f"stages.{s}.{key}")
             own = over_values.get(s, {})
             if key in own:
                 src, val = f"stages.{s}.{key}", own[key]
@@ -625,6 +637,7 @@ def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tu
                 src, val = f"stages.all.{key}", all_values[key]
             else:
                 continue
+            sources[f"stages.{s}.{key}"] = src
             if src in ctx.spans:
                 ctx.spans[f"stages.{s}.{key}"] = ctx.spans[src]
             if val is None:
@@ -636,7 +649,8 @@ def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tu
         checked = _check_model(
             ctx, _Stage, data, f"stages.{s}", ctx.spans.get(f"stages.{s}", block.name_span),
             missing_message=lambda k, s=s: f"stage {s} has no `{k}`",
-            missing_hint=lambda k, s=s: f"set `{k}` in `stages {{ all {{ ... }} }}` or in `stage {s} {{ ... }}`")
+            missing_hint=lambda k, s=s: f"set `{k}` in `stages {{ all {{ ... }} }}` or in `stage {s} {{ ... }}`",
+            sources=sources)
         _dedupe_from_all(ctx, before)
         if checked is None:
             ok = False
