@@ -29,7 +29,9 @@ the remaining model is too large, the greedy plan is returned (`fallback`).
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -56,7 +58,10 @@ NAME = "cpsat"
 MAX_MODEL_OPS = 2500
 #: Rough cost of building the model in Python, per op (seconds); used to skip
 #: CP-SAT when the deadline cannot even cover the build.
-_BUILD_S_PER_OP = 40e-6
+_BUILD_S_PER_OP = 150e-6
+#: OR-Tools' CP-SAT module and what importing it costs (seconds, measured on 2 cores).
+_CP_MODEL = "ortools.sat.python.cp_model"
+_IMPORT_S = 0.8
 #: Below this many seconds left, CP-SAT is not started (its start-up alone takes ~0.1 s).
 MIN_SEARCH_S = 0.15
 #: Share of the remaining wall time CP-SAT is given (see `_solve_model`).
@@ -98,17 +103,25 @@ def check_feasible(instance: Instance) -> None:
         where = gpu_name(instance, live[0].rank)
         if len(live) > 1:
             where += f" and the {len(live) - 1} other live GPU{'s' if len(live) > 2 else ''} of stage {s}"
+        if room < 0:
+            detail = (f"static {fmt_bytes(c.static)} (weights, gradients, optimizer state) alone "
+                      f"exceeds gpu.memory {fmt_bytes(instance.gpu_memory)}; one microbatch in flight "
+                      f"needs {fmt_bytes(need - instance.gpu_memory)} more")
+            hint = (f"raise gpu.memory to at least {fmt_bytes(need)} or move layers off stage {s} "
+                    "(more pipeline stages); activation recomputation cannot help here")
+        else:
+            detail = (f"static {fmt_bytes(c.static)} + one microbatch's activation "
+                      f"{fmt_bytes(c.activation)} = {fmt_bytes(need)} > gpu.memory "
+                      f"{fmt_bytes(instance.gpu_memory)}; one microbatch in flight needs "
+                      f"{fmt_bytes(need - instance.gpu_memory)} more")
+            hint = (f"raise gpu.memory to at least {fmt_bytes(need)}, shrink stage {s}'s activation "
+                    "(activation recomputation, a smaller microbatch_size) or move layers off stage "
+                    f"{s} (more pipeline stages); fewer microbatches in flight cannot help: "
+                    "schedules already run with one")
         diags.append(error(
             "E310",
             f"stage {s} does not fit in memory: {where} can hold {fits} microbatches in flight, "
-            f"a schedule needs at least 1",
-            detail=(f"static {fmt_bytes(c.static)} + one microbatch's activation "
-                    f"{fmt_bytes(c.activation)} = {fmt_bytes(need)} > gpu.memory "
-                    f"{fmt_bytes(instance.gpu_memory)}; one microbatch in flight needs "
-                    f"{fmt_bytes(need - instance.gpu_memory)} more"),
-            hint=f"raise gpu.memory to at least {fmt_bytes(need)}, shrink stage {s}'s activation "
-                 "(activation recomputation, a smaller microbatch_size) or move layers off stage "
-                 f"{s} (more pipeline stages)"))
+            f"a schedule needs at least 1", detail=detail, hint=hint))
     if diags:
         raise InfeasibleError(diags)
 
@@ -415,6 +428,14 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     return _Result(sched, name, objective, bound, f"CP-SAT {name.lower()}")
 
 
+def warm_up() -> None:
+    """Load OR-Tools now (0.3-1 s), so that the first `solve`/`replan` under a deadline can use CP-SAT.
+
+    A launcher calls this once at start-up, before the first failure arrives.
+    """
+    importlib.import_module(_CP_MODEL)
+
+
 # -- the solver ----------------------------------------------------------------
 
 
@@ -472,6 +493,10 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     if wall_left < MIN_SEARCH_S:
         return finish(best, "fallback", float(span_bound(best)), float(lb),
                       f"{seed_name}: no time left for CP-SAT")
+    if _CP_MODEL not in sys.modules and wall_left < _IMPORT_S + MIN_SEARCH_S:
+        return finish(best, "fallback", float(span_bound(best)), float(lb),
+                      f"{seed_name}: no time to load OR-Tools (call schedc.solvers.cpsat.warm_up() "
+                      "at start-up)")
     res = _solve_model(instance, best, free, options, deadline, wall_left)
     if res.schedule is None:
         return finish(best, "fallback", float(span_bound(best)), float(lb), f"{seed_name}; {res.detail}")
