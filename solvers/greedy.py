@@ -31,7 +31,8 @@ from schedc.schedule import OpId, Schedule
 from schedc.solvers import SolveOptions
 from schedc.solvers.assign import Executor, balanced, microbatch_key, round_robin
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
-                            finish, fits_in_flight, steady_iteration_time, with_optimizer)
+                            finish, fits_in_flight)
+from schedc.solvers.steady import decode, encode, steady_period
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
 from schedc.solvers.reroute import reroute_programs
@@ -42,6 +43,7 @@ ONE_F_ONE_B = Policy(name="1f1b", kinds=("W", "B", "F"))
 ZERO_BUBBLE = Policy(name="zb", kinds=("B", "F", "W"))
 
 Programs = dict[int, list[OpId]]
+Plan = tuple[dict[int, list[int]], "list[int] | None"]  # op codes per rank, a topological order
 
 
 def _caps(instance: Instance, executor: Executor, mode: str) -> list[int]:
@@ -63,17 +65,17 @@ def _caps(instance: Instance, executor: Executor, mode: str) -> list[int]:
     return caps
 
 
-def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Programs]]]:
+def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
     """(name, build) for each candidate plan, in the fixed order they are tried."""
     inst = instance
     if not inst.failed_gpus:
-        yield "template 1f1b", lambda: template_programs(inst, "1f1b")
+        yield "template 1f1b", lambda: (encode(inst, template_programs(inst, "1f1b")), None)
         if inst.decouple_backward:
-            yield "template zb-h1", lambda: template_programs(inst, "zb-h1")
+            yield "template zb-h1", lambda: (encode(inst, template_programs(inst, "zb-h1")), None)
     else:
-        def rerouted() -> Programs:
+        def rerouted() -> Plan:
             progs, _ = reroute_programs(barrier_instance(inst))
-            return decoupled_programs(progs) if inst.decouple_backward else progs
+            return encode(inst, decoupled_programs(progs) if inst.decouple_backward else progs), None
         yield "reroute-1f1b", rerouted
     placements: list[tuple[str, Executor]] = []
     for name, ex in (("balanced", balanced(inst, spread=True)),
@@ -88,8 +90,9 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Programs]
             for cap_mode in ("1f1b", "memory"):
                 caps = _caps(inst, ex, cap_mode)
 
-                def build(ex=ex, policy=policy, caps=caps) -> Programs:
-                    return list_schedule(inst, ex, key, caps, policy).programs
+                def build(ex=ex, policy=policy, caps=caps) -> Plan:
+                    res = list_schedule(inst, ex, key, caps, policy)
+                    return res.codes, res.order
                 yield f"{pname}/{policy.name}/{cap_mode}-cap", build
 
 
@@ -99,15 +102,15 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     started = time.perf_counter()
     check_stages_live(instance, solver=NAME)
     check_memory(instance, solver=NAME)
-    best: tuple[int, str, Programs] | None = None
+    best: tuple[int, str, dict[int, list[int]]] | None = None
     tried = 0
     for name, build in candidates(instance):
-        progs = with_optimizer(instance, build())
-        period = steady_iteration_time(instance, progs)
+        codes, order = build()
+        period = steady_period(instance, codes, order)
         tried += 1
         if best is None or period < best[0]:
-            best = (period, name, progs)
+            best = (period, name, codes)
     assert best is not None  # candidates() always yields at least one plan
-    period, name, progs = best
-    return finish(instance, progs, NAME, started, objective=float(period),
+    period, name, codes = best
+    return finish(instance, decode(instance, codes), NAME, started, objective=float(period),
                   detail=f"best of {tried} candidates: {name} (steady iteration {period} us)")

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from schedc.instance import Instance
 from schedc.schedule import OpId
+from schedc.solvers.steady import decode
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,17 @@ class Policy:
 
 @dataclass(frozen=True)
 class ListResult:
-    programs: dict[int, list[OpId]]  # compute ops only, per live rank
+    """Programs as op codes (`schedc.solvers.steady`), compute ops only, per live rank."""
+
+    instance: Instance
+    codes: dict[int, list[int]]
+    order: list[int]  # every op code in the order it was started (a topological order)
     makespan: int  # of the one iteration played
     relaxed: bool  # the policy's limits had to be dropped to avoid a deadlock
+
+    @property
+    def programs(self) -> dict[int, list[OpId]]:
+        return decode(self.instance, self.codes)
 
 
 def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Sequence[int],
@@ -98,9 +107,8 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
     cap = list(caps)
     strict = policy.strict_forward
     kinds = policy.kinds
-    programs: list[list[OpId]] = [[] for _ in range(n_ranks)]
-    dp_of = [u // M for u in range(U)]
-    mb_of = [u % M for u in range(U)]
+    programs: list[list[int]] = [[] for _ in range(n_ranks)]
+    order: list[int] = []
 
     # Events: (time, seq, what, rank, u, kind). what 0 = an op ended, 1 = an input arrived.
     events: list[tuple[int, int, int, int, int, str]] = []
@@ -120,7 +128,9 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                 if readyB[r]:
                     _, u = heapq.heappop(readyB[r])
                     busy[r] = True
-                    programs[r].append(OpId("B", dp_of[u], stage_of[r], mb_of[u]))
+                    c = (u * S + stage_of[r]) * 3 + 1
+                    programs[r].append(c)
+                    order.append(c)
                     seq += 1
                     heapq.heappush(events, (t + durB[r], seq, 0, r, u, "B"))
                     return
@@ -128,7 +138,9 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                 if readyW[r]:
                     u = readyW[r].popleft()
                     busy[r] = True
-                    programs[r].append(OpId("W", dp_of[u], stage_of[r], mb_of[u]))
+                    c = (u * S + stage_of[r]) * 3 + 2
+                    programs[r].append(c)
+                    order.append(c)
                     seq += 1
                     heapq.heappush(events, (t + durW[r], seq, 0, r, u, "W"))
                     return
@@ -145,7 +157,9 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                 busy[r] = True
                 mem[r] += act[r]
                 inflight[r] += 1
-                programs[r].append(OpId("F", dp_of[u], stage_of[r], mb_of[u]))
+                c = (u * S + stage_of[r]) * 3
+                programs[r].append(c)
+                order.append(c)
                 seq += 1
                 heapq.heappush(events, (t + durF[r], seq, 0, r, u, "F"))
                 return
@@ -196,5 +210,5 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                     heapq.heappush(events, (now + tr[s - 1], seq, 1, r2, u, "B"))
             else:
                 mem[r] -= stash[r]
-    progs = {g.rank: programs[g.rank] for g in inst.gpus if g.live}
-    return ListResult(programs=progs, makespan=now, relaxed=relaxed)
+    codes = {g.rank: programs[g.rank] for g in inst.gpus if g.live}
+    return ListResult(instance=inst, codes=codes, order=order, makespan=now, relaxed=relaxed)
