@@ -40,7 +40,9 @@ class Block(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.ln1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        # No bias: the key bias has an analytically zero gradient (softmax ignores a constant
+        # per row), so its gradient is pure rounding noise, which Adam would amplify to ~lr.
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model)
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
