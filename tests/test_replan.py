@@ -1,0 +1,103 @@
+"""`schedc.replan`: verified, deterministic plans within the deadline after any event sequence."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import schedc
+from schedc.diagnostics import InfeasibleError, SchedcError, SpecError
+from schedc.plan import compile
+from schedc.solvers.cpsat import warm_up
+from schedc.verify import verify_schedule
+
+SPEC = """
+cluster {
+    dp = 3  pp = 3  gpus_per_node = 3
+    gpu { memory = 8GiB }
+    link { latency = 10us  bandwidth = 10GB/s }
+}
+stages {
+    all {
+        forward = 1ms  backward_input = 1ms  backward_weight = 0.5ms  optimizer = 0.2ms
+        activation = 512MiB  stash = 128MiB  static = 2GiB  send = 8MiB
+    }
+}
+train { microbatches = 6 }
+"""
+
+DEADLINE = 0.3
+
+
+@pytest.fixture(scope="module")
+def plan():
+    warm_up()
+    return compile(schedc.load(SPEC), time_limit=0.5)
+
+
+gpus = st.tuples(st.integers(0, 2), st.integers(0, 2))
+events = st.one_of(
+    gpus.map(lambda g: f"fail gpu(dp={g[0]}, pp={g[1]})"),
+    st.tuples(gpus, st.sampled_from(["0.5", "0.6", "0.8"])).map(
+        lambda x: f"slow gpu(dp={x[0][0]}, pp={x[0][1]}) speed = {x[1]}"),
+    gpus.map(lambda g: f"recover gpu(dp={g[0]}, pp={g[1]})"),
+    st.integers(0, 2).map(lambda n: f"fail node {n}"),
+)
+
+
+# Each example runs the planner twice per event under a real deadline: keep the count modest
+# even under the CI profile, or this one test would take minutes.
+@settings(max_examples=min(settings().max_examples, 40))
+@given(st.lists(events, min_size=1, max_size=3))
+def test_replan_after_any_events_is_verified_and_deterministic(plan, evs):
+    current = plan
+    for ev in evs:
+        try:
+            started = time.monotonic()
+            nxt = schedc.replan(current, ev, deadline=DEADLINE)
+            wall = time.monotonic() - started
+        except SpecError as exc:
+            # Events a launcher may get wrong: recovering a healthy GPU, slowing a dead one,
+            # losing a stage's last replica (E301, which is also an InfeasibleError).
+            assert set(exc.codes) <= {"E208", "E216", "E301"}, exc.render()
+            continue
+        verify_schedule(nxt.schedule)
+        # The deadline holds up to the slack a loaded 2-core CI machine needs.
+        assert wall < DEADLINE + 0.4
+        again = schedc.replan(current, ev, deadline=DEADLINE)
+        assert again.schedule.ops == nxt.schedule.ops
+        assert nxt.metrics.iteration_time >= nxt.metrics.lower_bound - 1
+        current = nxt
+
+
+def test_replan_updates_the_spec(plan):
+    new = schedc.replan(plan, ["fail gpu(dp=1, pp=2)", "slow gpu(dp=0, pp=0) speed = 0.5"])
+    assert not new.spec.gpu(1, 2).live
+    assert new.spec.gpu(0, 0).speed == 0.5
+    assert all(op.rank != new.spec.gpu(1, 2).rank for op in new.schedule.ops)
+    assert new.metrics.fault_free_iteration_time == plan.metrics.fault_free_iteration_time
+    back = schedc.replan(new, "recover gpu(dp=1, pp=2)")
+    assert back.spec.gpu(1, 2).live
+    # The printed spec loads back to the same spec: what a launcher keeps with the job.
+    assert schedc.load(schedc.print_spec(back.spec)) == back.spec
+
+
+def test_replan_reports_a_lost_stage(plan):
+    with pytest.raises(InfeasibleError) as exc:
+        schedc.replan(plan, ["fail gpu(dp=0, pp=1)", "fail gpu(dp=1, pp=1)", "fail gpu(dp=2, pp=1)"])
+    assert "E301" in exc.value.codes
+    assert "checkpoint" in exc.value.render()
+
+
+def test_replan_rejects_bad_events(plan):
+    with pytest.raises(SchedcError):
+        schedc.replan(plan, "explode gpu(dp=0, pp=0)")
+
+
+def test_replan_warm_starts_from_a_slowdown(plan):
+    # After a slowdown every executor is still live: the old programs re-timed are a seed.
+    new = schedc.replan(plan, "slow gpu(dp=2, pp=1) speed = 0.8")
+    verify_schedule(new.schedule)
+    assert new.metrics.iteration_time <= plan.metrics.iteration_time / 0.8 + 1
