@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 from schedc.instance import Instance
 from schedc.opgraph import optimizer_waits_for
-from schedc.schedule import OpId
+from schedc.schedule import OpId, ScheduledOp
 
 KINDS = ("F", "B", "W")
 _CODE = {"F": 0, "B": 1, "W": 2}
@@ -47,6 +47,124 @@ def decode(instance: Instance, programs: Mapping[int, Sequence[int]]) -> dict[in
     return out
 
 
+class CodeGraph:
+    """Integer programs (each live rank's O appended) flattened for repeated runs."""
+
+    def __init__(self, instance: Instance, programs: Mapping[int, Sequence[int]],
+                 order: Sequence[int] | None = None):
+        inst = instance
+        S, M = inst.pp, inst.microbatches
+        U = inst.dp * M
+        n_compute = U * S * 3
+        live = [g for g in inst.gpus if g.live]
+        groups: dict[tuple[int, ...], int] = {}
+        for g in live:
+            groups.setdefault(optimizer_waits_for(inst, g.pp), 0)
+        group_list = list(groups)
+        bar0 = n_compute
+        for gi, grp in enumerate(group_list):
+            groups[grp] = bar0 + gi
+        o0 = bar0 + len(group_list)
+        n = o0 + len(inst.gpus)
+
+        pa = [-1] * n  # program predecessor (for a first op: its rank's O, previous iteration)
+        pb = [-1] * n  # data predecessor
+        db = [0] * n  # delay after the data predecessor
+        dur = [0] * n
+        tr = [inst.boundary_transfer(s) for s in range(S)]
+        last_kind = 2 if inst.decouple_backward else 1
+        for g in live:
+            r = g.rank
+            prog = programs.get(r, ())
+            dF = inst.duration("F", g.pp, r)
+            dB = inst.duration("B", g.pp, r)
+            dW = inst.duration("W", g.pp, r) if inst.decouple_backward else 0
+            o = o0 + r
+            prev = o
+            for c in prog:
+                pa[c] = prev
+                prev = c
+                k = c % 3
+                s = (c // 3) % S
+                if k == 0:
+                    dur[c] = dF
+                    if s > 0:
+                        pb[c] = c - 3  # F of stage s-1
+                        db[c] = tr[s - 1]
+                elif k == 1:
+                    dur[c] = dB
+                    if s == S - 1:
+                        pb[c] = c - 1  # F of the same stage
+                    else:
+                        pb[c] = c + 3  # B of stage s+1
+                        db[c] = tr[s]
+                else:
+                    dur[c] = dW
+                    pb[c] = c - 1  # B of the same stage
+            pa[o] = prev
+            pb[o] = groups[optimizer_waits_for(inst, g.pp)]
+            dur[o] = inst.duration("O", g.pp, r)
+        self.bar_preds = [[(u * S + s) * 3 + last_kind for s in grp for u in range(U)]
+                          for grp in group_list]
+        if order is None:
+            order = _topological(programs, pa, pb, n_compute)
+        self.instance = inst
+        self.programs = programs
+        self.order = list(order) + list(range(bar0, o0)) + [o0 + g.rank for g in live]
+        self.o_nodes = [o0 + g.rank for g in live]
+        self.o0, self.bar0 = o0, bar0
+        self.pa, self.pb, self.db, self.dur = pa, pb, db, dur
+        self.n = n
+
+    def run(self, iterations: int) -> tuple[list[int], list[int]]:
+        """End times of the last iteration (by node) and T_k of every iteration."""
+        pa, pb, db, dur, bar0, o0 = self.pa, self.pb, self.db, self.dur, self.bar0, self.o0
+        bar_preds = self.bar_preds
+        end = [0] * self.n
+        ends: list[int] = []
+        for _ in range(iterations):
+            for i in self.order:
+                if bar0 <= i < o0:
+                    end[i] = max([end[j] for j in bar_preds[i - bar0]], default=0)
+                    continue
+                t = end[pa[i]]
+                b = pb[i]
+                if b >= 0:
+                    e = end[b] + db[i]
+                    if e > t:
+                        t = e
+                end[i] = t + dur[i]
+            ends.append(max((end[o] for o in self.o_nodes), default=0))
+        return end, ends
+
+    def period(self, iterations: int = 8, window: int = 4) -> int:
+        _, ends = self.run(iterations)
+        window = min(window, len(ends) - 1)
+        if window <= 0:
+            return ends[-1]
+        return math.ceil((ends[-1] - ends[-1 - window]) / window)
+
+    def scheduled_ops(self) -> tuple[ScheduledOp, ...]:
+        """One iteration, each op as early as allowed: what `schedule_from_programs` gives
+        for the same programs (ranks in order, each program in order, O last)."""
+        inst = self.instance
+        S, M = inst.pp, inst.microbatches
+        end, _ = self.run(1)
+        dur = self.dur
+        out = []
+        for r in sorted(self.programs):
+            g = inst.gpus[r]
+            for c in self.programs[r]:
+                us, k = divmod(c, 3)
+                u, s = divmod(us, S)
+                out.append(ScheduledOp(rank=r, kind=KINDS[k], dp=u // M, pp=s, mb=u % M,
+                                       start=end[c] - dur[c], end=end[c]))
+            o = self.o0 + r
+            out.append(ScheduledOp(rank=r, kind="O", dp=g.dp, pp=g.pp, mb=None,
+                                   start=end[o] - dur[o], end=end[o]))
+        return tuple(out)
+
+
 def steady_period(instance: Instance, programs: Mapping[int, Sequence[int]],
                   order: Sequence[int] | None = None, iterations: int = 8, window: int = 4) -> int:
     """Steady-state iteration time of integer programs, each live rank's O appended.
@@ -55,88 +173,7 @@ def steady_period(instance: Instance, programs: Mapping[int, Sequence[int]],
     respects dependencies and program order (e.g. the order a list scheduler
     started them); otherwise one is computed.
     """
-    inst = instance
-    S, M = inst.pp, inst.microbatches
-    U = inst.dp * M
-    n_compute = U * S * 3
-    live = [g for g in inst.gpus if g.live]
-    groups: dict[tuple[int, ...], int] = {}
-    for g in live:
-        groups.setdefault(optimizer_waits_for(inst, g.pp), 0)
-    group_list = list(groups)
-    bar0 = n_compute
-    for gi, grp in enumerate(group_list):
-        groups[grp] = bar0 + gi
-    o0 = bar0 + len(group_list)
-    n = o0 + len(inst.gpus)
-
-    pa = [-1] * n  # program predecessor (for a first op: its rank's O of the previous iteration)
-    pb = [-1] * n  # data predecessor
-    db = [0] * n  # delay after the data predecessor
-    dur = [0] * n
-    tr = [inst.boundary_transfer(s) for s in range(S)]
-    last_kind = 2 if inst.decouple_backward else 1
-    present = [False] * n_compute
-    for g in live:
-        r = g.rank
-        prog = programs.get(r, ())
-        dF = inst.duration("F", g.pp, r)
-        dB = inst.duration("B", g.pp, r)
-        dW = inst.duration("W", g.pp, r) if inst.decouple_backward else 0
-        o = o0 + r
-        prev = o
-        for c in prog:
-            pa[c] = prev
-            prev = c
-            present[c] = True
-            k = c % 3
-            s = (c // 3) % S
-            if k == 0:
-                dur[c] = dF
-                if s > 0:
-                    pb[c] = c - 3
-                    db[c] = tr[s - 1]
-            elif k == 1:
-                dur[c] = dB
-                if s == S - 1:
-                    pb[c] = c - 1
-                else:
-                    pb[c] = c + 3  # B of stage s+1
-                    db[c] = tr[s]
-            else:
-                dur[c] = dW
-                pb[c] = c - 1
-        pa[o] = prev
-        pb[o] = groups[optimizer_waits_for(inst, g.pp)]
-        dur[o] = inst.duration("O", g.pp, r)
-    bar_preds = []
-    for grp in group_list:
-        bar_preds.append([(u * S + s) * 3 + last_kind for s in grp for u in range(U)])
-
-    if order is None:
-        order = _topological(programs, pa, pb, n_compute)
-    full_order = list(order) + list(range(bar0, o0)) + [o0 + g.rank for g in live]
-    o_nodes = [o0 + g.rank for g in live]
-
-    end = [0] * n
-    ends: list[int] = []
-    for _ in range(iterations):
-        for i in full_order:
-            if bar0 <= i < o0:
-                end[i] = max([end[j] for j in bar_preds[i - bar0]], default=0)
-                continue
-            t = end[pa[i]]
-            b = pb[i]
-            if b >= 0:
-                e = end[b] + db[i]
-                if e > t:
-                    t = e
-            end[i] = t + dur[i]
-        ends.append(max(end[o] for o in o_nodes))
-    window = min(window, len(ends) - 1)
-    if window <= 0:
-        return ends[-1]
-    return math.ceil((ends[-1] - ends[-1 - window]) / window)
+    return CodeGraph(instance, programs, order).period(iterations, window)
 
 
 def _topological(programs: Mapping[int, Sequence[int]], pa: list[int], pb: list[int],

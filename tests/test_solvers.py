@@ -162,17 +162,25 @@ def test_every_solver_returns_a_valid_schedule_or_refuses(name, inst):
     assert (again.instance, again.ops, again.solver.detail) == (sched.instance, sched.ops, sched.solver.detail)
 
 
+def rounding_slack(inst) -> int:
+    """On a slow GPU, B and W are each rounded up to whole microseconds while the full backward
+    is rounded once: decoupling can cost up to 1 us per microbatch a GPU runs (docs/baselines.md)."""
+    if inst.decouple_backward and inst.slow_gpus:
+        return inst.dp * inst.microbatches
+    return 0
+
+
 @given(inst=instances(failures=True))
 def test_greedy_never_worse_than_reroute(inst):
     greedy = solve(inst, "greedy")
     reroute = solve(inst, "reroute-1f1b")
-    assert iteration_time(greedy) <= iteration_time(reroute)
+    assert iteration_time(greedy) <= iteration_time(reroute) + rounding_slack(inst)
 
 
 @given(inst=instances(failures=False))
 def test_greedy_never_worse_than_fault_free_templates(inst):
     greedy = iteration_time(solve(inst, "greedy"))
-    assert greedy <= iteration_time(solve(inst, "1f1b"))
+    assert greedy <= iteration_time(solve(inst, "1f1b")) + rounding_slack(inst)
     if inst.decouple_backward:
         assert greedy <= iteration_time(solve(inst, "zb-h1"))
 
@@ -213,3 +221,16 @@ def test_greedy_objective_is_the_simulated_iteration_time(inst):
     except InfeasibleError:
         return
     assert sched.solver.objective == simulate(sched).iteration_time
+
+
+@given(inst=instances())
+def test_greedy_times_its_winner_like_schedule_from_programs(inst):
+    from schedc.schedule import SolverInfo
+    from schedc.timing import schedule_from_programs
+
+    try:
+        sched = solve(inst, "greedy")
+    except InfeasibleError:
+        return
+    progs = {r: [op.id for op in sched.ops if op.rank == r] for r in sched.programs}
+    assert schedule_from_programs(inst, progs, SolverInfo("x")).ops == sched.ops
