@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from schedc.diagnostics import SpecError, did_you_mean, error
+from schedc.diagnostics import SchedcError, SpecError, did_you_mean, error
 from schedc.instance import Instance, from_spec
 from schedc.schedule import Schedule
 from schedc.simulate import Metrics, metrics_of, simulate
@@ -105,7 +105,7 @@ def _solver(spec: Spec, name: str | None):
         raise SpecError([error(
             "E215", f"unknown solver `{chosen}`", span, label=hint or "unknown solver",
             hint=(hint + " " if hint else "") + "known solvers: " + ", ".join(known))],
-            sources={})
+            sources=spec.sources)
     return chosen, get_solver(chosen)
 
 
@@ -119,9 +119,19 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
     >>> plan = compile("specs/example.sched", solver="1f1b")  # doctest: +SKIP
     >>> plan.metrics.iteration_time  # doctest: +SKIP
     """
+    spec = _load(spec)
+    try:
+        return _compile(spec, solver, time_limit, seed)
+    except SchedcError as exc:
+        # Diagnostics raised past the parser may point into the spec: let them show its lines.
+        for file, text in spec.sources.items():
+            exc.sources.setdefault(file, text)
+        raise
+
+
+def _compile(spec: Spec, solver: str | None, time_limit: float | None, seed: int) -> Plan:
     from schedc.solvers import SolveOptions
 
-    spec = _load(spec)
     name, solve = _solver(spec, solver)
     options = SolveOptions(time_limit=spec.schedule.time_limit if time_limit is None else time_limit,
                            seed=seed)

@@ -184,6 +184,9 @@ class Spec:
     partition: tuple[tuple[int, int], ...] | None = None  # per stage: layers[a:b]
     costs: Literal["explicit", "derived"] = "explicit"
     source_name: str = field(default="<spec>", compare=False)
+    # The text the spec was read from, so that diagnostics raised after parsing
+    # (a solver's E3xx, an unknown solver name) can still show the source line.
+    source_text: str = field(default="", compare=False, repr=False)
     spans: Mapping[str, Span] = field(default_factory=lambda: MappingProxyType({}), compare=False, repr=False)
 
     @property
@@ -203,6 +206,11 @@ class Spec:
 
     def span(self, path: str) -> Span | None:
         return self.spans.get(path)
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """`{file name: text}` for rendering diagnostics that point into this spec."""
+        return {self.source_name: self.source_text} if self.source_text else {}
 
     def without_failures(self) -> "Spec":
         """The same spec with every GPU live at full speed (for fault-free metrics)."""

@@ -451,7 +451,7 @@ def validate(doc: Document, *, name: str | None = None) -> Spec:
     assert cluster is not None and train is not None and schedule is not None and stages is not None
     return Spec(cluster=cluster, stages=stages, train=train, schedule=schedule, failures=failures or (),
                 gpus=gpus, model=model, partition=partition, costs=costs, source_name=name or doc.file,
-                spans=MappingProxyType(dict(ctx.spans)))
+                source_text=display_text(doc.text), spans=MappingProxyType(dict(ctx.spans)))
 
 
 def _spec_error(diags: Sequence[Diagnostic], sources: dict[str, str]) -> SpecError:
