@@ -37,3 +37,17 @@ def test_import_schedc_stays_light():
     code = "import sys, schedc; print(any(m in sys.modules for m in ('torch', 'ortools')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_cli_command_imports_and_declares_its_options():
+    # The dispatcher imports only the chosen command, so a broken one would go unnoticed elsewhere.
+    import argparse
+    import importlib
+
+    from schedc.cli import COMMANDS
+
+    for name, (module, _help) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        parser = argparse.ArgumentParser(prog=f"schedc {name}")
+        mod.add_arguments(parser)
+        assert callable(mod.run), name
