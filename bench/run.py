@@ -1,0 +1,11 @@
+"""Run the schedc benchmark: the same as `schedc bench` (see schedc/cli/bench.py).
+
+    python bench/run.py --quick -o bench/results
+"""
+
+import sys
+
+from schedc.cli.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main())
