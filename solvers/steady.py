@@ -119,21 +119,27 @@ class CodeGraph:
     def run(self, iterations: int) -> tuple[list[int], list[int]]:
         """End times of the last iteration (by node) and T_k of every iteration."""
         pa, pb, db, dur, bar0, o0 = self.pa, self.pb, self.db, self.dur, self.bar0, self.o0
-        bar_preds = self.bar_preds
-        end = [0] * self.n
+        zero = self.n  # a node that always ends at 0: the data predecessor of ops without one
+        steps = [(i, pa[i], pb[i] if pb[i] >= 0 else zero, db[i], dur[i])
+                 for i in self.order if not bar0 <= i < o0]
+        n_compute = len(steps) - len(self.o_nodes)
+        compute, o_steps = steps[:n_compute], steps[n_compute:]
+        bars = [(bar0 + k, preds) for k, preds in enumerate(self.bar_preds)]
+        end = [0] * (self.n + 1)
         ends: list[int] = []
         for _ in range(iterations):
-            for i in self.order:
-                if bar0 <= i < o0:
-                    end[i] = max([end[j] for j in bar_preds[i - bar0]], default=0)
-                    continue
-                t = end[pa[i]]
-                b = pb[i]
-                if b >= 0:
-                    e = end[b] + db[i]
-                    if e > t:
-                        t = e
-                end[i] = t + dur[i]
+            # Each op starts after its program predecessor (for a first op: its rank's O of
+            # the previous iteration, still in `end`) and its data predecessor plus delay.
+            for i, a, b, d, du in compute:
+                t = end[a]
+                e = end[b] + d
+                end[i] = (e if e > t else t) + du
+            for i, preds in bars:
+                end[i] = max([end[j] for j in preds], default=0)
+            for i, a, b, d, du in o_steps:
+                t = end[a]
+                e = end[b] + d
+                end[i] = (e if e > t else t) + du
             ends.append(max((end[o] for o in self.o_nodes), default=0))
         return end, ends
 
