@@ -1,0 +1,52 @@
+"""`schedc bench --quick` on a tiny matrix: the files appear and the numbers hang together."""
+
+from __future__ import annotations
+
+import csv
+
+from schedc.cli import main
+from schedc.cli.bench import Scenario, line_chart, scenarios
+
+
+def test_bench_quick_smoke(tmp_path):
+    out = tmp_path / "bench"
+    rc = main(["bench", "--quick", "--no-scale", "--time-limit", "0.2", "--limit", "2", "-o", str(out)])
+    assert rc == 0
+    for name in ("results.md", "results.csv", "latency.csv", "ablation.csv", "throughput.svg", "latency.svg"):
+        assert (out / name).exists(), name
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 2
+    for row in rows:
+        cp, gr, lb = int(row["cpsat_us"]), int(row["greedy_us"]), float(row["lower_bound_us"])
+        assert lb <= cp <= gr
+        assert int(row["peak_memory"]) <= int(row["memory_limit"])
+    md = (out / "results.md").read_text()
+    assert "## Quality" in md and "## Planning latency" in md and "## Ablation" in md
+    ablation = list(csv.DictReader((out / "ablation.csv").open()))
+    assert {(r["decouple_backward"], r["stagger_optimizer"]) for r in ablation} == {
+        ("True", "True"), ("True", "False"), ("False", "True"), ("False", "False")}
+    assert "<polyline" in (out / "throughput.svg").read_text()
+
+
+def test_matrix_never_loses_a_stage_and_is_seeded():
+    a, b = scenarios(quick=False, seeds=2), scenarios(quick=False, seeds=2)
+    assert a == b
+    for sc in a:
+        assert 16 <= sc.gpus <= 64
+        failed = [f for f in sc.failures if f.startswith("fail gpu")]
+        stages = [int(f.split("pp=")[1].rstrip(")")) for f in failed]
+        assert all(stages.count(s) < sc.dp for s in set(stages))
+
+
+def test_scenario_specs_load():
+    from schedc.load import load
+
+    for model in ("explicit", "gpt3-medium", "gpt3-2.7b"):
+        sc = Scenario("t", model, 2, 4, 8, ("fail gpu(dp=1, pp=2)", "slow gpu(dp=0, pp=1) speed = 0.5"))
+        spec = load(sc.spec_text())
+        assert spec.dp == 2 and spec.pp == 4 and not spec.gpu(1, 2).live
+
+
+def test_line_chart_draws_every_series():
+    svg = line_chart({"a": [(1, 1.0), (2, 0.5)], "b": [(1, 0.9), (2, 0.8)]}, "t", "x", "y")
+    assert svg.count("<polyline") == 2 and svg.startswith("<svg")
