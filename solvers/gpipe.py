@@ -40,7 +40,8 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
                 f"gpipe keeps all {M} microbatches in flight, but {gpu_name(inst, rank)} "
                 f"(stage {s}) fits only {fit}: it needs static {fmt_bytes(st.static)} + "
                 f"{M} x activation {fmt_bytes(st.activation)} = {fmt_bytes(need)}, "
-                f"gpu.memory is {fmt_bytes(inst.gpu_memory)}",
+                f"gpu.memory is {fmt_bytes(inst.gpu_memory)} (each microbatch more needs "
+                f"{fmt_bytes(st.activation)})",
                 hint=f"use `solver = 1f1b` (at most {inst.pp - s} in flight at stage {s}), "
                      f"use at most {fit} microbatches, or raise `gpu.memory`"))
     if diags:

@@ -234,3 +234,19 @@ def test_greedy_times_its_winner_like_schedule_from_programs(inst):
         return
     progs = {r: [op.id for op in sched.ops if op.rank == r] for r in sched.programs}
     assert schedule_from_programs(inst, progs, SolverInfo("x")).ops == sched.ops
+
+
+def test_list_scheduler_drops_limits_that_would_stop_every_gpu():
+    """With an in-flight cap of 0 no forward may start: the engine must relax, not hang."""
+    from schedc.solvers.assign import microbatch_key, round_robin
+    from schedc.solvers.common import finish
+    from schedc.solvers.listsched import Policy, list_schedule
+
+    inst = uniform(dp=2, pp=3, mb=4, failed=[(0, 1)])
+    res = list_schedule(inst, round_robin(inst), microbatch_key(inst), [0] * 6,
+                        Policy("strict", strict_forward=True))
+    assert res.relaxed
+    verify_schedule(finish(inst, res.programs, "test", 0.0))
+    ok = list_schedule(inst, round_robin(inst), microbatch_key(inst), [3] * 6,
+                       Policy("strict", strict_forward=True))
+    assert not ok.relaxed
