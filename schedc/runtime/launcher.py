@@ -153,12 +153,16 @@ class Launch:
             alive = [r for r, p in self.processes.items() if p.exitcode is None]
             if not alive:
                 break
-            if time.monotonic() - last_news > patience:
+            failed = any(p.exitcode not in (None, 0) for p in self.processes.values())
+            # Once a rank has failed, the survivors each report within their timeout; one
+            # that stays silent beyond it (stopped, stuck outside a wait) is stopped.
+            limit = self.timeout + 2.0 if failed else patience
+            if time.monotonic() - last_news > limit:
                 for r in alive:
                     self.processes[r].kill()
                 for r in alive:
                     errors.setdefault(r, [{"code": "E532", "message": f"rank {r} made no progress for "
-                                           f"{patience:g} s and was stopped"}])
+                                           f"{limit:g} s and was stopped"}])
                 break
         for p in self.processes.values():
             p.join()

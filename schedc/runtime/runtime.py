@@ -97,15 +97,27 @@ class Transport:
         try:
             ok = work.wait(timedelta(seconds=self.timeout))
         except RuntimeError as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = _short_reason(exc)
             timed_out = "timeout" in reason.lower() or "timed out" in reason.lower()
             msg = (f"rank {self.rank} waited {self.timeout:g} s for {what}" if timed_out
-                   else f"rank {self.rank} lost {what}: {reason}")
+                   else f"rank {self.rank} lost {what} ({reason})")
             hint = (f"rank {peer} died or is stuck; see its own error" if peer is not None
                     else "a rank of the group died or is stuck; see the other ranks' errors")
             raise RunError([error("E530", msg, hint=hint)]) from None
         if ok is False:
             raise RunError([error("E530", f"rank {self.rank} waited {self.timeout:g} s for {what}")])
+
+
+def _short_reason(exc: BaseException) -> str:
+    """gloo's message without its source location and boilerplate: "connection reset by peer"."""
+    import re
+
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # "[.../pair.cc:537] "
+    text = re.sub(r"\s*\[[0-9.:\[\]]+\]:\d+", "", text)  # " [127.0.0.1]:28585"
+    text = text.split(". This is typically")[0]
+    text = text.rstrip(".")
+    return text[:1].lower() + text[1:]
 
 
 @dataclass
@@ -314,12 +326,6 @@ def _boundary_shapes(layers, partition, sample) -> list[tuple[tuple[int, ...], t
 
 
 def _sleep_us(us: int) -> None:
-    """Sleep `us` microseconds; the last stretch spins, as sleep alone overshoots by ~0.1 ms."""
-    if us <= 0:
-        return
-    deadline = time.perf_counter() + us / 1e6
-    coarse = us / 1e6 - 0.0002
-    if coarse > 0:
-        time.sleep(coarse)
-    while time.perf_counter() < deadline:
-        pass
+    """Sleep `us` microseconds (pure sleep: spinning would steal the CPU other ranks need)."""
+    if us > 0:
+        time.sleep(us / 1e6)

@@ -1,0 +1,107 @@
+"""Runs of generated programs that must end: random verified schedules (deadlock
+freedom), a killed peer (a clear error, no hang, no weights), and timing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from schedc.codegen import write_programs
+from schedc.diagnostics import InfeasibleError, RunError
+from schedc.instance import make_instance
+from schedc.runtime.launcher import Launch, launch
+from strategies import instances
+from test_runtime_support import schedule_for, solver_available, spec_for
+
+pytestmark = pytest.mark.e2e
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(inst=instances(max_dp=3, max_pp=3, max_microbatches=4),
+       solver=st.sampled_from(["greedy", "cpsat", "1f1b", "zb-h1", "gpipe"]))
+def test_random_verified_schedules_run_to_the_end(tmp_path_factory, inst, solver):
+    """Every verified schedule's programs complete in --emulate mode (real gloo messages, tags, groups)."""
+    assume(solver_available(solver))
+    try:
+        sched = schedule_for(inst, solver)
+    except InfeasibleError:
+        assume(False)
+    from schedc.verify import verify_schedule
+
+    verify_schedule(sched)
+    out = tmp_path_factory.mktemp("prog")
+    write_programs(spec_for(inst), sched, out)
+    result = launch(out, iterations=2, emulate=True, timeout=20)
+    assert [r.iteration for r in result.iterations] == [0, 1]
+
+
+def test_a_killed_peer_gives_a_clear_error_and_no_weights(tmp_path):
+    """Kill one rank mid-run: the others stop within the timeout, naming it and what they waited for."""
+    inst = make_instance(2, 2, 4, failed=[(1, 0)])
+    write_programs(spec_for(inst), schedule_for(inst, "greedy"), tmp_path)
+    run = Launch(tmp_path, iterations=400, timeout=5, want_weights=True)
+    victim = 1  # GPU (0, 1): every other rank trades activations or gradients with it
+    killed_at = []
+
+    def kill_after_first(rep):
+        if not killed_at:
+            run.processes[victim].kill()
+            killed_at.append(time.monotonic())
+
+    try:
+        with pytest.raises(RunError) as exc:
+            run.wait(kill_after_first)
+    finally:
+        run.kill()
+    assert killed_at, "the run ended before the kill"
+    assert time.monotonic() - killed_at[0] < 5 + 10  # within the timeout (plus slack), not a hang
+    text = exc.value.render()
+    assert "rank 1 died (killed by SIGKILL)" in text
+    assert "from rank 1" in text  # a survivor names the dead peer and the message it waited for
+    assert any(code == "E530" for code in exc.value.codes)
+
+
+def test_a_stuck_peer_times_out_with_the_op_waited_for(tmp_path):
+    """A stopped (not dead) peer: survivors wait exactly their timeout, then name it; no hang."""
+    import os
+    import signal
+
+    inst = make_instance(2, 2, 4, failed=[(1, 0)])
+    write_programs(spec_for(inst), schedule_for(inst, "greedy"), tmp_path)
+    run = Launch(tmp_path, iterations=400, timeout=2)
+    started = time.monotonic()
+
+    def stop_after_first(rep):
+        if rep.iteration == 0:
+            os.kill(run.processes[1].pid, signal.SIGSTOP)
+
+    try:
+        with pytest.raises(RunError) as exc:
+            run.wait(stop_after_first)
+    finally:
+        run.kill()
+    assert time.monotonic() - started < 2 + 2 + 10
+    text = exc.value.render()
+    assert "rank 0 waited 2 s for the output gradient of d0:0B" in text and "from rank 1" in text
+    assert "rank 1 made no progress" in text
+
+
+def test_a_wrong_process_count_or_missing_program_is_a_diagnostic(tmp_path):
+    inst = make_instance(1, 2, 2)
+    write_programs(spec_for(inst), schedule_for(inst, "test-list"), tmp_path)
+    (tmp_path / "rank_01.py").unlink()
+    with pytest.raises(RunError) as exc:
+        launch(tmp_path, iterations=1, emulate=True, timeout=5)
+    assert "E522" in exc.value.codes
+
+
+def test_emulated_timing_follows_the_simulator():
+    """Loose bound (the bench reports the real ratio): measured steady period within 50%."""
+    from bench.emulate_timing import measure
+
+    report = measure(iterations=8, scale_ms=8.0)
+    assert 0.5 <= report["ratio"] <= 1.5, report
