@@ -31,6 +31,7 @@ from schedc.diagnostics import InfeasibleError, error
 from schedc.instance import Instance
 from schedc.schedule import OpId, Schedule, SolverInfo
 from schedc.timing import run_programs, schedule_from_programs
+from schedc.verify import memory_profile
 
 #: Iterations run back to back to measure a steady state, and the window it is read over
 #: (the simulator's defaults, docs/architecture.md).
@@ -120,21 +121,12 @@ def barrier_instance(instance: Instance) -> Instance:
 
 
 def program_peak(instance: Instance, rank: int, program: Sequence[OpId]) -> int:
-    """Peak memory (bytes, static included) of a program run in order (design.md §4.5)."""
-    stage = instance.stages[instance.gpus[rank].pp]
-    act = stage.activation
-    b_free = act - stage.stash if instance.decouple_backward else act
-    mem = peak = stage.static
-    for op in program:
-        if op.kind == "F":
-            mem += act
-            if mem > peak:
-                peak = mem
-        elif op.kind == "B":
-            mem -= b_free
-        elif op.kind == "W":
-            mem -= stage.stash
-    return peak
+    """Peak memory (bytes, static included) of a program run in order (design.md §4.5).
+
+    The rule itself lives in the verifier (`memory_profile`): one definition,
+    so a solver can never plan with memory the verifier would reject.
+    """
+    return memory_profile(instance, rank, program).peak
 
 
 def with_optimizer(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -> dict[int, list[OpId]]:
