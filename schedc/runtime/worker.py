@@ -119,10 +119,14 @@ def torchrun_main(out_dir: Path) -> int:
               f"{len(manifest.live_ranks)} {out_dir / 'main.py'}", file=sys.stderr)
         return 1
 
+    last_stage = set(manifest.stage_groups[-1])
+
     def report(msg: tuple) -> None:
         if msg[0] == "iter":
             _, rank, it, t0, t1, loss = msg
-            print(f"rank {rank}: iteration {it} took {t1 - t0:.4f} s, loss part {loss:.6f}", flush=True)
+            # A last-stage rank's part: the sum of loss/(D*M) over the microbatches it ran.
+            part = f", loss part {loss:.6f}" if rank in last_stage else ""
+            print(f"rank {rank}: iteration {it} took {t1 - t0:.4f} s{part}", flush=True)
 
     try:
         run_rank(out_dir, dist_rank, "env://",
