@@ -65,7 +65,7 @@ _IMPORT_S = 0.8
 #: Below this many seconds left, CP-SAT is not started (its start-up alone takes ~0.1 s).
 MIN_SEARCH_S = 0.15
 #: Share of the remaining wall time CP-SAT is given (see `_solve_model`).
-WALL_SHARE = 0.7
+WALL_SHARE = 0.5
 #: Deterministic-time units of search per second of `time_limit`.
 DET_PER_SECOND = 0.4
 
@@ -393,7 +393,7 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     p.interleave_search = True  # with a deterministic limit: the same plan on every run
     # A second guard: stop the search from a timer when the deadline comes, whatever CP-SAT's
     # own clock says (its limit is checked between phases, which overrun on a loaded machine).
-    timer = threading.Timer(max(0.0, deadline - time.monotonic() - 0.05), solver.StopSearch)
+    timer = threading.Timer(max(0.0, deadline - time.monotonic() - 0.15), solver.StopSearch)
     timer.daemon = True
     timer.start()
     try:
@@ -470,9 +470,6 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     deadline = t0 + options.time_limit
     check_feasible(instance)
     seeds = _seeds(instance, options, deadline)
-    scored = sorted(((iteration_time(s), i, s) for i, s in enumerate(seeds)), key=lambda x: x[:2])
-    best_time, _, best = scored[0]
-    seed_name = "previous plan" if best.solver.detail == "warm start" else best.solver.name
     lb = math.ceil(instance.lower_bound - 1e-9)
 
     def finish(schedule: Schedule, status: str, objective, bound, detail: str) -> Schedule:
@@ -480,9 +477,21 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             name=NAME, status=status, objective=objective, bound=bound,
             wall_s=time.monotonic() - t0, detail=detail))
 
+    per_pipeline = instance.pp * instance.microbatches * len(compute_kinds(instance))
+    if len(seeds) == 1 and (instance.dp if instance.fault_free else 1) * per_pipeline > MAX_MODEL_OPS:
+        # Too large for any model (the free part is at least one pipeline, all of them when
+        # fault-free): skip simulating the seed, which costs seconds at thousands of GPUs.
+        free = _free_pipelines(instance, seeds[0], per_pipeline)
+        if len(free) * per_pipeline > MAX_MODEL_OPS:
+            return finish(seeds[0], "fallback", float(span_bound(seeds[0])), float(lb),
+                          f"{seeds[0].solver.name}: {len(free) * per_pipeline} free ops exceed the "
+                          f"CP-SAT model's limit {MAX_MODEL_OPS}")
+    scored = sorted(((iteration_time(s), i, s) for i, s in enumerate(seeds)), key=lambda x: x[:2])
+    best_time, _, best = scored[0]
+    seed_name = "previous plan" if best.solver.detail == "warm start" else best.solver.name
+
     if best_time <= lb:
         return finish(best, "optimal", float(best_time), float(lb), f"{seed_name} reaches the lower bound")
-    per_pipeline = instance.pp * instance.microbatches * len(compute_kinds(instance))
     free = _free_pipelines(instance, best, per_pipeline)
     n_free = len(free) * per_pipeline
     # Leave room after the search for re-timing and simulating CP-SAT's plan.
