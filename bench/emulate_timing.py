@@ -48,7 +48,7 @@ def measure(*, iterations: int = 10, scale_ms: float = 3.0, solver: str = "greed
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--scale-ms", type=float, default=3.0, help="forward duration in ms")
+    parser.add_argument("--scale-ms", type=float, default=5.0, help="forward duration in ms")
     parser.add_argument("--solver", default="greedy")
     args = parser.parse_args(argv)
     report = measure(iterations=args.iterations, scale_ms=args.scale_ms, solver=args.solver)

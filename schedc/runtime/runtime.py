@@ -176,8 +176,9 @@ class Runtime:
             shape, dtype = self.shapes[stage - 1]
             inp = self.transport.recv(shape, dtype, recv_from, self._tag(ACTIVATION, d, mb, stage - 1),
                                       f"the activation of {op}")
+        ready = time.perf_counter()
         if self.emulate:
-            _sleep_us(us)
+            _sleep_us(us, ready)
             out = torch.zeros(self.shapes[stage][0])
         else:
             if inp is None:
@@ -197,9 +198,10 @@ class Runtime:
                        us: int = 0) -> None:
         """B(d, mb, stage), decoupled: gradient w.r.t. the stage input only; keeps the graph for W."""
         st = self._backward_start(d, stage, mb, recv_from, "B")
+        ready = time.perf_counter()
         grad_in = None
         if self.emulate:
-            _sleep_us(us)
+            _sleep_us(us, ready)
             grad_in = torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
         elif send_to is not None and st.inp is not None and st.inp.requires_grad:
             (grad_in,) = torch.autograd.grad(st.out, st.inp, st.grad_out, retain_graph=True)
@@ -208,12 +210,13 @@ class Runtime:
 
     def backward_weight(self, *, d: int, stage: int, mb: int, us: int = 0) -> None:
         """W(d, mb, stage): accumulate the weight gradients, then free the stash."""
+        ready = time.perf_counter()
         st = self._stash.pop((d, mb), None)
         if st is None or not st.backward_done:
             raise RunError([error("E540", f"rank {self.rank} runs d{d}:{stage}W{mb} before its B",
                                   hint="the program does not follow a verified schedule; recompile")])
         if self.emulate:
-            _sleep_us(us)
+            _sleep_us(us, ready)
         elif self.params:
             torch.autograd.backward(st.out, st.grad_out, inputs=self.params)
 
@@ -221,9 +224,10 @@ class Runtime:
                  us: int = 0) -> None:
         """B(d, mb, stage) without decoupling: input and weight gradients at once; frees the stash."""
         st = self._backward_start(d, stage, mb, recv_from, "B")
+        ready = time.perf_counter()
         grad_in = None
         if self.emulate:
-            _sleep_us(us)
+            _sleep_us(us, ready)
             grad_in = torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
         else:
             wants_input = send_to is not None and st.inp is not None and st.inp.requires_grad
@@ -249,7 +253,7 @@ class Runtime:
             self.transport.barrier(f"every rank to finish its backward work of iteration {self.iteration}")
         if self.emulate:
             self.transport.all_reduce_stage(self.stage, torch.zeros(1))
-            _sleep_us(us)
+            _sleep_us(us, time.perf_counter())
             return
         if self.params:
             flat = torch.cat([p.grad.reshape(-1) for p in self.params])
@@ -325,7 +329,13 @@ def _boundary_shapes(layers, partition, sample) -> list[tuple[tuple[int, ...], t
     return shapes
 
 
-def _sleep_us(us: int) -> None:
-    """Sleep `us` microseconds (pure sleep: spinning would steal the CPU other ranks need)."""
-    if us > 0:
-        time.sleep(us / 1e6)
+def _sleep_us(us: int, ready: float) -> None:
+    """Sleep until `us` microseconds after `ready` (when the op's inputs were there).
+
+    Counting from `ready`, not from now, folds the runtime's own per-op
+    overhead into the op's duration, as a real kernel's launch cost would be.
+    Pure sleep: spinning would steal the CPU other ranks need.
+    """
+    left = ready + us / 1e6 - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
