@@ -197,8 +197,12 @@ class Launch:
                                    hint="the other ranks' errors below say what they were waiting for"))
             elif code and rank not in errors:
                 diags.append(error("E531", f"rank {rank} exited with status {code} without a report"))
+        seen = set()
         for rank in sorted(errors):
             for d in errors[rank]:
+                if (d.get("code"), d["message"]) in seen:  # e.g. every rank failing to load the model
+                    continue
+                seen.add((d.get("code"), d["message"]))
                 diags.append(error(d.get("code", "E590"), d["message"], hint=d.get("hint", "")))
         if diags:
             raise RunError(diags)

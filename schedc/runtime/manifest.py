@@ -142,7 +142,9 @@ def build_model(manifest: Manifest):
     partition = manifest.partition or even_partition(len(layers), manifest.pp)
     if partition[-1][1] > len(layers) or len(partition) != manifest.pp:
         raise RunError([error("E513", f"the partition {list(map(list, partition))} does not fit the "
-                                      f"{len(layers)} layers of `{manifest.source}` over {manifest.pp} stages")])
+                                      f"{len(layers)} layers of `{manifest.source}` over {manifest.pp} stages",
+                              hint="the partition slices the list `model.source` returns; make them agree "
+                                   "(schedc.models.* are tiny CPU models: mlp has 7 layers, gpt 6)")])
     return layers, loss_fn, partition
 
 
