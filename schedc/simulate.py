@@ -17,12 +17,11 @@ from types import MappingProxyType
 from typing import Mapping
 
 from schedc.schedule import Schedule, SolverInfo
-from schedc.timing import ProgramRun, run_programs
+from schedc.timing import STEADY_ITERATIONS, ProgramRun, run_programs, steady_period
 from schedc.verify import memory_profile
 
-#: Iterations simulated back to back (K) and iterations averaged over (L).
-DEFAULT_ITERATIONS = 8
-STEADY_WINDOW = 4
+#: Iterations simulated back to back (K); the window averaged over is `schedc.timing.STEADY_WINDOW`.
+DEFAULT_ITERATIONS = STEADY_ITERATIONS
 
 
 @dataclass(frozen=True)
@@ -97,17 +96,6 @@ class Metrics:
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(float(x), 6)
-
-
-def steady_period(iteration_end: tuple[int, ...], window: int = STEADY_WINDOW) -> int:
-    """ceil((T_{K-1} - T_{K-1-L}) / L), with L shrunk to K-1 when fewer iterations ran."""
-    k = len(iteration_end)
-    if k == 0:
-        return 0
-    if k == 1:
-        return iteration_end[0]
-    n = min(window, k - 1)
-    return -(-(iteration_end[-1] - iteration_end[-1 - n]) // n)
 
 
 def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> SimResult:

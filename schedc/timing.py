@@ -1,155 +1,294 @@
 """Run per-rank programs as early as their dependencies allow (docs/architecture.md).
 
 This is the one place that turns *orders* into *times*. The simulator uses it
-for K iterations back to back (steady-state metrics); solvers use it for one
-iteration to time the order they chose (`schedule_from_programs`). It knows
-the dependency rules through `schedc.opgraph` and nothing about any solver.
+for K iterations back to back (steady-state metrics); solvers use it to time
+the orders they choose (`schedule_from_programs`) and to rank candidate
+orders (`ProgramGraph.period`, called thousands of times, so it is built for
+speed). It knows the dependency rules and nothing about any solver.
+
+Programs list each rank's compute ops (F, B, W) in order; every live rank runs
+its optimizer op O after them (an O inside a program must be its last op).
+
+Speed: ops are integer codes (`encode`), and the graph's shape is used
+directly: a compute op has at most one program predecessor and one data
+predecessor (plus the transfer delay); an O waits for its program's last op
+and one barrier per group of stages (every W, or B without decoupling, of
+those stages). One iteration is then a single pass over a precomputed
+topological order. The first op of a program waits for its rank's O, whose
+end still holds the previous iteration's value when the op is reached; that
+is how iterations chain.
 
 Programs that cannot all progress (a cycle between program order and
 dependencies, or an op waiting for one that no rank runs) raise
 `DeadlockError` (E420) naming, for each stuck rank, the op it is stuck at and
-what that op waits for.
+what that op waits for; an op in two programs is E421.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping, Sequence
 
 from schedc.diagnostics import VerificationError, error
 from schedc.instance import Instance
-from schedc.opgraph import data_deps, last_backward_kind, optimizer_waits_for
+from schedc.opgraph import optimizer_waits_for
 from schedc.schedule import OpId, ScheduledOp, Schedule, SolverInfo
+
+#: Iterations run back to back, and the window of the last periods averaged (design.md §5).
+STEADY_ITERATIONS = 8
+STEADY_WINDOW = 4
+
+KINDS = ("F", "B", "W")
+_KIND_CODE = {"F": 0, "B": 1, "W": 2}
 
 
 class DeadlockError(VerificationError):
     """The per-rank programs cannot all run to completion."""
 
 
+def steady_period(iteration_end: Sequence[int], window: int = STEADY_WINDOW) -> int:
+    """ceil((T_{K-1} - T_{K-1-L}) / L), with L shrunk to K-1 when fewer iterations ran."""
+    k = len(iteration_end)
+    if k == 0:
+        return 0
+    if k == 1:
+        return iteration_end[0]
+    n = min(window, k - 1)
+    return -(-(iteration_end[-1] - iteration_end[-1 - n]) // n)
+
+
+# -- op codes -------------------------------------------------------------------
+
+
+def encode_op(instance: Instance, op: OpId) -> int:
+    """Integer code of a compute op: ((d*M + m)*S + s)*3 + kind (F=0, B=1, W=2)."""
+    return ((op.dp * instance.microbatches + op.mb) * instance.pp + op.pp) * 3 + _KIND_CODE[op.kind]
+
+
+def decode_op(instance: Instance, code: int) -> OpId:
+    us, k = divmod(code, 3)
+    u, s = divmod(us, instance.pp)
+    d, m = divmod(u, instance.microbatches)
+    return OpId(KINDS[k], d, s, m)
+
+
+def encode(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -> dict[int, list[int]]:
+    """Compute ops of each program as integer codes (O dropped)."""
+    S, M = instance.pp, instance.microbatches
+    return {r: [((op.dp * M + op.mb) * S + op.pp) * 3 + _KIND_CODE[op.kind] for op in prog if op.kind != "O"]
+            for r, prog in programs.items()}
+
+
+def decode(instance: Instance, programs: Mapping[int, Sequence[int]]) -> dict[int, list[OpId]]:
+    """Integer programs back to `OpId`s (no O)."""
+    return {r: [decode_op(instance, c) for c in prog] for r, prog in programs.items()}
+
+
+def _check_ops(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -> dict[int, list[int]]:
+    """Codes of the programs, after checking every op can be encoded and O comes last."""
+    kinds = ("F", "B", "W") if instance.decouple_backward else ("F", "B")
+    n_gpus = len(instance.gpus)
+    for rank, prog in programs.items():
+        if not 0 <= rank < n_gpus or not instance.gpus[rank].live:
+            if prog:
+                raise VerificationError([error(
+                    "E402", f"rank {rank} has a program but is not a live GPU",
+                    hint="failed GPUs run nothing; move its ops to live peers of the same stage")])
+            continue
+        for step, op in enumerate(prog):
+            if op.kind == "O":
+                if step != len(prog) - 1:
+                    raise VerificationError([error(
+                        "E407", f"{op} is not the last op of rank {rank}'s program",
+                        hint="the optimizer step ends a GPU's iteration: move it to the end")])
+                continue
+            if (op.kind not in kinds or op.mb is None or not 0 <= op.dp < instance.dp
+                    or not 0 <= op.pp < instance.pp or not 0 <= op.mb < instance.microbatches):
+                raise VerificationError([error(
+                    "E401", f"rank {rank} runs {op}, which is not an op of this instance",
+                    hint=f"ops are F, B{', W' if instance.decouple_backward else ''} of pipelines "
+                         f"0..{instance.dp - 1}, stages 0..{instance.pp - 1}, "
+                         f"microbatches 0..{instance.microbatches - 1}")])
+    return encode(instance, {r: p for r, p in programs.items() if p})
+
+
+# -- the graph ------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class ProgramRun:
-    """Times of the last simulated iteration, and when each iteration ended."""
+    """The end of every iteration, and the times of the last one."""
 
-    start: Mapping[OpId, int]  # absolute times of the last iteration
-    end: Mapping[OpId, int]
-    executor: Mapping[OpId, int]
     iteration_end: tuple[int, ...]  # T_k: end of the last op of iteration k
-    iteration_start: tuple[int, ...]  # start of the first op of iteration k
+    _graph: "ProgramGraph" = field(repr=False, compare=False)
+    _end: tuple[int, ...] = field(repr=False, compare=False)
 
     @property
     def iterations(self) -> int:
         return len(self.iteration_end)
 
+    @cached_property
+    def end(self) -> dict[OpId, int]:
+        """Absolute end of every op in the last iteration."""
+        return {op: self._end[node] for op, node in self._graph.nodes().items()}
 
-class _Compiled:
-    """Programs flattened to arrays with a topological order, reusable for K iterations."""
+    @cached_property
+    def start(self) -> dict[OpId, int]:
+        dur = self._graph.dur
+        return {op: self._end[node] - dur[node] for op, node in self._graph.nodes().items()}
 
-    def __init__(self, instance: Instance, programs: Mapping[int, Sequence[OpId]]):
-        self.instance = instance
-        ops: list[OpId] = []
-        rank_of: list[int] = []
-        index: dict[OpId, int] = {}
-        for rank in sorted(programs):
-            for op in programs[rank]:
-                if op in index:
-                    other = rank_of[index[op]]
+
+class ProgramGraph:
+    """Integer programs flattened for repeated runs (see the module docstring).
+
+    `programs` maps each rank to its compute-op codes in order. `order`, if
+    given, must list every compute code in an order that respects program
+    order and data dependencies (e.g. the order a list scheduler started
+    them); otherwise one is computed, and deadlocks are reported.
+    """
+
+    def __init__(self, instance: Instance, programs: Mapping[int, Sequence[int]],
+                 order: Sequence[int] | None = None):
+        inst = instance
+        S, M = inst.pp, inst.microbatches
+        U = inst.dp * M
+        n_compute = U * S * 3
+        live = [g for g in inst.gpus if g.live]
+        group_of = {g.pp: optimizer_waits_for(inst, g.pp) for g in live}
+        group_list = list(dict.fromkeys(group_of.values()))
+        bar0 = n_compute
+        bar_node = {grp: bar0 + i for i, grp in enumerate(group_list)}
+        o0 = bar0 + len(group_list)
+        n = o0 + len(inst.gpus)
+
+        pa = [-1] * n  # program predecessor (a first op: its rank's O, previous iteration)
+        pb = [-1] * n  # data predecessor
+        db = [0] * n  # delay after the data predecessor
+        dur = [0] * n
+        owner = [-1] * n_compute  # rank running each compute op, -1 if none
+        tr = [inst.boundary_transfer(s) for s in range(S)]
+        last_kind = 2 if inst.decouple_backward else 1
+        for g in live:
+            r = g.rank
+            prog = programs.get(r, ())
+            dF = inst.duration("F", g.pp, r)
+            dB = inst.duration("B", g.pp, r)
+            dW = inst.duration("W", g.pp, r) if inst.decouple_backward else 0
+            o = o0 + r
+            prev = o
+            for c in prog:
+                if owner[c] != -1:
                     raise DeadlockError([error(
-                        "E421", f"op {op} appears twice: in the programs of rank {other} and rank {rank}",
+                        "E421", f"op {decode_op(inst, c)} appears twice: in the programs of rank "
+                                f"{owner[c]} and rank {r}",
                         hint="every op must run exactly once; remove one of them")])
-                index[op] = len(ops)
-                ops.append(op)
-                rank_of.append(rank)
-        n_ops = len(ops)
-        # Barrier nodes (no GPU, no duration): one per group of stages an O waits for.
-        kind = last_backward_kind(instance)
-        groups: dict[tuple[int, ...], int] = {}
-        preds: list[list[tuple[int, int]]] = [[] for _ in range(n_ops)]
-        missing: list[tuple[OpId, OpId]] = []
-        for i, op in enumerate(ops):
-            if op.kind == "O":
-                group = optimizer_waits_for(instance, op.pp)
-                if group not in groups:
-                    groups[group] = len(preds)
-                    bpreds = []
-                    for s in group:
-                        for d in range(instance.dp):
-                            for m in range(instance.microbatches):
-                                w = OpId(kind, d, s, m)
-                                j = index.get(w)
-                                if j is None:
-                                    missing.append((op, w))
-                                else:
-                                    bpreds.append((j, 0))
-                    preds.append(bpreds)
-                preds[i].append((groups[group], 0))
-            else:
-                for dep in data_deps(instance, op):
-                    j = index.get(dep.op)
-                    if j is None:
-                        missing.append((op, dep.op))
+                owner[c] = r
+                pa[c] = prev
+                prev = c
+                k = c % 3
+                s = (c // 3) % S
+                if k == 0:
+                    dur[c] = dF
+                    if s > 0:
+                        pb[c] = c - 3  # F of stage s-1
+                        db[c] = tr[s - 1]
+                elif k == 1:
+                    dur[c] = dB
+                    if s == S - 1:
+                        pb[c] = c - 1  # F of the same stage
                     else:
-                        preds[i].append((j, dep.delay))
+                        pb[c] = c + 3  # B of stage s+1
+                        db[c] = tr[s]
+                else:
+                    dur[c] = dW
+                    pb[c] = c - 1  # B of the same stage
+            pa[o] = prev
+            pb[o] = bar_node[group_of[g.pp]]
+            dur[o] = inst.duration("O", g.pp, r)
+        self.bar_preds = [[(u * S + s) * 3 + last_kind for s in grp for u in range(U)]
+                          for grp in group_list]
+        self.instance = inst
+        self.programs = programs
+        self.pa, self.pb, self.db, self.dur, self.owner = pa, pb, db, dur, owner
+        self.o0, self.bar0, self.n = o0, bar0, n
+        self.o_nodes = [o0 + g.rank for g in live]
+        self._check_missing()
+        if order is None:
+            order = self._topological()
+        self.order = list(order)
+
+    def _check_missing(self) -> None:
+        """An op waiting for one that no rank runs would wait forever: E420."""
+        owner, pb, inst = self.owner, self.pb, self.instance
+        missing: list[str] = []
+        for r, prog in self.programs.items():
+            for c in prog:
+                b = pb[c]
+                if b >= 0 and owner[b] == -1:
+                    missing.append(f"{decode_op(inst, c)} on rank {r} waits for {decode_op(inst, b)}, "
+                                   "which no rank runs")
+        for grp, preds in zip(self._groups(), self.bar_preds):
+            absent = [c for c in preds if owner[c] == -1]
+            if absent:
+                missing.append(f"the optimizers of stage{'s' if len(grp) > 1 else ''} "
+                               f"{', '.join(map(str, grp))} wait for {decode_op(inst, absent[0])}"
+                               f"{f' and {len(absent) - 1} more' if len(absent) > 1 else ''}, "
+                               "which no rank runs")
         if missing:
-            lines = [f"{op} on rank {rank_of[index[op]]} waits for {dep}, which no rank runs"
-                     for op, dep in missing[:10]]
             more = f"\n... and {len(missing) - 10} more" if len(missing) > 10 else ""
             raise DeadlockError([error(
                 "E420", "the programs deadlock: some ops wait for ops that no rank runs",
-                detail="\n".join(lines) + more,
+                detail="\n".join(missing[:10]) + more,
                 hint="every F, B and W of every microbatch must be in exactly one rank's program")])
-        self.first_of_rank: dict[int, int] = {}
-        for rank in sorted(programs):
-            prog = programs[rank]
-            for a, b in zip(prog, prog[1:]):
-                preds[index[b]].append((index[a], 0))
-            if prog:
-                self.first_of_rank[rank] = index[prog[0]]
-        self.ops = ops
-        self.index = index
-        self.rank_of = rank_of
-        self.n_ops = n_ops
-        self.preds = preds
-        self.dur = [instance.duration(op.kind, op.pp, rank_of[i]) for i, op in enumerate(ops)]
-        self.dur += [0] * (len(preds) - n_ops)
-        self.order = self._topological_order(programs)
 
-    def _topological_order(self, programs: Mapping[int, Sequence[OpId]]) -> list[int]:
-        n = len(self.preds)
-        succs: list[list[int]] = [[] for _ in range(n)]
-        indeg = [0] * n
-        for i, ps in enumerate(self.preds):
-            indeg[i] = len(ps)
-            for j, _ in ps:
-                succs[j].append(i)
-        ready = [i for i in range(n) if indeg[i] == 0]
-        order: list[int] = []
-        while ready:
-            i = ready.pop()
-            order.append(i)
-            for k in succs[i]:
-                indeg[k] -= 1
-                if indeg[k] == 0:
-                    ready.append(k)
-        if len(order) < n:
-            self._raise_deadlock(programs, set(order))
-        return order
+    def _groups(self) -> list[tuple[int, ...]]:
+        live = self.instance.live_gpus()
+        return list(dict.fromkeys(optimizer_waits_for(self.instance, g.pp) for g in live))
 
-    def _raise_deadlock(self, programs: Mapping[int, Sequence[OpId]], done: set[int]) -> None:
+    def _topological(self) -> list[int]:
+        """Compute ops in an order respecting program order and data dependencies."""
+        pa, pb, n_compute = self.pa, self.pb, self.bar0
+        ops = [c for prog in self.programs.values() for c in prog]
+        succ: dict[int, list[int]] = {c: [] for c in ops}
+        indeg = dict.fromkeys(ops, 0)
+        for c in ops:
+            a = pa[c]
+            if a < n_compute:  # a first op's pa is an O: not an edge within the iteration
+                succ[a].append(c)
+                indeg[c] += 1
+            b = pb[c]
+            if b >= 0:
+                succ[b].append(c)
+                indeg[c] += 1
+        stack = [c for c in ops if indeg[c] == 0]
+        out: list[int] = []
+        while stack:
+            c = stack.pop()
+            out.append(c)
+            for x in succ[c]:
+                indeg[x] -= 1
+                if indeg[x] == 0:
+                    stack.append(x)
+        if len(out) < len(ops):
+            self._raise_deadlock(set(out))
+        return out
+
+    def _raise_deadlock(self, done: set[int]) -> None:
+        inst, pb = self.instance, self.pb
         lines = []
-        for rank in sorted(programs):
-            for step, op in enumerate(programs[rank]):
-                i = self.index[op]
-                if i in done:
+        for rank in sorted(self.programs):
+            for step, c in enumerate(self.programs[rank]):
+                if c in done:
                     continue
                 waits = []
-                for j, _ in self.preds[i]:
-                    if j in done:
-                        continue
-                    if j >= self.n_ops:
-                        waits.append("the optimizer barrier (every W/B it waits for)")
-                    else:
-                        waits.append(f"{self.ops[j]} on rank {self.rank_of[j]}")
-                lines.append(f"rank {rank} step {step}: {op} waits for {', '.join(waits)}")
+                if step > 0:
+                    prev = self.programs[rank][step - 1]
+                    waits.append(f"{decode_op(inst, prev)} (the op before it on rank {rank})")
+                b = pb[c]
+                if b >= 0 and b not in done:
+                    waits.append(f"{decode_op(inst, b)} on rank {self.owner[b]}")
+                lines.append(f"rank {rank} step {step}: {decode_op(inst, c)} waits for {', '.join(waits)}")
                 break
         raise DeadlockError([error(
             "E420", "the programs deadlock: no rank can make progress",
@@ -157,49 +296,75 @@ class _Compiled:
             hint="a rank's program runs its ops in order; reorder the ops so that every op's "
                  "dependencies come earlier in the programs they belong to")])
 
-    def run(self, iterations: int) -> ProgramRun:
-        n = len(self.preds)
-        start = [0] * n
-        end = [0] * n
-        gpu_ready = {rank: 0 for rank in self.first_of_rank}
-        first_node = {i: rank for rank, i in self.first_of_rank.items()}
-        iteration_end: list[int] = []
-        iteration_start: list[int] = []
-        preds, dur, order = self.preds, self.dur, self.order
+    def run(self, iterations: int) -> tuple[list[int], list[int]]:
+        """End times by node in the last iteration, and T_k of every iteration."""
+        pa, pb, db, dur, bar0, o0 = self.pa, self.pb, self.db, self.dur, self.bar0, self.o0
+        zero = self.n  # a node that always ends at 0: the data predecessor of ops without one
+        compute = [(i, pa[i], pb[i] if pb[i] >= 0 else zero, db[i], dur[i]) for i in self.order]
+        o_steps = [(i, pa[i], pb[i], db[i], dur[i]) for i in self.o_nodes]
+        bars = [(bar0 + k, preds) for k, preds in enumerate(self.bar_preds)]
+        end = [0] * (self.n + 1)
+        ends: list[int] = []
         for _ in range(iterations):
-            for i in order:
-                t = 0
-                for j, delay in preds[i]:
-                    e = end[j] + delay
-                    if e > t:
-                        t = e
-                rank = first_node.get(i)
-                if rank is not None and gpu_ready[rank] > t:
-                    t = gpu_ready[rank]
-                start[i] = t
-                end[i] = t + dur[i]
-            real = range(self.n_ops)
-            iteration_end.append(max((end[i] for i in real), default=0))
-            iteration_start.append(min((start[i] for i in real), default=0))
-            # The first op of the next iteration on a rank waits for the last op of this one.
-            for rank in gpu_ready:
-                gpu_ready[rank] = 0
-            for i in real:
-                r = self.rank_of[i]
-                if end[i] > gpu_ready[r]:
-                    gpu_ready[r] = end[i]
-        return ProgramRun(
-            start={op: start[i] for i, op in enumerate(self.ops)},
-            end={op: end[i] for i, op in enumerate(self.ops)},
-            executor={op: self.rank_of[i] for i, op in enumerate(self.ops)},
-            iteration_end=tuple(iteration_end),
-            iteration_start=tuple(iteration_start),
-        )
+            for i, a, b, d, du in compute:
+                t = end[a]
+                e = end[b] + d
+                end[i] = (e if e > t else t) + du
+            for i, preds in bars:
+                end[i] = max([end[j] for j in preds], default=0)
+            for i, a, b, d, du in o_steps:
+                t = end[a]
+                e = end[b] + d
+                end[i] = (e if e > t else t) + du
+            ends.append(max((end[o] for o in self.o_nodes), default=0))
+        return end, ends
+
+    def period(self, iterations: int = STEADY_ITERATIONS, window: int = STEADY_WINDOW) -> int:
+        """Steady-state iteration time (design.md §5)."""
+        return steady_period(self.run(iterations)[1], window)
+
+    def nodes(self) -> dict[OpId, int]:
+        """Every op (O included) and its node index, ranks in order, programs in order."""
+        inst = self.instance
+        out: dict[OpId, int] = {}
+        for r in sorted(self.programs):
+            if not inst.gpus[r].live:
+                continue
+            for c in self.programs[r]:
+                out[decode_op(inst, c)] = c
+        for g in inst.live_gpus():
+            out[OpId("O", g.dp, g.pp)] = self.o0 + g.rank
+        return out
+
+    def scheduled_ops(self) -> tuple[ScheduledOp, ...]:
+        """One iteration, each op as early as allowed, ranks in order and O last on each."""
+        inst = self.instance
+        end, _ = self.run(1)
+        dur = self.dur
+        out = []
+        for g in inst.live_gpus():
+            r = g.rank
+            for c in self.programs.get(r, ()):
+                op = decode_op(inst, c)
+                out.append(ScheduledOp(rank=r, kind=op.kind, dp=op.dp, pp=op.pp, mb=op.mb,
+                                       start=end[c] - dur[c], end=end[c]))
+            o = self.o0 + r
+            out.append(ScheduledOp(rank=r, kind="O", dp=g.dp, pp=g.pp, mb=None,
+                                   start=end[o] - dur[o], end=end[o]))
+        return tuple(out)
 
 
-def run_programs(instance: Instance, programs: Mapping[int, Sequence[OpId]], iterations: int = 1) -> ProgramRun:
+def program_graph(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -> ProgramGraph:
+    """The graph of `OpId` programs (each live rank's O runs last, listed or not)."""
+    return ProgramGraph(instance, _check_ops(instance, programs))
+
+
+def run_programs(instance: Instance, programs: Mapping[int, Sequence[OpId]],
+                 iterations: int = 1) -> ProgramRun:
     """Run every rank's program `iterations` times back to back, each op as early as allowed."""
-    return _Compiled(instance, programs).run(iterations)
+    graph = program_graph(instance, programs)
+    end, ends = graph.run(iterations)
+    return ProgramRun(iteration_end=tuple(ends), _graph=graph, _end=tuple(end))
 
 
 def schedule_from_programs(instance: Instance, programs: Mapping[int, Sequence[OpId]],
@@ -208,10 +373,4 @@ def schedule_from_programs(instance: Instance, programs: Mapping[int, Sequence[O
 
     This is how list schedulers turn the order they chose into start/end times.
     """
-    run = run_programs(instance, programs, iterations=1)
-    ops = tuple(
-        ScheduledOp(rank=run.executor[op], kind=op.kind, dp=op.dp, pp=op.pp, mb=op.mb,
-                    start=run.start[op], end=run.end[op])
-        for rank in sorted(programs) for op in programs[rank]
-    )
-    return Schedule(instance=instance, ops=ops, solver=solver)
+    return Schedule(instance=instance, ops=program_graph(instance, programs).scheduled_ops(), solver=solver)

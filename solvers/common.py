@@ -30,13 +30,9 @@ from typing import Iterable, Mapping, Sequence
 from schedc.diagnostics import InfeasibleError, error
 from schedc.instance import Instance
 from schedc.schedule import OpId, Schedule, SolverInfo
-from schedc.timing import run_programs, schedule_from_programs
+from schedc.timing import STEADY_ITERATIONS, STEADY_WINDOW, program_graph, schedule_from_programs
 from schedc.verify import memory_profile
 
-#: Iterations run back to back to measure a steady state, and the window it is read over
-#: (the simulator's defaults, docs/architecture.md).
-STEADY_ITERATIONS = 8
-STEADY_WINDOW = 4
 
 # A cap standing for "as many as there are" when a stage allocates no activation memory.
 UNBOUNDED = 1 << 30
@@ -142,11 +138,7 @@ def with_optimizer(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -
 def steady_iteration_time(instance: Instance, programs: Mapping[int, Sequence[OpId]],
                           iterations: int = STEADY_ITERATIONS, window: int = STEADY_WINDOW) -> int:
     """Steady-state period of programs run back to back (design.md §5), O included."""
-    ends = run_programs(instance, programs, iterations=iterations).iteration_end
-    window = min(window, len(ends) - 1)
-    if window <= 0:
-        return ends[-1] if ends else 0
-    return math.ceil((ends[-1] - ends[-1 - window]) / window)
+    return program_graph(instance, programs).period(iterations, window)
 
 
 def finish(instance: Instance, programs: Mapping[int, Sequence[OpId]], name: str, started: float,

@@ -32,7 +32,7 @@ from schedc.solvers import SolveOptions
 from schedc.solvers.assign import Executor, balanced, microbatch_key, round_robin
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
                             fits_in_flight)
-from schedc.solvers.steady import CodeGraph, encode
+from schedc.timing import ProgramGraph, encode
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
 from schedc.solvers.reroute import reroute_programs
@@ -102,10 +102,10 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     started = time.perf_counter()
     check_stages_live(instance, solver=NAME)
     check_memory(instance, solver=NAME)
-    best: tuple[int, str, CodeGraph] | None = None
+    best: tuple[int, str, ProgramGraph] | None = None
     tried = 0
     for name, build in candidates(instance):
-        graph = CodeGraph(instance, *build())
+        graph = ProgramGraph(instance, *build())
         period = graph.period()
         tried += 1
         if best is None or period < best[0]:

@@ -14,7 +14,7 @@ import time
 
 from schedc.instance import make_instance
 from schedc.solvers import SolveOptions, get_solver
-from schedc.solvers.steady import steady_period
+from schedc.timing import ProgramGraph
 from schedc.solvers.greedy import candidates
 
 SHAPES = [(2, 4, 8), (8, 4, 32), (16, 8, 64)]
@@ -40,7 +40,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 codes, order = build()
                 t1 = time.perf_counter()
-                steady_period(inst, codes, order)
+                ProgramGraph(inst, codes, order).period()
                 measure_t += time.perf_counter() - t1
                 build_t += t1 - t0
                 n += 1

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from schedc.instance import Instance
 from schedc.schedule import OpId
-from schedc.solvers.steady import decode
+from schedc.timing import decode
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Policy:
 
 @dataclass(frozen=True)
 class ListResult:
-    """Programs as op codes (`schedc.solvers.steady`), compute ops only, per live rank."""
+    """Programs as op codes (`schedc.timing.encode`), compute ops only, per live rank."""
 
     instance: Instance
     codes: dict[int, list[int]]

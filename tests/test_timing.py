@@ -1,0 +1,98 @@
+"""The program runner against a naive reference written straight from docs/architecture.md."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from strategies import instances
+
+from schedc.diagnostics import InfeasibleError
+from schedc.instance import Instance, make_instance
+from schedc.opgraph import data_deps, last_backward_kind, optimizer_waits_for
+from schedc.schedule import OpId, SolverInfo
+from schedc.solvers import SolveOptions, get_solver
+from schedc.timing import STEADY_ITERATIONS, DeadlockError, run_programs, schedule_from_programs, steady_period
+
+
+def reference_iteration_ends(inst: Instance, programs: dict[int, list[OpId]], iterations: int) -> list[int]:
+    """Relax start times to a fixed point, one iteration at a time: slow, obviously right."""
+    executor = {op: r for r, prog in programs.items() for op in prog}
+    gpu_ready = {r: 0 for r in programs}
+    ends = []
+    for _ in range(iterations):
+        end: dict[OpId, int] = {}
+        changed = True
+        while changed:
+            changed = False
+            for r, prog in programs.items():
+                t_prev = gpu_ready[r]
+                for op in prog:
+                    if op.kind == "O":
+                        kind = last_backward_kind(inst)
+                        deps = [(OpId(kind, d, s, m), 0) for s in optimizer_waits_for(inst, op.pp)
+                                for d in range(inst.dp) for m in range(inst.microbatches)]
+                    else:
+                        deps = [(dep.op, dep.delay) for dep in data_deps(inst, op)]
+                    if any(dep not in end for dep, _ in deps) or t_prev is None:
+                        t_prev = None
+                        continue
+                    start = max([t_prev] + [end[dep] + delay for dep, delay in deps])
+                    new_end = start + inst.duration(op.kind, op.pp, executor[op])
+                    if end.get(op) != new_end:
+                        end[op] = new_end
+                        changed = True
+                    t_prev = new_end
+        assert len(end) == len(executor), "reference deadlocked"
+        for r, prog in programs.items():
+            gpu_ready[r] = max((end[op] for op in prog), default=gpu_ready[r])
+        ends.append(max(end.values()))
+    return ends
+
+
+@given(inst=instances())
+def test_runner_matches_the_reference(inst):
+    try:
+        sched = get_solver("greedy")(inst, SolveOptions())
+    except InfeasibleError:
+        return
+    programs = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
+    got = run_programs(inst, programs, iterations=STEADY_ITERATIONS).iteration_end
+    assert list(got) == reference_iteration_ends(inst, programs, STEADY_ITERATIONS)
+
+
+def test_one_f_one_b_closed_form():
+    # (M + S - 1)(F + B) + O with uniform stages and no transfer time.
+    inst = make_instance(1, 2, 2, decouple_backward=False, optimizer=100)
+    F = lambda s, m: OpId("F", 0, s, m)  # noqa: E731
+    B = lambda s, m: OpId("B", 0, s, m)  # noqa: E731
+    progs = {0: [F(0, 0), F(0, 1), B(0, 0), B(0, 1), OpId("O", 0, 0)],
+             1: [F(1, 0), B(1, 0), F(1, 1), B(1, 1), OpId("O", 0, 1)]}
+    run = run_programs(inst, progs, iterations=4)
+    assert run.iteration_end == (9100, 18200, 27300, 36400)
+    assert steady_period(run.iteration_end) == 9100
+    sched = schedule_from_programs(inst, progs, SolverInfo("hand"))
+    assert {(str(o), o.start, o.end) for o in sched.ops if o.rank == 1} == {
+        ("d0:1F0", 1000, 2000), ("d0:1B0", 2000, 4000), ("d0:1F1", 4000, 5000),
+        ("d0:1B1", 5000, 7000), ("d0:1O", 7000, 7100)}
+
+
+def test_deadlock_names_each_stuck_rank():
+    inst = make_instance(1, 2, 1, decouple_backward=False)
+    progs = {0: [OpId("B", 0, 0, 0), OpId("F", 0, 0, 0)], 1: [OpId("F", 0, 1, 0), OpId("B", 0, 1, 0)]}
+    with pytest.raises(DeadlockError) as exc:
+        run_programs(inst, progs)
+    text = exc.value.render()
+    assert "E420" in text
+    assert "rank 0 step 0: d0:0B0 waits for d0:1B0 on rank 1" in text
+    assert "rank 1 step 0: d0:1F0 waits for d0:0F0 on rank 0" in text
+
+
+def test_missing_and_duplicate_ops_are_reported():
+    inst = make_instance(1, 2, 1, decouple_backward=False)
+    with pytest.raises(DeadlockError) as exc:
+        run_programs(inst, {0: [OpId("F", 0, 0, 0), OpId("B", 0, 0, 0)], 1: [OpId("B", 0, 1, 0)]})
+    assert "d0:1B0 on rank 1 waits for d0:1F0, which no rank runs" in exc.value.render()
+    with pytest.raises(DeadlockError) as exc:
+        run_programs(inst, {0: [OpId("F", 0, 0, 0), OpId("B", 0, 0, 0)],
+                            1: [OpId("F", 0, 1, 0), OpId("B", 0, 1, 0), OpId("F", 0, 1, 0)]})
+    assert exc.value.codes == ["E421"]
