@@ -478,9 +478,9 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             wall_s=time.monotonic() - t0, detail=detail))
 
     per_pipeline = instance.pp * instance.microbatches * len(compute_kinds(instance))
-    if len(seeds) == 1 and (instance.dp if instance.fault_free else 1) * per_pipeline > MAX_MODEL_OPS:
-        # Too large for any model (the free part is at least one pipeline, all of them when
-        # fault-free): skip simulating the seed, which costs seconds at thousands of GPUs.
+    if len(seeds) == 1:
+        # Too large for the model: return the seed without simulating it (seconds at
+        # thousands of GPUs); greedy already chose it by simulated time.
         free = _free_pipelines(instance, seeds[0], per_pipeline)
         if len(free) * per_pipeline > MAX_MODEL_OPS:
             return finish(seeds[0], "fallback", float(span_bound(seeds[0])), float(lb),
