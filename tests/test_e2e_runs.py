@@ -95,7 +95,7 @@ def test_a_wrong_process_count_or_missing_program_is_a_diagnostic(tmp_path):
     write_programs(spec_for(inst), schedule_for(inst, "test-list"), tmp_path)
     (tmp_path / "rank_01.py").unlink()
     with pytest.raises(RunError) as exc:
-        launch(tmp_path, iterations=1, emulate=True, timeout=5)
+        launch(tmp_path, iterations=1, emulate=True, timeout=2)
     assert "E522" in exc.value.codes
 
 
