@@ -37,7 +37,13 @@ def program_name(rank: int, world: int) -> str:
 
 def render_programs(spec: Spec, schedule: Schedule, *, metrics: Mapping | None = None,
                     out_name: str = "OUT") -> dict[str, str]:
-    """File name -> text of every file `write_programs` writes (nothing touches the disk)."""
+    """File name -> text of every file `write_programs` writes (nothing touches the disk).
+
+    `metrics` is the ``metrics`` object of schedule.json (or a `Metrics`); its
+    scalar entries go into each program's header, all of it into programs.json.
+    """
+    if metrics is not None and hasattr(metrics, "to_json"):  # a `schedc.simulate.Metrics`
+        metrics = metrics.to_json()
     inst = schedule.instance
     if (inst.dp, inst.pp) != (spec.dp, spec.pp):
         raise RunError([error("E501", f"the schedule is for {inst.dp}x{inst.pp} GPUs but the spec "
@@ -73,6 +79,9 @@ def render_programs(spec: Spec, schedule: Schedule, *, metrics: Mapping | None =
 def write_programs(spec: Spec, schedule: Schedule, out_dir: Path, *,
                    metrics: Mapping | None = None) -> list[Path]:
     """Write ``OUT/rank_NN.py`` per live rank, ``OUT/main.py`` and ``OUT/programs.json``.
+
+    >>> plan = schedc.compile("specs/mlp-2x2.sched")                            # doctest: +SKIP
+    >>> write_programs(plan.spec, plan.schedule, Path("out"), metrics=plan.metrics)  # doctest: +SKIP
 
     Every text is rendered and compiled before anything is written; each file
     goes to a temporary name and is renamed into place, so a failure leaves
