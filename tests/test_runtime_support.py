@@ -100,3 +100,16 @@ def spec_for(inst: Instance, *, source: str | None = "schedc.models.mlp:build", 
 def max_weight_diff(a: dict, b: dict) -> float:
     assert list(a) == list(b), f"keys differ: {sorted(set(a) ^ set(b))}"
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def batch_that_kills_its_rank(iteration: int, dp: int, microbatch: int):
+    """`model.data` for the killed-peer test: the MLP's data, but the process asking for
+    microbatch (1, 0) of iteration 1 kills itself with SIGKILL, as a crashed GPU host would."""
+    import os
+    import signal
+
+    from schedc.models import mlp
+
+    if (iteration, dp, microbatch) == (1, 1, 0):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return mlp.batch(iteration, dp, microbatch)
