@@ -8,9 +8,7 @@ are missing.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from schedc.instance import Instance, make_instance
+from schedc.instance import Instance
 from schedc.schedule import Schedule, ScheduledOp, SolverInfo
 from schedc.spec import ClusterSpec, GpuSpec, ModelSpec, ScheduleOptions, Spec, TrainSpec
 
@@ -85,8 +83,6 @@ def spec_for(inst: Instance, *, source: str | None = "schedc.models.mlp:build", 
              optimizer: str = "sgd", lr: float = 0.01, iterations: int = 1,
              partition=None, name: str = "<test>") -> Spec:
     """A Spec matching `inst`, bound to a model, built without the parser."""
-    from schedc.spec import LinkSpec
-
     cluster = ClusterSpec(dp=inst.dp, pp=inst.pp, gpus_per_node=8, placement="pipeline_major",
                           gpu=GpuSpec(memory=inst.gpu_memory), link=inst.link)
     return Spec(cluster=cluster, stages=inst.stages,
