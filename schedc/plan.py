@@ -9,7 +9,8 @@ fault-free already: it is the iteration time itself). Never prints, never
 exits; every problem is a `SchedcError` carrying diagnostics.
 
 `Plan.write(dir)` writes what `schedc compile -o dir` writes: schedule.json,
-trace.json, timeline.svg, the torch CSVs where expressible and spec.sched.
+trace.json, timeline.svg, the torch CSVs where expressible, spec.sched and
+the per-rank programs.
 Files go to a temporary directory beside `dir` first and are renamed into
 place, so a failure leaves nothing half-written.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from schedc.diagnostics import SchedcError, SpecError, did_you_mean, error
 from schedc.instance import Instance, from_spec
+from schedc.printer import print_spec
 from schedc.schedule import Schedule
 from schedc.simulate import Metrics, metrics_of, simulate
 from schedc.spec import Spec
@@ -44,11 +46,16 @@ class Plan:
         return self.schedule.instance
 
     def write(self, dir: str | os.PathLike) -> Path:
-        """Write schedule.json, trace.json, timeline.svg, pipeline_{d}.csv and spec.sched into `dir`.
+        """Write what `schedc compile -o dir` writes into `dir`.
 
-        Files of the same names already in `dir` are replaced; other files are
-        left alone. Returns the directory.
+        schedule.json, trace.json, timeline.svg, pipeline_{d}.csv (where
+        expressible), spec.sched, and the per-rank programs (rank_NN.py,
+        main.py, programs.json) that `schedc run dir` or torchrun execute.
+        Files of the same names already in `dir` are replaced, stale CSVs and
+        rank programs of an earlier schedule are removed, other files are left
+        alone. Returns the directory.
         """
+        from schedc.codegen.generate import render_programs
         from schedc.export import write_timeline, write_torch_csvs, write_trace
         from schedc.schedule_io import write_schedule
 
@@ -60,15 +67,16 @@ class Plan:
             write_trace(tmp / "trace.json", self.schedule)
             write_timeline(tmp / "timeline.svg", self.schedule, self.metrics)
             write_torch_csvs(tmp, self.schedule)
-            spec_text = _spec_text(self.spec)
-            if spec_text is not None:
-                (tmp / "spec.sched").write_text(spec_text, encoding="utf-8")
+            (tmp / "spec.sched").write_text(print_spec(self.spec), encoding="utf-8")
+            programs = render_programs(self.spec, self.schedule, metrics=self.metrics, out_name=str(out))
+            for name, text in programs.items():
+                (tmp / name).write_text(text, encoding="utf-8")
             if not out.exists():
                 os.replace(tmp, out)
             else:
                 # Everything is written; moving the files in is the only step left.
-                for p in sorted(out.glob("pipeline_*.csv")):
-                    p.unlink()  # stale CSVs of an earlier schedule would mislead
+                for p in [*out.glob("pipeline_*.csv"), *out.glob("rank_*.py")]:
+                    p.unlink()  # stale CSVs or programs of an earlier schedule would mislead
                 for p in sorted(tmp.iterdir()):
                     os.replace(p, out / p.name)
                 tmp.rmdir()
@@ -76,14 +84,6 @@ class Plan:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return out
-
-
-def _spec_text(spec: Spec) -> str | None:
-    try:
-        from schedc.printer import print_spec
-    except ImportError:  # the printer is optional for writing a plan
-        return None
-    return print_spec(spec)
 
 
 def _load(spec: Spec | str | os.PathLike) -> Spec:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,16 @@ def test_cli_compile_bad_spec(tmp_path, run_cli, capsys):
     assert run_cli(["compile", str(bad), "-o", str(tmp_path / "o")]) == 1
     assert "error[E1" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_compile_writes_runnable_programs_for_every_live_rank(tmp_path):
+    plan = compile(Path(__file__).parents[1] / "specs" / "example.sched", solver="greedy")
+    out = plan.write(tmp_path / "out")
+    live = [g.rank for g in plan.schedule.instance.gpus if g.live]
+    programs = sorted(p.name for p in out.glob("rank_*.py"))
+    assert programs == [f"rank_{r:02d}.py" for r in live]  # the failed rank 6 gets no program
+    assert (out / "main.py").exists() and (out / "programs.json").exists()
+    # A recompile without the failure leaves no stale program behind and adds rank 6's.
+    healthy = compile(plan.spec.without_failures(), solver="greedy")
+    healthy.write(out)
+    assert sorted(p.name for p in out.glob("rank_*.py")) == [f"rank_{r:02d}.py" for r in range(16)]
