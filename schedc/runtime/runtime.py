@@ -37,7 +37,11 @@ from schedc.diagnostics import RunError, error
 from schedc.runtime.manifest import Manifest, build_model, data_ref, load_callable, stage_layer_keys
 
 ACTIVATION, GRADIENT = 0, 1
-_TAG_ITERATIONS = 1024  # tags repeat after this many iterations; no message lives that long
+# Tags repeat after this many iterations. Messages only pass between neighbouring stages,
+# and a rank cannot finish iteration k+1 before its neighbours have sent it their part of
+# k+1, so neighbours are never more than one iteration apart: 16 is ample, and keeps tags
+# below 2**31 for up to 16*2*D*M*S < 2**31 (e.g. D = M = 256, S = 64).
+_TAG_ITERATIONS = 16
 EMULATED_MESSAGE = 16  # floats sent per boundary message in --emulate mode (no model to size it)
 
 
