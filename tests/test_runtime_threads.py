@@ -81,3 +81,21 @@ def test_a_lost_microbatch_changes_the_weights(tmp_path):
     state, _ = run_threads(tmp_path, iterations=1, timeout=5)
     ref, _ = reference_train(load_manifest(tmp_path), 1)
     assert max_weight_diff(state, ref) > 1e-4
+
+
+@pytest.mark.parametrize("solver", ["greedy", "cpsat"])
+def test_stage_major_placement_and_gpt(tmp_path, solver):
+    """Ranks numbered stage-major (s*D + d) and a model whose first input is token ids."""
+    if not solver_available(solver):
+        pytest.skip(f"solver {solver} not available")
+    inst = make_instance(3, 2, 2, placement="stage_major", failed=[(0, 1)], slow={(2, 0): 0.5})
+    sched = schedule_for(inst, solver)
+    from schedc.verify import verify_schedule
+
+    verify_schedule(sched)
+    write_programs(spec_for(inst, source="schedc.models.gpt:build", optimizer="adam", lr=1e-3), sched, tmp_path)
+    assert load_manifest(tmp_path).coords[1] == (1, 0)  # rank 1 is GPU (dp=1, pp=0) here
+    state, losses = run_threads(tmp_path, iterations=2, timeout=20)
+    ref, ref_losses = reference_train(load_manifest(tmp_path), 2)
+    assert max_weight_diff(state, ref) <= 1e-5
+    assert losses == pytest.approx(ref_losses, abs=1e-6)
