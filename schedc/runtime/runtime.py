@@ -175,6 +175,7 @@ class Runtime:
                 us: int = 0) -> None:
         """F(d, mb, stage): receive the input (or load data), run the stage, send the output."""
         op = f"d{d}:{stage}F{mb}"
+        self._check_stage(stage, op)
         inp = None
         if recv_from is not None:
             shape, dtype = self.shapes[stage - 1]
@@ -284,11 +285,17 @@ class Runtime:
 
     # -- helpers ------------------------------------------------------------------
 
+    def _check_stage(self, stage: int, op: str) -> None:
+        if stage != self.stage:
+            raise RunError([error("E540", f"rank {self.rank} holds stage {self.stage} but its program runs {op}",
+                                  hint="the program does not follow a verified schedule; recompile")])
+
     def _tag(self, kind: int, d: int, mb: int, boundary: int) -> int:
         return message_tag(self.iteration, kind, d, mb, boundary, self.manifest)
 
     def _backward_start(self, d: int, stage: int, mb: int, recv_from: int | None, kind: str) -> _Stash:
         op = f"d{d}:{stage}{kind}{mb}"
+        self._check_stage(stage, op)
         st = self._stash.get((d, mb))
         if st is None:
             raise RunError([error("E540", f"rank {self.rank} runs {op} before its F",
