@@ -113,15 +113,27 @@ def _worth_trying(instance: Instance) -> Callable[[int, str], bool]:
 
 def solve(instance: Instance, options: SolveOptions) -> Schedule:
     """The best of greedy's candidate plans; E315 if a stage has no live GPU, E310 if one
-    microbatch does not fit on some GPU."""
+    microbatch does not fit on some GPU.
+
+    The first candidate always runs; the others only while `options.time_limit`
+    lasts (so `replan` keeps its deadline), in a fixed order.
+    """
     started = time.perf_counter()
     check_stages_live(instance, solver=NAME)
     check_memory(instance, solver=NAME)
     best: tuple[int, str, ProgramGraph] | None = None
     tried = 0
     worth_trying = _worth_trying(instance)
+    deadline = started + options.time_limit
+    skipped = 0
     for index, (name, build) in enumerate(candidates(instance)):
         if not worth_trying(index, name):
+            continue
+        if best is not None and time.perf_counter() >= deadline:
+            # Anytime: the first candidate (the seed) always runs, later ones only while
+            # time is left. Candidates run in a fixed order, so a run that finishes them
+            # all is deterministic; a tighter limit can only stop the list early.
+            skipped += 1
             continue
         graph = ProgramGraph(instance, *build())
         period = graph.period()
@@ -133,5 +145,6 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     # The winner's graph times its one iteration: the same as schedule_from_programs, faster.
     info = SolverInfo(name=NAME, status="feasible", objective=float(period),
                       wall_s=time.perf_counter() - started,
-                      detail=f"best of {tried} candidates: {name} (steady iteration {period} us)")
+                      detail=f"best of {tried} candidates: {name} (steady iteration {period} us)"
+                             + (f"; {skipped} more skipped at the time limit" if skipped else ""))
     return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info)

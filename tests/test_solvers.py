@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
 from schedc.simulate import simulate
-from schedc.solvers import SolveOptions, solve
+from schedc.solvers import SolveOptions, get_solver, solve
 from schedc.solvers.common import steady_iteration_time
 from schedc.verify import verify_schedule
 from tests.strategies import instances
@@ -248,3 +248,15 @@ def test_list_scheduler_drops_limits_that_would_stop_every_gpu():
     ok = list_schedule(inst, round_robin(inst), microbatch_key(inst), [3] * 6,
                        Policy("strict", strict_forward=True))
     assert not ok.relaxed
+
+
+def test_greedy_is_anytime_under_a_zero_time_limit():
+    """With no time left greedy still returns its first (seed) candidate, verified, and says so."""
+    inst = make_instance(4, 4, 8, failed=[(1, 2)], slow={(0, 3): 0.5})
+    quick = get_solver("greedy")(inst, SolveOptions(time_limit=0.0))
+    verify_schedule(quick)
+    assert "1 candidates" in quick.solver.detail and "skipped at the time limit" in quick.solver.detail
+    full = get_solver("greedy")(inst, SolveOptions())
+    assert "skipped" not in full.solver.detail
+    assert steady_iteration_time(inst, {r: [o.id for o in p] for r, p in full.programs.items()}) <= \
+        steady_iteration_time(inst, {r: [o.id for o in p] for r, p in quick.programs.items()})
