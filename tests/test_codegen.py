@@ -14,7 +14,7 @@ from schedc.diagnostics import RunError
 from schedc.instance import make_instance
 from schedc.runtime.manifest import Manifest, load_manifest
 from schedc.schedule import Schedule
-from test_runtime_support import list_schedule, schedule_for, solver_available, spec_for
+from test_runtime_support import list_schedule, schedule_for, spec_for
 
 GOLDEN = Path(__file__).parent / "golden" / "codegen"
 CALL = re.compile(r"^    rt\.(\w+)\((.*)\)  # (\S+) t=(\d+)$")
@@ -63,8 +63,6 @@ def test_programs_follow_the_schedule():
 
 @pytest.mark.parametrize("solver", ["1f1b", "greedy", "cpsat"])
 def test_real_schedules_compile(solver):
-    if not solver_available(solver):
-        pytest.skip(f"solver {solver} not available yet")
     inst = make_instance(3, 4, 4, decouple_backward=solver != "1f1b")
     sched = schedule_for(inst, solver)
     files = render_programs(spec_for(inst), sched)

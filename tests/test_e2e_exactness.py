@@ -18,7 +18,7 @@ from schedc.codegen import write_programs
 from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
 from schedc.runtime import launch, load_manifest, reference_train
-from test_runtime_support import max_weight_diff, schedule_for, solver_available, spec_for
+from test_runtime_support import max_weight_diff, schedule_for, spec_for
 
 pytestmark = pytest.mark.e2e
 
@@ -37,14 +37,14 @@ REACHED: list[float] = []  # max abs differences seen, for the report at the end
 def run_case(tmp_path, *, model: str, dp: int, pp: int, failure: str, solver: str, optimizer: str,
              iterations: int, microbatches: int = 3, decouple: bool = True, stagger: bool = True,
              partition=None) -> float:
-    if not solver_available(solver):
-        pytest.skip(f"solver {solver} not available")
     inst = make_instance(dp, pp, microbatches, decouple_backward=decouple, stagger_optimizer=stagger,
                          latency=10, **FAILURES[failure])
     try:
         sched = schedule_for(inst, solver)
     except InfeasibleError:
-        pytest.skip(f"{solver} does not schedule failure set `{failure}`")
+        if solver in ("greedy", "cpsat"):
+            raise  # schedc's own planners must schedule every failure set of this matrix
+        pytest.skip(f"{solver} is a fault-free template: it refuses failure set `{failure}`")
     from schedc.verify import verify_schedule
 
     verify_schedule(sched)

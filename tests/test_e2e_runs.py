@@ -3,6 +3,7 @@ freedom), a killed peer (a clear error, no hang, no weights), and timing."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from schedc.diagnostics import InfeasibleError, RunError
 from schedc.instance import make_instance
 from schedc.runtime.launcher import Launch, launch
 from strategies import instances
-from test_runtime_support import schedule_for, solver_available, spec_for
+from test_runtime_support import schedule_for, spec_for
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +26,6 @@ pytestmark = pytest.mark.e2e
        solver=st.sampled_from(["greedy", "cpsat", "1f1b", "zb-h1", "gpipe"]))
 def test_random_verified_schedules_run_to_the_end(tmp_path_factory, inst, solver):
     """Every verified schedule's programs complete in --emulate mode (real gloo messages, tags, groups)."""
-    assume(solver_available(solver))
     try:
         sched = schedule_for(inst, solver)
     except InfeasibleError:
@@ -109,9 +109,12 @@ def test_a_stuck_peer_times_out_with_the_op_waited_for(tmp_path):
             run.wait(stop_after_first)
     finally:
         run.kill()
-    assert time.monotonic() - started < 2 + 2 + 10
+    assert time.monotonic() - started < 30  # no hang (generous: CI's 2 cores may be loaded)
     text = exc.value.render()
-    assert "rank 0 waited 2 s for the output gradient of d0:0B" in text and "from rank 1" in text
+    # Which message rank 0 waits for depends on where SIGSTOP caught rank 1; that it names the
+    # stuck peer, the timeout and an op in torch notation does not.
+    assert re.search(r"rank 0 waited 2 s for the (activation|output gradient) of d\d:\d[FB]\d+ from rank 1",
+                     text), text
     assert "rank 1 made no progress" in text
 
 

@@ -15,7 +15,7 @@ from schedc.instance import make_instance
 from schedc.runtime import launch
 from schedc.runtime.launcher import _context, free_port
 from schedc.runtime.manifest import even_partition
-from test_runtime_support import max_weight_diff, schedule_for, solver_available, spec_for
+from test_runtime_support import max_weight_diff, schedule_for, spec_for
 
 pytestmark = pytest.mark.e2e
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
@@ -62,8 +62,6 @@ def _torch_rank(rank: int, world: int, init: str, csv_path: str, microbatches: i
 
 @pytest.mark.parametrize("pp", [2, 3])
 def test_zb_h1_csv_runs_under_torch_with_the_same_result(tmp_path, pp):
-    if not solver_available("zb-h1"):
-        pytest.skip("zb-h1 not available")
     from schedc.export import write_torch_csvs
 
     microbatches = 4

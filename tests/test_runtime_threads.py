@@ -21,7 +21,7 @@ from schedc.runtime import load_manifest, reference_train
 from schedc.runtime.threads import run_threads
 from schedc.schedule import Schedule
 from strategies import instances
-from test_runtime_support import max_weight_diff, schedule_for, solver_available, spec_for
+from test_runtime_support import max_weight_diff, schedule_for, spec_for
 
 
 # Capped: each example runs real training; 100 already covers the shapes of `instances`.
@@ -31,7 +31,6 @@ from test_runtime_support import max_weight_diff, schedule_for, solver_available
        solver=st.sampled_from(["greedy", "cpsat", "1f1b", "zb-h1", "gpipe"]),
        optimizer=st.sampled_from(["sgd", "adam"]))
 def test_random_verified_schedules_complete_and_are_exact(tmp_path_factory, inst, solver, optimizer):
-    assume(solver_available(solver))
     try:
         sched = schedule_for(inst, solver)
     except InfeasibleError:
@@ -86,8 +85,6 @@ def test_a_lost_microbatch_changes_the_weights(tmp_path):
 @pytest.mark.parametrize("solver", ["greedy", "cpsat"])
 def test_stage_major_placement_and_gpt(tmp_path, solver):
     """Ranks numbered stage-major (s*D + d) and a model whose first input is token ids."""
-    if not solver_available(solver):
-        pytest.skip(f"solver {solver} not available")
     inst = make_instance(3, 2, 2, placement="stage_major", failed=[(0, 1)], slow={(2, 0): 0.5})
     sched = schedule_for(inst, solver)
     from schedc.verify import verify_schedule
