@@ -18,8 +18,11 @@ model; in short:
   capacity `gpu_memory - static`.
 - **Objective.** The steady-state period P >= (end of O) - (first start) of
   every live GPU: repeating the one-iteration schedule every P is feasible, so
-  the simulator's time is at most P. `Instance.lower_bound` bounds P's domain
-  so the search stops when it reaches it.
+  the simulator's time is at most P. P's domain starts at
+  `period_lower_bound`: the larger of `Instance.lower_bound` (work per stage)
+  and `cpsat_bound.chain_bound` (a pipeline's round trip through its busiest
+  stage), so the search stops when it reaches it and the reported bound is
+  not the often loose work bound.
 
 Monolithic models stop paying off beyond a few thousand ops
 (/work/shared/cpsat-notes.md), so pipelines that no failure touches and that
@@ -49,6 +52,7 @@ from schedc.opgraph import (
 from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
+from schedc.solvers.cpsat_bound import chain_bound
 from schedc.timing import DeadlockError, schedule_from_programs
 
 NAME = "cpsat"
@@ -133,6 +137,12 @@ def iteration_time(schedule: Schedule) -> int:
     """Steady-state period of a schedule's programs, as the simulator measures it (§5)."""
     programs = {r: [op.id for op in ops] for r, ops in schedule.programs.items()}
     return steady_iteration_time(schedule.instance, programs)
+
+
+def period_lower_bound(instance: Instance) -> int:
+    """What the planner can prove before searching: the larger of `Instance.lower_bound` (work
+    per stage, design.md §5) and `chain_bound` (a pipeline's round trip through its busiest stage)."""
+    return max(0, math.ceil(instance.lower_bound - 1e-9), chain_bound(instance))
 
 
 def span_bound(schedule: Schedule) -> int:
@@ -339,7 +349,7 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
                     m.Add(bar >= (end[op] if op in end else fixed_end[op]))
         barriers[group] = bar
 
-    lb = max(0, math.ceil(inst.lower_bound - 1e-9))
+    lb = period_lower_bound(inst)
     seed_p = span_bound(seed)
     period = m.NewIntVar(min(lb, seed_p), seed_p, "P")
     hint[period] = seed_p
@@ -470,7 +480,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     deadline = t0 + options.time_limit
     check_feasible(instance)
     seeds = _seeds(instance, options, deadline)
-    lb = math.ceil(instance.lower_bound - 1e-9)
+    lb = period_lower_bound(instance)
 
     def finish(schedule: Schedule, status: str, objective, bound, detail: str) -> Schedule:
         return replace(schedule, solver=SolverInfo(

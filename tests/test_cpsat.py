@@ -14,7 +14,8 @@ from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
 from schedc.simulate import simulate
 from schedc.solvers import SolveOptions, get_solver
-from schedc.solvers.cpsat import check_feasible, solve, warm_up
+from schedc.solvers.cpsat import check_feasible, period_lower_bound, solve, warm_up
+from schedc.solvers.cpsat_bound import chain_bound
 from schedc.verify import verify_schedule
 from tests.strategies import instances
 
@@ -69,6 +70,63 @@ def test_cpsat_proves_the_bound_when_greedy_reaches_it():
     schedule = solve(make_instance(2, 1, 4), FAST)  # one stage: no bubble, the bound is exact
     assert schedule.solver.status == "optimal"
     assert simulate(schedule).iteration_time == math.ceil(schedule.instance.lower_bound)
+
+
+# -- the chain bound ----------------------------------------------------------------
+
+
+def test_chain_bound_by_hand():
+    # One pipeline, two stages, 3 microbatches, transfers of 5 us. From stage 0's first F:
+    # F0 + transfer (105), then stage 1 runs 3 x (F1 + B1) = 1800, the last B comes back
+    # (transfer + B0 = 305), then W0 and O0 (60): 2270. The work bound is only 1880.
+    inst = make_instance(1, 2, 3, forward=[100, 200], backward_input=[300, 400],
+                         backward_weight=[50, 60], optimizer=[10, 20], latency=5, send=0)
+    assert chain_bound(inst) == 2270
+    assert period_lower_bound(inst) == 2270 > inst.lower_bound
+    schedule = solve(inst, FAST)
+    assert simulate(schedule).iteration_time >= 2270
+    # Without decoupling B carries the weight gradient and there is no W: 105 + 3 x 660 + 365 + 10.
+    whole = make_instance(1, 2, 3, forward=[100, 200], backward_input=[300, 400],
+                          backward_weight=[50, 60], optimizer=[10, 20], latency=5, send=0,
+                          decouple_backward=False)
+    assert chain_bound(whole) == 105 + 3 * 660 + 5 + 350 + 10
+
+
+def test_chain_bound_skips_gpus_whose_work_can_move():
+    # The bound may only queue work on GPUs that must run it: a failed or slow GPU's work may
+    # move to peers (candidate_executors), so such a pipeline stage is skipped.
+    base = dict(forward=[100, 200], backward_input=[300, 400], backward_weight=[50, 60],
+                optimizer=[10, 20], latency=5, send=0)
+    healthy = chain_bound(make_instance(2, 2, 3, **base))
+    assert healthy == 2270
+    # Pipeline 0's stage 1 failed: pipeline 1 still has its own round trip.
+    assert chain_bound(make_instance(2, 2, 3, failed=[(0, 1)], **base)) == healthy
+    # Both pipelines' stage 1 slow: nobody is forced at stage 1, only stage-0 queues remain.
+    both_slow = make_instance(2, 2, 3, slow={(0, 1): 0.5, (1, 1): 0.5}, **base)
+    assert chain_bound(both_slow) == 3 * (100 + 300) + 60
+
+
+@given(instances(max_dp=3, max_pp=4, max_microbatches=6))
+def test_no_schedule_beats_the_chain_bound(instance):
+    bound = chain_bound(instance)
+    for name in ("greedy", "reroute-1f1b"):
+        try:
+            schedule = get_solver(name)(instance, FAST)
+        except InfeasibleError:
+            continue
+        assert simulate(schedule).iteration_time >= bound, name
+
+
+def test_cpsat_proves_greedy_optimal_on_the_bench_fault_free_4x4x8():
+    # Instance.lower_bound (30 ms, the last stage's work) cannot prove this plan optimal;
+    # the chain bound (stage 0 waits for 8 microbatches through stage 3 and back) can.
+    inst = make_instance(4, 4, 8, forward=[1200, 1000, 1000, 1400],
+                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800,
+                         optimizer=400, send=16 << 20, latency=20, gpu_memory=1 << 40)
+    schedule = solve(inst, FAST)
+    assert inst.lower_bound == 30_000
+    assert schedule.solver.status == "optimal"
+    assert schedule.solver.bound == simulate(schedule).iteration_time == 34_752
 
 
 # -- infeasibility (golden) -------------------------------------------------------

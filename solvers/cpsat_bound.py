@@ -1,0 +1,88 @@
+"""A pipeline-chain lower bound on the steady-state period, for the CP-SAT planner.
+
+`Instance.lower_bound` (design.md §5) counts work per stage only. It misses
+what limits most pipelines in practice: a GPU's iteration spans from its
+first op to its O, and between those it must wait for its microbatches to
+travel down the pipeline, queue through a downstream stage, and come back.
+
+For a pipeline d whose GPUs g (stage a) and h (stage b >= a) are the only
+candidates for (d, a) and (d, b) (live and at full speed, so every
+microbatch of d runs there, `candidate_executors`):
+
+- every F(d, m, a) starts at or after g's first start f_g, so every F(d, m, b)
+  starts at or after f_g + fwd(a -> b) (F durations and transfers);
+- h runs all M forwards and M backwards of d at stage b, one at a time, each
+  B after its own F: the last of them ends at or after
+  f_g + fwd(a -> b) + M * (F_b + B_b);
+- that microbatch's B reaches stage a after back(b -> a) (transfers and B
+  durations), then its W runs on g, then g's O (which waits for every W of
+  its stage).
+
+So g's span, and with it the period (the steady state's iteration is a
+one-iteration schedule whose spans are at most its period; docs/planner.md),
+is at least the sum. Chain ops between a and b may run on any candidate; the
+fastest one's duration is used. Re-routed work that lands on g or h only
+lengthens the span, so the bound holds whatever the placement.
+"""
+
+from __future__ import annotations
+
+from schedc.instance import Instance
+
+
+def chain_bound(instance: Instance) -> int:
+    """Largest pipeline-chain lower bound (microseconds) on any schedule's iteration time.
+
+    0 when no pipeline has a GPU whose work cannot move. Pipelines with the
+    same forced GPUs and speeds have the same bound, so each pattern is
+    computed once (thousands of pipelines at scale).
+    """
+    inst = instance
+    S = inst.pp
+    # An unforced (d, s) may run on any live GPU of stage s (candidate_executors: a failed
+    # GPU's live peers, or a slow GPU and its peers), so the fastest of them bounds its chain.
+    live = [inst.live_gpus(s) for s in range(S)]
+    if not all(live):
+        return 0
+    fastest = [max(live[s], key=lambda g: g.speed).rank for s in range(S)]
+    min_f = [inst.duration("F", s, fastest[s]) for s in range(S)]
+    min_b = [inst.duration("B", s, fastest[s]) for s in range(S)]
+    best = 0
+    seen: set[tuple] = set()
+    for d in range(inst.dp):
+        # candidate_executors' rule, without its per-call scan of the stage: a live GPU at
+        # full speed is the only candidate for its own work.
+        own = [inst.gpu(d, s) for s in range(S)]
+        forced = [g.rank if g.live and g.speed >= 1.0 else None for g in own]
+        key = tuple(None if r is None else inst.gpus[r].speed for r in forced)
+        if key in seen:
+            continue
+        seen.add(key)
+        best = max(best, _pipeline_bound(inst, forced, min_f, min_b))
+    return best
+
+
+def _pipeline_bound(inst: Instance, forced: list[int | None], min_f: list[int],
+                    min_b: list[int]) -> int:
+    """Max over stage pairs a <= b, both forced, of g's round trip through h (module docstring)."""
+    S, M = inst.pp, inst.microbatches
+    tr = [inst.boundary_transfer(s) for s in range(S - 1)]
+    best = 0
+    for a in range(S):
+        g = forced[a]
+        if g is None:
+            continue
+        tail = inst.duration("O", a, g)
+        if inst.decouple_backward:
+            tail += inst.duration("W", a, g)
+        fwd = back = 0
+        for b in range(a, S):
+            if b > a:
+                fwd += min_f[b - 1] + tr[b - 1]
+                back += tr[b - 1] + min_b[b - 1]
+            h = forced[b]
+            if h is None:
+                continue
+            queue = M * (inst.duration("F", b, h) + inst.duration("B", b, h))
+            best = max(best, fwd + queue + back + tail)
+    return best
