@@ -24,6 +24,8 @@ like torch's ``_format_pipeline_order``, with ``<-- ERROR HERE``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import add, eq, lt
 from typing import Iterable, Mapping, Sequence
 
 from schedc.diagnostics import Diagnostic, VerificationError, error
@@ -383,9 +385,171 @@ class _Checker:
         return diags
 
 
+# -- the fast path ------------------------------------------------------------------
+#
+# A valid schedule needs no message, so its check need not build any: one pass
+# over the ops files each F/B/W under its integer code (`schedc.timing.encode_op`:
+# ((d*M + m)*S + s)*3 + kind), and every other rule is then a comparison of
+# whole columns of that table, run by C loops (map/operator/accumulate). Any
+# doubt (a violation, an odd type, a tie in program order) returns False and
+# `check_schedule` runs the rule-by-rule checker, which alone writes diagnostics.
+
+_INT = {int}
+_INT_OR_NONE = {int, type(None)}
+_KIND_CODE = {"F": 0, "B": 1, "W": 2}
+_NEVER = float("-inf")  # a predecessor end that every start is after (no dependency)
+
+
+def schedule_passes(schedule: Schedule) -> bool:
+    """True only if `schedule` obeys every rule of design.md §4 (`diagnose` finds nothing).
+
+    It never accepts what `diagnose` would reject, but may send a valid
+    schedule there (ties in a rank's program order, int subclasses as times,
+    a stash larger than the activation); that costs time, never correctness.
+    """
+    inst = schedule.instance
+    ops = schedule.ops
+    D, S, M = inst.dp, inst.pp, inst.microbatches
+    gpus = inst.gpus
+    n_ranks = len(gpus)
+    if not ops or D * S * M == 0 or len(inst.stages) != S:
+        return False
+    coords = {(g.dp, g.pp) for g in gpus}
+    if len(coords) != n_ranks or coords != {(d, s) for d in range(D) for s in range(S)}:
+        return False  # not one GPU per (dp, pp): leave such an instance to the full checker
+
+    # Columns by comprehension: no tuple per op (which also keeps the GC quiet).
+    ranks = [o.rank for o in ops]
+    kinds = [o.kind for o in ops]
+    dps = [o.dp for o in ops]
+    pps = [o.pp for o in ops]
+    mbs = [o.mb for o in ops]
+    starts = [o.start for o in ops]
+    ends = [o.end for o in ops]
+    # E408 and E401/E402 on types and ranges, column by column.
+    if not (set(map(type, starts)) <= _INT and set(map(type, ends)) <= _INT
+            and set(map(type, ranks)) <= _INT and set(map(type, dps)) <= _INT
+            and set(map(type, pps)) <= _INT and set(map(type, mbs)) <= _INT_OR_NONE):
+        return False
+    if min(starts) < 0 or any(map(lt, ends, starts)) or min(ranks) < 0 or max(ranks) >= n_ranks:
+        return False
+    decouple = inst.decouple_backward
+    kind_code = _KIND_CODE if decouple else {"F": 0, "B": 1}
+
+    # Per rank: live, its stage and pipeline, and its F/B/W durations (§4.4).
+    live = [g.live for g in gpus]
+    rank_pp = [g.pp for g in gpus]
+    rank_dp = [g.dp for g in gpus]
+    durations: list[int] = []  # rank*3 + kind -> duration; failed GPUs run nothing
+    o_duration: list[int] = []
+    for g in gpus:
+        durations += [inst.duration(k, g.pp, g.rank) for k in ("F", "B", "W")] if g.live else [-1] * 3
+        o_duration.append(inst.duration("O", g.pp, g.rank) if g.live else -1)
+
+    n_codes = D * M * S * 3
+    start_at: list = [None] * n_codes
+    end_at: list = [None] * n_codes
+    rank_at = [-1] * n_codes
+    programs: dict[int, list[int]] = {g.rank: [] for g in gpus if g.live}
+    o_start: dict[int, int] = {}  # rank -> start of its O
+    for r, k, d, s, m, st, en in zip(ranks, kinds, dps, pps, mbs, starts, ends):
+        if not live[r] or s != rank_pp[r]:
+            return False  # E402: a failed GPU, or a GPU of another stage
+        if k == "O":
+            if m is not None or d != rank_dp[r] or r in o_start or en - st != o_duration[r]:
+                return False
+            o_start[r] = st
+            continue
+        kc = kind_code.get(k)
+        if kc is None or m is None or not 0 <= d < D or not 0 <= m < M:
+            return False
+        c = ((d * M + m) * S + s) * 3 + kc
+        if end_at[c] is not None or en - st != durations[r * 3 + kc]:
+            return False  # scheduled twice (E401), or a wrong duration (E405)
+        start_at[c] = st
+        end_at[c] = en
+        rank_at[c] = r
+        programs[r].append(c)
+
+    # E401: the codes are distinct and in range, so counting them finds a missing one;
+    # each O sits on its own live GPU, so one per live GPU means none is missing.
+    n_kinds = 3 if decouple else 2
+    if sum(map(len, programs.values())) != D * M * S * n_kinds or len(o_start) != sum(live):
+        return False
+    # E402: F, B (and W) of one (d, m, s) on one rank.
+    if rank_at[0::3] != rank_at[1::3] or (decouple and rank_at[1::3] != rank_at[2::3]):
+        return False
+
+    # E403, per (d, m, s) index u = (d*M + m)*S + s, as columns.
+    sf, ef = start_at[0::3], end_at[0::3]
+    sb, eb = start_at[1::3], end_at[1::3]
+    transfer = [inst.boundary_transfer(s) for s in range(S - 1)]
+    # Delay after stage s's op towards stage s+1 (F) or s-1 (B); none across (d, m) rows.
+    across = (transfer + [_NEVER]) * (D * M)
+    # F of stage s > 0 after F of stage s-1 plus the transfer.
+    if any(map(lt, sf[1:], map(add, ef[:-1], across[:-1]))):
+        return False
+    # B of stage s < S-1 after B of stage s+1 plus the transfer; B of the last stage after its F.
+    if any(map(lt, sb[:-1], map(add, eb[1:], across[:-1]))):
+        return False
+    if any(map(lt, sb[S - 1::S], ef[S - 1::S])):
+        return False
+    if decouple and any(map(lt, start_at[2::3], eb)):
+        return False  # W after its B
+
+    # E404, E407 (O last) and E406, per rank's program in start order.
+    memory = inst.gpu_memory
+    pattern: list[int] = []  # bytes each op of stage s adds, by kind
+    for c in inst.stages:
+        pattern += [c.activation, -(c.activation - c.stash) if decouple else -c.activation,
+                    -c.stash if decouple else 0]
+    delta_at = pattern * (D * M)
+    for r, prog in programs.items():
+        static = inst.stages[rank_pp[r]].static
+        if not prog:
+            if static > memory:
+                return False
+            continue
+        prog.sort(key=start_at.__getitem__)
+        st = list(map(start_at.__getitem__, prog))
+        en = list(map(end_at.__getitem__, prog))
+        # A tie in start leaves the order to (end, op id): let the full checker decide.
+        if any(map(lt, st[1:], en[:-1])) or any(map(eq, st[1:], st[:-1])):
+            return False
+        o = o_start.get(r)
+        if o is not None and not (o >= en[-1] and o != st[-1]):
+            return False
+        # Prefix sums over every op, not only at F: never below the §4.5 peak.
+        if static + max(0, max(accumulate(map(delta_at.__getitem__, prog)))) > memory:
+            return False
+
+    # E407: each O after the last W (B) of its stage, or of every stage.
+    last = 2 if decouple else 1
+    last_end = end_at[last::3]
+    stage_end = [max(last_end[s::S]) for s in range(S)]
+    every = max(stage_end)
+    stagger = inst.stagger_optimizer
+    for r, o in o_start.items():
+        if o < (stage_end[rank_pp[r]] if stagger else every):
+            return False
+    return True
+
+
+def diagnose(schedule: Schedule) -> list[Diagnostic]:
+    """Every violation in `schedule`, rule by rule, with messages and grids.
+
+    The slow path: `check_schedule` calls it only when `schedule_passes`
+    found a problem (or could not decide), so the diagnostics of a rejected
+    schedule come from here and nowhere else.
+    """
+    return _Checker(schedule).run()
+
+
 def check_schedule(schedule: Schedule) -> list[Diagnostic]:
     """Every violation of design.md §4 in `schedule` (at most `MAX_DIAGNOSTICS`), in rule order."""
-    return _Checker(schedule).run()
+    if schedule_passes(schedule):
+        return []
+    return diagnose(schedule)
 
 
 def verify_schedule(schedule: Schedule) -> None:

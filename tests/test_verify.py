@@ -7,12 +7,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schedc.diagnostics import VerificationError
 from schedc.instance import Instance, make_instance
 from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo
 from schedc.timing import schedule_from_programs
-from schedc.verify import MAX_DIAGNOSTICS, check_schedule, format_grid, memory_profile, verify_schedule
+from schedc.verify import (MAX_DIAGNOSTICS, check_schedule, diagnose, format_grid, memory_profile,
+                           schedule_passes, verify_schedule)
+
+from tests.strategies import instances
 
 GOLDEN = Path(__file__).parent / "golden" / "verify"
 
@@ -327,3 +332,106 @@ def test_golden_memory():
     with pytest.raises(VerificationError) as exc:
         verify_schedule(over)
     _golden("memory.txt", exc.value.render() + "\n")
+
+
+# -- the fast path decides exactly as the rule-by-rule checker ------------------------------
+
+
+def blocks_programs(inst: Instance) -> dict[int, list[OpId]]:
+    """1F1B blocks per pipeline; a failed GPU's block runs on the first live peer of its stage.
+
+    Every rank runs its blocks in pipeline order, so no two ranks wait on each other.
+    """
+    blocks: dict[int, list[list[OpId]]] = {g.rank: [] for g in inst.live_gpus()}
+    for d in range(inst.dp):
+        for s, prog in enumerate(_one_f_one_b_block(inst, d, s) for s in range(inst.pp)):
+            gpu = inst.gpu(d, s)
+            host = gpu if gpu.live else inst.live_gpus(s)[0]
+            blocks[host.rank].append(prog)
+    return {r: [op for b in bs for op in b] + [OpId("O", inst.gpus[r].dp, inst.gpus[r].pp)]
+            for r, bs in blocks.items()}
+
+
+def _one_f_one_b_block(inst: Instance, d: int, s: int) -> list[OpId]:
+    M = inst.microbatches
+    warm = min(inst.pp - 1 - s, M)
+    prog, nf = [OpId("F", d, s, m) for m in range(warm)], warm
+    for nb in range(M):
+        if nf < M:
+            prog.append(OpId("F", d, s, nf))
+            nf += 1
+        prog += _backward(inst, d, s, nb)
+    return prog
+
+
+def _mutate(sched: Schedule, data) -> Schedule:
+    """One random change of the kind a buggy solver or a hand edit makes."""
+    inst = sched.instance
+    i = data.draw(st.integers(0, len(sched.ops) - 1), label="op")
+    op = sched.ops[i]
+    how = data.draw(st.sampled_from(["shift", "stretch", "rank", "drop", "twice", "mb", "dp", "kind",
+                                     "negative", "float", "bool", "memory", "options", "none"]), label="how")
+    change: dict = {}
+    if how == "shift":
+        delta = data.draw(st.integers(-3000, 3000), label="delta")
+        change = dict(start=max(0, op.start + delta), end=max(0, op.start + delta) + op.duration)
+    elif how == "stretch":
+        change = dict(end=op.end + data.draw(st.sampled_from([-1, 1, 500]), label="by"))
+    elif how == "rank":
+        change = dict(rank=data.draw(st.integers(0, len(inst.gpus) - 1), label="rank"))
+    elif how == "mb" and op.mb is not None:
+        change = dict(mb=data.draw(st.integers(0, inst.microbatches), label="mb"))
+    elif how == "dp":
+        change = dict(dp=data.draw(st.integers(0, inst.dp), label="dp"))
+    elif how == "kind":
+        change = dict(kind=data.draw(st.sampled_from("FBWO"), label="kind"),
+                      mb=None if op.mb is None else op.mb)
+    elif how == "negative":
+        change = dict(start=-1)
+    elif how == "float":
+        change = dict(start=float(op.start))
+    elif how == "bool":
+        change = dict(end=True)
+    elif how == "drop":
+        return replace(sched, ops=sched.ops[:i] + sched.ops[i + 1:])
+    elif how == "twice":
+        return replace(sched, ops=sched.ops + (op,))
+    elif how == "memory":
+        peak = max(memory_profile(inst, r, p).peak for r, p in sched.programs.items())
+        limit = peak - data.draw(st.sampled_from([-1, 0, 1, 1 << 20]), label="slack")
+        return replace(sched, instance=replace(inst, gpu_memory=limit))
+    elif how == "options":
+        return replace(sched, instance=replace(inst, stagger_optimizer=not inst.stagger_optimizer))
+    if not change:
+        return sched
+    ops = list(sched.ops)
+    ops[i] = replace(op, **change)
+    return replace(sched, ops=tuple(ops))
+
+
+@given(inst=instances(tight_memory=False), data=st.data())
+def test_fast_path_agrees_with_the_rule_by_rule_checker(inst, data):
+    sched = hand_schedule(inst, blocks_programs)
+    assert schedule_passes(sched) and diagnose(sched) == []
+    broken = _mutate(sched, data)
+    full = diagnose(broken)
+    # Never accepts what the full checker rejects, and (positive costs, stash <= activation)
+    # never sends a valid schedule to the slow path either.
+    assert schedule_passes(broken) == (full == [])
+    assert check_schedule(broken) == full
+
+
+def test_ties_in_program_order_go_to_the_full_checker():
+    # Zero-cost forwards: F0 and F1 start at the same instant, so program order
+    # depends on (end, op id); the fast path defers and the full checker accepts.
+    inst = make_instance(1, 2, 2, forward=0, backward_input=100, backward_weight=100, optimizer=0)
+    sched = hand_schedule(inst, gpipe_programs)
+    assert not schedule_passes(sched)
+    assert check_schedule(sched) == [] == diagnose(sched)
+    verify_schedule(sched)
+
+
+def test_verifier_never_imports_a_solver():
+    source = (Path(__file__).parents[1] / "schedc" / "verify.py").read_text(encoding="utf-8")
+    assert "solvers" not in "\n".join(line for line in source.splitlines()
+                                      if line.startswith(("import", "from")))
