@@ -4,8 +4,10 @@
 and raises one `VerificationError` carrying *all* violations it found (up to
 `MAX_DIAGNOSTICS`), or returns None. It is independent of every solver (it
 never imports `schedc.solvers`): a schedule is trusted only once it passed
-here. It is linear in the number of ops apart from sorting each rank's
-program, so it runs on every compile.
+here. A valid schedule is recognised by `schedule_passes`, one pass over the
+ops by integer code plus a sort of each rank's program, fast enough for
+replan's latency budget; only a rejected one goes through `diagnose`, the
+rule-by-rule checker that writes the messages and grids.
 
 Codes (stable, documented in docs/verifier.md):
 
@@ -415,7 +417,8 @@ def schedule_passes(schedule: Schedule) -> bool:
     if not ops or D * S * M == 0 or len(inst.stages) != S:
         return False
     coords = {(g.dp, g.pp) for g in gpus}
-    if len(coords) != n_ranks or coords != {(d, s) for d in range(D) for s in range(S)}:
+    if (len(coords) != n_ranks or coords != {(d, s) for d in range(D) for s in range(S)}
+            or any(g.rank != i for i, g in enumerate(gpus))):
         return False  # not one GPU per (dp, pp): leave such an instance to the full checker
 
     # Columns by comprehension: no tuple per op (which also keeps the GC quiet).
@@ -500,9 +503,10 @@ def schedule_passes(schedule: Schedule) -> bool:
     # E404, E407 (O last) and E406, per rank's program in start order.
     memory = inst.gpu_memory
     pattern: list[int] = []  # bytes each op of stage s adds, by kind
-    for c in inst.stages:
-        pattern += [c.activation, -(c.activation - c.stash) if decouple else -c.activation,
-                    -c.stash if decouple else 0]
+    for cost in inst.stages:
+        pattern += [cost.activation,
+                    -(cost.activation - cost.stash) if decouple else -cost.activation,
+                    -cost.stash if decouple else 0]
     delta_at = pattern * (D * M)
     for r, prog in programs.items():
         static = inst.stages[rank_pp[r]].static
@@ -511,13 +515,13 @@ def schedule_passes(schedule: Schedule) -> bool:
                 return False
             continue
         prog.sort(key=start_at.__getitem__)
-        st = list(map(start_at.__getitem__, prog))
-        en = list(map(end_at.__getitem__, prog))
+        p_start = list(map(start_at.__getitem__, prog))
+        p_end = list(map(end_at.__getitem__, prog))
         # A tie in start leaves the order to (end, op id): let the full checker decide.
-        if any(map(lt, st[1:], en[:-1])) or any(map(eq, st[1:], st[:-1])):
+        if any(map(lt, p_start[1:], p_end[:-1])) or any(map(eq, p_start[1:], p_start[:-1])):
             return False
-        o = o_start.get(r)
-        if o is not None and not (o >= en[-1] and o != st[-1]):
+        o = o_start.get(r)  # O must start after every other op ended, so it comes last
+        if o is not None and not (o >= p_end[-1] and o != p_start[-1]):
             return False
         # Prefix sums over every op, not only at F: never below the §4.5 peak.
         if static + max(0, max(accumulate(map(delta_at.__getitem__, prog)))) > memory:

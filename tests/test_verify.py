@@ -384,8 +384,7 @@ def _mutate(sched: Schedule, data) -> Schedule:
     elif how == "dp":
         change = dict(dp=data.draw(st.integers(0, inst.dp), label="dp"))
     elif how == "kind":
-        change = dict(kind=data.draw(st.sampled_from("FBWO"), label="kind"),
-                      mb=None if op.mb is None else op.mb)
+        change = dict(kind=data.draw(st.sampled_from("FBWO"), label="kind"))
     elif how == "negative":
         change = dict(start=-1)
     elif how == "float":
