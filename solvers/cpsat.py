@@ -413,6 +413,14 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     name = solver.StatusName(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return _Result(None, name, None, None, f"CP-SAT: {name}")
+    if status != cp_model.OPTIMAL and solver.deterministic_time < 0.999 * p.max_deterministic_time:
+        # Stopped by the wall clock (or the deadline timer), not by the deterministic limit:
+        # where it stopped depends on the machine's load, so the plan would not be
+        # reproducible. A launcher's replan must be; greedy's plan is.
+        return _Result(None, "WALL_LIMIT", None, None,
+                       f"CP-SAT stopped by the wall clock after {solver.deterministic_time:.3f} of "
+                       f"{p.max_deterministic_time:.3f} deterministic units; its plan is discarded "
+                       "to keep the result reproducible")
     objective = solver.ObjectiveValue()
     bound = solver.BestObjectiveBound()
 

@@ -155,3 +155,18 @@ def test_infeasibility_is_explained(name):
 
 def test_feasible_instances_pass_the_check():
     check_feasible(make_instance(2, 2, 2, activation=1 << 30, static=7 << 30, gpu_memory=8 << 30))
+
+
+def test_a_search_cut_short_by_the_wall_clock_is_discarded(monkeypatch):
+    """Where a wall-clock limit stops CP-SAT depends on load; such a plan is never returned."""
+    import schedc.solvers.cpsat as cpsat
+
+    monkeypatch.setattr(cpsat, "DET_PER_SECOND", 1e6)  # the deterministic limit is never reached
+    inst = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
+                         send=16 << 20)
+    warm_up()
+    plan = cpsat.solve(inst, SolveOptions(time_limit=0.6))
+    greedy = get_solver("greedy")(inst, SolveOptions(time_limit=0.6))
+    assert plan.solver.status == "fallback", plan.solver
+    assert "stopped by the wall clock" in plan.solver.detail, plan.solver.detail
+    assert plan.ops == greedy.ops
