@@ -42,9 +42,18 @@ class Instance:
     def gpu_of_rank(self, rank: int) -> Gpu:
         return self.gpus[rank]
 
+    @cached_property
+    def _live_by_stage(self) -> dict[int | None, tuple[Gpu, ...]]:
+        # Asked for per op by solvers and the verifier: computed once per (frozen) instance.
+        live = tuple(g for g in self.gpus if g.live)
+        by_stage: dict[int | None, tuple[Gpu, ...]] = {None: live}
+        for s in range(self.pp):
+            by_stage[s] = tuple(g for g in live if g.pp == s)
+        return by_stage
+
     def live_gpus(self, pp: int | None = None) -> list[Gpu]:
         """Live GPUs, of one stage if `pp` is given, in rank order."""
-        return [g for g in self.gpus if g.live and (pp is None or g.pp == pp)]
+        return list(self._live_by_stage.get(pp, ()))
 
     @property
     def failed_gpus(self) -> list[Gpu]:

@@ -251,7 +251,7 @@ def test_list_scheduler_drops_limits_that_would_stop_every_gpu():
 
 
 def test_greedy_is_anytime_under_a_zero_time_limit():
-    """With no time left greedy still returns its first (seed) candidate, verified, and says so."""
+    """With no time left greedy still returns its first candidate, verified, and says so."""
     inst = make_instance(4, 4, 8, failed=[(1, 2)], slow={(0, 3): 0.5})
     quick = get_solver("greedy")(inst, SolveOptions(time_limit=0.0))
     verify_schedule(quick)
