@@ -18,7 +18,7 @@ E4xx verification, E5xx codegen/run.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 

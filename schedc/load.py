@@ -13,7 +13,6 @@ lost to failures).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from schedc.diagnostics import Span, SpecError, error
 from schedc.parse import parse_text

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Literal, Union
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from schedc.diagnostics import Diagnostic, Span, SpecError, error
 

@@ -298,7 +298,7 @@ class ProgramGraph:
 
     def run(self, iterations: int) -> tuple[list[int], list[int]]:
         """End times by node in the last iteration, and T_k of every iteration."""
-        pa, pb, db, dur, bar0, o0 = self.pa, self.pb, self.db, self.dur, self.bar0, self.o0
+        pa, pb, db, dur, bar0 = self.pa, self.pb, self.db, self.dur, self.bar0
         zero = self.n  # a node that always ends at 0: the data predecessor of ops without one
         compute = [(i, pa[i], pb[i] if pb[i] >= 0 else zero, db[i], dur[i]) for i in self.order]
         o_steps = [(i, pa[i], pb[i], db[i], dur[i]) for i in self.o_nodes]

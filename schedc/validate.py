@@ -478,7 +478,7 @@ def _top_blocks(ctx: _Ctx, doc: Document) -> dict[str, Block]:
                 continue
             if item.label is not None and item.name != "model":
                 ctx.add(error("E201", f"`{item.name}` takes no label", item.label.span, label="remove this",
-                              hint=f"only `model` has a name: `model \"gpt\" {{ ... }}`"))
+                              hint="only `model` has a name: `model \"gpt\" { ... }`"))
                 continue
             blocks[item.name] = item
             ctx.spans[item.name] = item.name_span

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from schedc.instance import Instance
 from schedc.schedule import Schedule

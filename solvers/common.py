@@ -22,7 +22,6 @@ stage's copy is lost too, E315 a stage has no live GPU.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 from typing import Iterable, Mapping, Sequence

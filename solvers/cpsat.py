@@ -38,7 +38,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
 
 from schedc.diagnostics import InfeasibleError, error
 from schedc.instance import Instance
@@ -49,7 +48,7 @@ from schedc.opgraph import (
     last_backward_kind,
     optimizer_waits_for,
 )
-from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo
+from schedc.schedule import OpId, Schedule, SolverInfo
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
 from schedc.solvers.cpsat_bound import chain_bound

@@ -122,7 +122,7 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
     touched = set(executor[u][0] for u in range(U))
 
     def dispatch(r: int, t: int) -> None:
-        nonlocal seq, remaining
+        nonlocal seq
         for kind in kinds:
             if kind == "B":
                 if readyB[r]:

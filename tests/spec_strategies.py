@@ -42,7 +42,7 @@ def spec_texts(draw) -> tuple[str, dict]:
     def time(us: int) -> str:
         return draw(st.sampled_from([f"{us}us", f"{us / 1000:g}ms" if us % 10 == 0 else f"{us}us"]))
 
-    lines = [f"# random spec", "cluster {", f"  dp = {dp}  pp = {pp}  gpus_per_node = {gpn}",
+    lines = ["# random spec", "cluster {", f"  dp = {dp}  pp = {pp}  gpus_per_node = {gpn}",
              f"  placement = {placement}", f"  gpu {{ memory = {memory}B }}",
              f"  link {{ latency = {latency}us  bandwidth = {bandwidth}B/s }}", "}", "stages {"]
     for i, s in enumerate(stages):

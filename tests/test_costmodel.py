@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from schedc import costmodel
 from schedc.load import load

@@ -11,9 +11,9 @@ from test_verify import gpipe_programs, hand_schedule, one_f_one_b_programs
 
 from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
-from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo
+from schedc.schedule import OpId, Schedule, ScheduledOp
 from schedc.simulate import metrics_of, simulate, steady_period
-from schedc.timing import DeadlockError, schedule_from_programs
+from schedc.timing import DeadlockError
 from schedc.verify import verify_schedule
 
 F, B_FULL, O = 1000, 2000, 300
