@@ -206,8 +206,7 @@ class Runtime:
         ready = time.perf_counter()
         grad_in = None
         if self.emulate:
-            _sleep_us(us, ready)
-            grad_in = torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
+            grad_in = self._emulated_backward(us, ready, stage, send_to)
         elif send_to is not None and st.inp is not None and st.inp.requires_grad:
             (grad_in,) = torch.autograd.grad(st.out, st.inp, st.grad_out, retain_graph=True)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
@@ -232,8 +231,7 @@ class Runtime:
         ready = time.perf_counter()
         grad_in = None
         if self.emulate:
-            _sleep_us(us, ready)
-            grad_in = torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
+            grad_in = self._emulated_backward(us, ready, stage, send_to)
         else:
             wants_input = send_to is not None and st.inp is not None and st.inp.requires_grad
             inputs = ([st.inp] if wants_input else []) + self.params
@@ -242,6 +240,11 @@ class Runtime:
             grad_in = st.inp.grad if wants_input else None
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         del self._stash[(d, mb)]
+
+    def _emulated_backward(self, us: int, ready: float, stage: int, send_to: int | None):
+        """--emulate: sleep for the op's cost; a placeholder gradient (of the emulated size) to send."""
+        _sleep_us(us, ready)
+        return torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
 
     def optimizer_step(self, *, us: int = 0) -> None:
         """O: sum the gradients over the live GPUs of this stage, then step the optimizer.
