@@ -57,6 +57,11 @@ class ScheduledOp:
         return str(self.id)
 
 
+def _program_order(op: ScheduledOp) -> tuple:
+    """(start, end, then the op's identity as `OpId` orders it), without building an OpId."""
+    return (op.start, op.end, op.kind, op.dp, op.pp, -1 if op.mb is None else op.mb)
+
+
 @dataclass(frozen=True)
 class SolverInfo:
     name: str
@@ -79,7 +84,7 @@ class Schedule:
         progs: dict[int, list[ScheduledOp]] = {g.rank: [] for g in self.instance.gpus if g.live}
         for op in self.ops:
             progs.setdefault(op.rank, []).append(op)
-        return {r: tuple(sorted(ops, key=lambda o: (o.start, o.end, o.id))) for r, ops in progs.items()}
+        return {r: tuple(sorted(ops, key=_program_order)) for r, ops in progs.items()}
 
     def program(self, rank: int) -> tuple[ScheduledOp, ...]:
         return self.programs.get(rank, ())

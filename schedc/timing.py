@@ -342,11 +342,14 @@ class ProgramGraph:
         end, _ = self.run(1)
         dur = self.dur
         out = []
+        S, M = inst.pp, inst.microbatches
         for g in inst.live_gpus():
             r = g.rank
             for c in self.programs.get(r, ()):
-                op = decode_op(inst, c)
-                out.append(ScheduledOp(rank=r, kind=op.kind, dp=op.dp, pp=op.pp, mb=op.mb,
+                us, k = divmod(c, 3)  # decode_op, inlined: this runs once per op of every plan
+                u, s = divmod(us, S)
+                d, m = divmod(u, M)
+                out.append(ScheduledOp(rank=r, kind=KINDS[k], dp=d, pp=s, mb=m,
                                        start=end[c] - dur[c], end=end[c]))
             o = self.o0 + r
             out.append(ScheduledOp(rank=r, kind="O", dp=g.dp, pp=g.pp, mb=None,
