@@ -455,8 +455,10 @@ def validate(doc: Document, *, name: str | None = None) -> Spec:
 
 
 def _spec_error(diags: Sequence[Diagnostic], sources: dict[str, str]) -> SpecError:
-    # E1xx/E2xx sort before E3xx: meaning errors usually explain the rest.
-    ordered = sorted(diags, key=lambda d: d.code[:2] == "E3")
+    # E1xx/E2xx sort before E3xx (meaning errors usually explain the rest); within each, in
+    # source order, so a user can work down the file.
+    ordered = sorted(diags, key=lambda d: (d.code[:2] == "E3",
+                                           (d.span.line, d.span.column) if d.span else (0, 0)))
     if all(d.code.startswith("E3") for d in ordered):
         return LostStageError(ordered, sources)
     return SpecError(ordered, sources)
