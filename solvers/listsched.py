@@ -121,28 +121,25 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
     now = 0
     touched = set(executor[u][0] for u in range(U))
 
-    def dispatch(r: int, t: int) -> None:
+    def start(r: int, t: int, u: int, kind: str, k: int, dur: int) -> None:
+        """Start op `kind` (code offset `k`) of microbatch `u` on rank `r` at time `t`."""
         nonlocal seq
+        busy[r] = True
+        c = (u * S + stage_of[r]) * 3 + k
+        programs[r].append(c)
+        order.append(c)
+        seq += 1
+        heapq.heappush(events, (t + dur, seq, 0, r, u, kind))
+
+    def dispatch(r: int, t: int) -> None:
         for kind in kinds:
             if kind == "B":
                 if readyB[r]:
-                    _, u = heapq.heappop(readyB[r])
-                    busy[r] = True
-                    c = (u * S + stage_of[r]) * 3 + 1
-                    programs[r].append(c)
-                    order.append(c)
-                    seq += 1
-                    heapq.heappush(events, (t + durB[r], seq, 0, r, u, "B"))
+                    start(r, t, heapq.heappop(readyB[r])[1], "B", 1, durB[r])
                     return
             elif kind == "W":
                 if readyW[r]:
-                    u = readyW[r].popleft()
-                    busy[r] = True
-                    c = (u * S + stage_of[r]) * 3 + 2
-                    programs[r].append(c)
-                    order.append(c)
-                    seq += 1
-                    heapq.heappush(events, (t + durW[r], seq, 0, r, u, "W"))
+                    start(r, t, readyW[r].popleft(), "W", 2, durW[r])
                     return
             else:
                 heap = readyF[r]
@@ -153,15 +150,9 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                     if heap[0][1] != f_seq[r][f_ptr[r]]:
                         continue
                     f_ptr[r] += 1
-                _, u = heapq.heappop(heap)
-                busy[r] = True
                 mem[r] += act[r]
                 inflight[r] += 1
-                c = (u * S + stage_of[r]) * 3
-                programs[r].append(c)
-                order.append(c)
-                seq += 1
-                heapq.heappush(events, (t + durF[r], seq, 0, r, u, "F"))
+                start(r, t, heapq.heappop(heap)[1], "F", 0, durF[r])
                 return
 
     while True:
