@@ -19,10 +19,11 @@ model; in short:
 - **Objective.** The steady-state period P >= (end of O) - (first start) of
   every live GPU: repeating the one-iteration schedule every P is feasible, so
   the simulator's time is at most P. P's domain starts at
-  `period_lower_bound`: the larger of `Instance.lower_bound` (work per stage)
-  and `cpsat_bound.chain_bound` (a pipeline's round trip through its busiest
-  stage), so the search stops when it reaches it and the reported bound is
-  not the often loose work bound.
+  `period_lower_bound`: the largest of `Instance.lower_bound` (work per stage),
+  `cpsat_bound.chain_bound` (a pipeline's round trip through its busiest
+  stage) and `cpsat_bound.placement_bound` (the busiest GPU once whole
+  microbatches are placed), so the search stops when it reaches it and the
+  reported bound is not the often loose work bound.
 
 Monolithic models stop paying off beyond a few thousand ops
 (/work/shared/cpsat-notes.md), so pipelines that no failure touches and that
@@ -51,7 +52,7 @@ from schedc.opgraph import (
 from schedc.schedule import OpId, Schedule, SolverInfo
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
-from schedc.solvers.cpsat_bound import chain_bound
+from schedc.solvers.cpsat_bound import period_lower_bound
 from schedc.timing import DeadlockError, schedule_from_programs
 
 NAME = "cpsat"
@@ -136,12 +137,6 @@ def iteration_time(schedule: Schedule) -> int:
     """Steady-state period of a schedule's programs, as the simulator measures it (§5)."""
     programs = {r: [op.id for op in ops] for r, ops in schedule.programs.items()}
     return steady_iteration_time(schedule.instance, programs)
-
-
-def period_lower_bound(instance: Instance) -> int:
-    """What the planner can prove before searching: the larger of `Instance.lower_bound` (work
-    per stage, design.md §5) and `chain_bound` (a pipeline's round trip through its busiest stage)."""
-    return max(0, math.ceil(instance.lower_bound - 1e-9), chain_bound(instance))
 
 
 def span_bound(schedule: Schedule) -> int:
@@ -504,14 +499,8 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             wall_s=time.monotonic() - t0, detail=detail))
 
     per_pipeline = instance.pp * instance.microbatches * len(compute_kinds(instance))
-    if len(seeds) == 1:
-        # Too large for the model: return the seed without simulating it (seconds at
-        # thousands of GPUs); greedy already chose it by simulated time.
-        free = _free_pipelines(instance, seeds[0], per_pipeline)
-        if len(free) * per_pipeline > MAX_MODEL_OPS:
-            return finish(seeds[0], "fallback", float(span_bound(seeds[0])), float(lb),
-                          f"{seeds[0].solver.name}: {len(free) * per_pipeline} free ops exceed the "
-                          f"CP-SAT model's limit {MAX_MODEL_OPS}")
+    # Greedy's time is its objective (no simulation, which takes seconds at thousands of
+    # GPUs); only a previous plan re-timed on the new instance is simulated here.
     scored = sorted(((_seed_time(s), i, s) for i, s in enumerate(seeds)), key=lambda x: x[:2])
     best_time, _, best = scored[0]
     seed_name = "previous plan" if best.solver.detail == "warm start" else best.solver.name

@@ -1,4 +1,12 @@
-"""A pipeline-chain lower bound on the steady-state period, for the CP-SAT planner.
+"""Lower bounds on the steady-state period beyond design.md §5, for the CP-SAT planner.
+
+Two bounds, each valid for every schedule of the instance:
+
+- `chain_bound`: a pipeline's round trip through its busiest stage (below);
+- `placement_bound`: the busiest GPU once whole microbatches are placed
+  (see its docstring).
+
+The chain bound:
 
 `Instance.lower_bound` (design.md §5) counts work per stage only. It misses
 what limits most pipelines in practice: a GPU's iteration spans from its
@@ -27,7 +35,63 @@ lengthens the span, so the bound holds whatever the placement.
 
 from __future__ import annotations
 
+import heapq
+import math
+
 from schedc.instance import Instance
+from schedc.opgraph import compute_kinds
+
+
+def period_lower_bound(instance: Instance) -> int:
+    """What a planner can prove before searching: the largest of `Instance.lower_bound` (work
+    per stage, design.md §5), `chain_bound` (a pipeline's round trip through its busiest stage)
+    and `placement_bound` (the busiest GPU once whole microbatches are placed)."""
+    return max(0, math.ceil(instance.lower_bound - 1e-9), chain_bound(instance),
+               placement_bound(instance))
+
+
+def placement_bound(instance: Instance) -> int:
+    """Smallest possible busy time of the busiest GPU (microseconds): a lower bound on the period.
+
+    Every iteration each live GPU runs all of its ops one at a time, so the
+    period is at least any GPU's busy time. §5's bound spreads a stage's work
+    over its live GPUs as if it were fluid; here it moves in whole
+    microbatches, under `candidate_executors`' rule: a live GPU at full speed
+    keeps its own pipeline's M microbatches, a failed or slow GPU's M may go
+    to any live GPU of the stage (the slow one included). Each such
+    microbatch goes to the GPU that would finish it soonest: for identical
+    jobs on machines of different speeds this earliest-completion rule gives
+    the smallest largest load (the k-th job takes the k-th smallest of all
+    completion slots, and each GPU's slots increase). Examples: 32
+    microbatches on 3 live GPUs take 11 on one of them, not 10.67; a GPU at
+    speed 0.5 among 3 at full speed cannot take exactly its share.
+    """
+    inst = instance
+    kinds = compute_kinds(inst)
+    M = inst.microbatches
+    pool = [0] * inst.pp  # microbatches of stage s that may go to any live GPU of it
+    slots: list[list[tuple[int, int, int]]] = [[] for _ in range(inst.pp)]
+    for g in inst.gpus:
+        # slots[s]: (load after one more microbatch, per-microbatch time, load now)
+        s = g.pp
+        if not g.live or g.speed < 1.0:
+            pool[s] += M
+        if not g.live:
+            continue
+        w = sum(inst.duration(k, s, g.rank) for k in kinds)
+        load = inst.duration("O", s, g.rank) + (M * w if g.speed >= 1.0 else 0)
+        slots[s].append((load + w, w, load))
+    best = 0
+    for s in range(inst.pp):
+        heap = slots[s]
+        if not heap:
+            continue  # no live GPU: E301, no schedule at all
+        heapq.heapify(heap)
+        for _ in range(pool[s]):
+            after, w, _ = heapq.heappop(heap)
+            heapq.heappush(heap, (after + w, w, after))
+        best = max(best, max(load for _, _, load in heap))
+    return best
 
 
 def chain_bound(instance: Instance) -> int:

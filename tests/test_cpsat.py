@@ -15,7 +15,7 @@ from schedc.instance import make_instance
 from schedc.simulate import simulate
 from schedc.solvers import SolveOptions, get_solver
 from schedc.solvers.cpsat import check_feasible, period_lower_bound, solve, warm_up
-from schedc.solvers.cpsat_bound import chain_bound
+from schedc.solvers.cpsat_bound import chain_bound, placement_bound
 from schedc.verify import verify_schedule
 from tests.strategies import instances
 
@@ -117,6 +117,40 @@ def test_no_schedule_beats_the_chain_bound(instance):
         assert simulate(schedule).iteration_time >= bound, name
 
 
+# -- the placement bound ------------------------------------------------------------
+
+
+def test_placement_bound_by_hand():
+    # 4 pipelines x 8 microbatches, one GPU of stage 1 failed: its 8 microbatches go to the 3
+    # live peers, so one of them runs 8 + 3 = 11 (not 10.67) microbatches of 300 us, plus O.
+    base = dict(forward=100, backward_input=100, backward_weight=100, optimizer=50, send=0)
+    inst = make_instance(4, 2, 8, failed=[(1, 1)], **base)
+    assert placement_bound(inst) == 11 * 300 + 50
+    assert inst.lower_bound == pytest.approx((32 * 300 + 3 * 50) / 3)  # 3250 < 3350
+    assert period_lower_bound(inst) >= 3350
+    # A GPU at speed 0.5 among 3 at full speed: its 8 microbatches go to the 8 earliest
+    # completion slots: the slow GPU's (O = 100, then 700, 1300, 1900, 2500) and the fast
+    # ones' (2450 + 300k: 2750, 2750, 2750, 3050): the busiest GPU is a fast one at 3050.
+    slow = make_instance(4, 2, 8, slow={(1, 1): 0.5}, **base)
+    assert placement_bound(slow) == 10 * 300 + 50
+    # Without decoupling the per-microbatch time is F + the full backward.
+    whole = make_instance(4, 2, 8, failed=[(1, 1)], decouple_backward=False, **base)
+    assert placement_bound(whole) == 11 * 300 + 50
+    # Fault-free, it is one pipeline's work per GPU.
+    assert placement_bound(make_instance(4, 2, 8, **base)) == 8 * 300 + 50
+
+
+@given(instances(max_dp=3, max_pp=4, max_microbatches=6))
+def test_no_schedule_beats_the_placement_bound(instance):
+    bound = placement_bound(instance)
+    for name in ("greedy", "reroute-1f1b", "cpsat"):
+        try:
+            schedule = get_solver(name)(instance, FAST)
+        except InfeasibleError:
+            continue
+        assert simulate(schedule).iteration_time >= bound, name
+
+
 def test_cpsat_proves_greedy_optimal_on_the_bench_fault_free_4x4x8():
     # Instance.lower_bound (30 ms, the last stage's work) cannot prove this plan optimal;
     # the chain bound (stage 0 waits for 8 microbatches through stage 3 and back) can.
@@ -162,8 +196,10 @@ def test_a_search_cut_short_by_the_wall_clock_is_discarded(monkeypatch):
     import schedc.solvers.cpsat as cpsat
 
     monkeypatch.setattr(cpsat, "DET_PER_SECOND", 1e6)  # the deterministic limit is never reached
+    # specs/example.sched's costs: greedy's 40.552 ms is above the proven 37.4 ms, so CP-SAT runs.
     inst = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
-                         send=16 << 20)
+                         send=16 << 20, forward=[1200, 1000, 1000, 1400],
+                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800)
     warm_up()
     plan = cpsat.solve(inst, SolveOptions(time_limit=0.6))
     greedy = get_solver("greedy")(inst, SolveOptions(time_limit=0.6))
