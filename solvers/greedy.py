@@ -18,7 +18,8 @@ steady-state iteration time (the programs run back to back,
 It uses the instance's own options (decoupled B/W, staggered optimizer) and
 never puts more microbatches in flight on a GPU than its memory holds.
 Deterministic: the candidates are tried in a fixed order and ties keep the
-first.
+first. A candidate whose time reaches the proven lower bound
+(`cpsat_bound.period_lower_bound`) ends the search: no plan can be faster.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from schedc.solvers import SolveOptions
 from schedc.solvers.assign import Executor, balanced, microbatch_key, round_robin
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
                             fits_in_flight)
+from schedc.solvers.cpsat_bound import period_lower_bound
 from schedc.timing import ProgramGraph, encode
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
@@ -131,12 +133,15 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     started = time.perf_counter()
     check_stages_live(instance, solver=NAME)
     check_memory(instance, solver=NAME)
+    bound = period_lower_bound(instance)
     best: tuple[int, str, ProgramGraph] | None = None
     tried = 0
     deadline = started + options.time_limit
     skipped = 0
     slowest = 0.0  # seconds the slowest candidate took: the estimate for the next one
     for name, build in _in_order_of_promise(instance):
+        if best is not None and best[0] <= bound:
+            break  # optimal: no later candidate can be faster
         if best is not None and time.perf_counter() + slowest > deadline:
             # Anytime: the first candidate (the seed) always runs, later ones only if they
             # can finish in time (judged by the slowest so far). Candidates run in a fixed
@@ -153,9 +158,11 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             best = (period, name, graph)
     assert best is not None  # candidates() always yields at least one plan
     period, name, graph = best
+    optimal = period <= bound
     # The winner's graph times its one iteration: the same as schedule_from_programs, faster.
-    info = SolverInfo(name=NAME, status="feasible", objective=float(period),
-                      wall_s=time.perf_counter() - started,
-                      detail=f"best of {tried} candidates: {name} (steady iteration {period} us)"
+    info = SolverInfo(name=NAME, status="optimal" if optimal else "feasible", objective=float(period),
+                      bound=float(bound), wall_s=time.perf_counter() - started,
+                      detail=f"best of {tried} candidates: {name} (steady iteration {period} us"
+                             + (", the proven lower bound)" if optimal else ")")
                              + (f"; {skipped} more skipped at the time limit" if skipped else ""))
     return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info)

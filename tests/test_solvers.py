@@ -252,7 +252,10 @@ def test_list_scheduler_drops_limits_that_would_stop_every_gpu():
 
 def test_greedy_is_anytime_under_a_zero_time_limit():
     """With no time left greedy still returns its first candidate, verified, and says so."""
-    inst = make_instance(4, 4, 8, failed=[(1, 2)], slow={(0, 3): 0.5})
+    # specs/example.sched's costs: no candidate reaches the proven bound, so all would be tried.
+    inst = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
+                         send=16 << 20, forward=[1200, 1000, 1000, 1400],
+                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800)
     quick = get_solver("greedy")(inst, SolveOptions(time_limit=0.0))
     verify_schedule(quick)
     assert "1 candidates" in quick.solver.detail and "skipped at the time limit" in quick.solver.detail
@@ -260,3 +263,23 @@ def test_greedy_is_anytime_under_a_zero_time_limit():
     assert "skipped" not in full.solver.detail
     assert steady_iteration_time(inst, {r: [o.id for o in p] for r, p in full.programs.items()}) <= \
         steady_iteration_time(inst, {r: [o.id for o in p] for r, p in quick.programs.items()})
+
+
+def test_greedy_stops_at_the_proven_lower_bound():
+    """A candidate that reaches `period_lower_bound` is optimal: greedy says so and tries no more."""
+    from schedc.solvers.cpsat_bound import period_lower_bound
+
+    inst = make_instance(4, 4, 8, failed=[(1, 2)], slow={(0, 3): 0.5})
+    plan = get_solver("greedy")(inst, SolveOptions())
+    verify_schedule(plan)
+    bound = period_lower_bound(inst)
+    assert plan.solver.status == "optimal" and plan.solver.bound == bound
+    assert plan.solver.objective == bound == simulate(plan).iteration_time
+    assert "best of 1 candidates" in plan.solver.detail and "proven lower bound" in plan.solver.detail
+    # Where no candidate reaches it, every candidate is tried and the plan is only feasible.
+    hard = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
+                         send=16 << 20, forward=[1200, 1000, 1000, 1400],
+                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800)
+    other = get_solver("greedy")(hard, SolveOptions())
+    assert other.solver.status == "feasible" and other.solver.objective > period_lower_bound(hard)
+    assert "best of 1 candidates" not in other.solver.detail
