@@ -101,3 +101,19 @@ def test_replan_warm_starts_from_a_slowdown(plan):
     new = schedc.replan(plan, "slow gpu(dp=2, pp=1) speed = 0.8")
     verify_schedule(new.schedule)
     assert new.metrics.iteration_time <= plan.metrics.iteration_time / 0.8 + 1
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_replan_leaves_the_garbage_collector_as_it_found_it(plan, enabled):
+    import gc
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        schedc.replan(plan, "fail gpu(dp=0, pp=1)", deadline=0.3)
+        assert gc.isenabled() is enabled
+        with pytest.raises(SchedcError):
+            schedc.replan(plan, "fail gpu(dp=9, pp=1)", deadline=0.3)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
