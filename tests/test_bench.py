@@ -18,9 +18,11 @@ def test_bench_quick_smoke(tmp_path):
     assert len(rows) == 2
     for row in rows:
         cp, gr, lb = int(row["cpsat_us"]), int(row["greedy_us"]), float(row["lower_bound_us"])
-        assert lb <= cp <= gr
+        proven = float(row["proven_bound_us"])
+        assert lb <= proven <= cp <= gr
         assert int(row["peak_memory"]) <= int(row["memory_limit"])
     md = (out / "results.md").read_text()
+    assert "cpsat / proven bound" in md and "proven optimal in" in md
     assert "## Quality" in md and "## Planning latency" in md and "## Ablation" in md
     ablation = list(csv.DictReader((out / "ablation.csv").open()))
     assert {(r["decouple_backward"], r["stagger_optimizer"]) for r in ablation} == {
