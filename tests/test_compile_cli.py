@@ -108,3 +108,16 @@ def test_compile_writes_runnable_programs_for_every_live_rank(tmp_path):
     healthy = compile(plan.spec.without_failures(), solver="greedy")
     healthy.write(out)
     assert sorted(p.name for p in out.glob("rank_*.py")) == [f"rank_{r:02d}.py" for r in range(16)]
+
+
+def test_summary_shows_the_proven_bound(spec_path, tmp_path, run_cli, capsys):
+    """Solvers that prove a bound (greedy, cpsat) show it and the plan's ratio to it; templates do not."""
+    from schedc.cli.simulate import summary_table
+
+    plan = compile(spec_path, solver="greedy")
+    text = summary_table(plan.metrics)
+    bound = plan.schedule.solver.bound
+    line = next(ln for ln in text.splitlines() if ln.startswith("proven bound"))
+    assert bound and f"{bound / 1000:.3f} ms" in line
+    assert f"{plan.metrics.iteration_time / bound:.3f}x" in line
+    assert "proven bound" not in summary_table(compile(spec_path, solver="1f1b").metrics)
