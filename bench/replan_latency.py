@@ -7,7 +7,8 @@ For 16, 32 and 64 GPUs (explicit costs; 16 microbatches at 16 GPUs, 32 at
 node failed), calls `schedc.replan` `--calls` times per deadline on a plan
 compiled beforehand (`warm_up()` done, as a launcher would) and prints the
 median, p95 and max wall time, and the new plan's iteration time against
-the lower bound (design.md §5) and against `cpsat.period_lower_bound`.
+the lower bound (design.md §5) and against `cpsat_bound.period_lower_bound`.
+The specs are `schedc bench`'s explicit-cost scenario.
 """
 
 from __future__ import annotations
@@ -19,27 +20,17 @@ import sys
 import time
 
 import schedc
+from schedc.cli.bench import Scenario, percentile
 from schedc.plan import compile
-from schedc.solvers.cpsat import period_lower_bound, warm_up
+from schedc.solvers.cpsat import warm_up
+from schedc.solvers.cpsat_bound import period_lower_bound
 
 SHAPES = [(4, 4, 16), (8, 4, 32), (8, 8, 32)]  # (dp, pp, microbatches)
 
 
 def spec_text(dp: int, pp: int, mb: int) -> str:
-    return f"""
-stages {{
-    all {{ forward = 1.0ms  backward_input = 1.0ms  backward_weight = 0.8ms  optimizer = 0.4ms
-          activation = 2GiB  stash = 512MiB  static = 12GiB  send = 16MiB }}
-    stage 0 {{ forward = 1.2ms }}
-    stage {pp - 1} {{ forward = 1.4ms  backward_input = 1.5ms }}
-}}
-cluster {{
-    dp = {dp}  pp = {pp}  gpus_per_node = 8
-    gpu {{ memory = 40GiB }}
-    link {{ latency = 20us  bandwidth = 25GB/s }}
-}}
-train {{ microbatches = {mb} }}
-"""
+    """The bench's explicit-cost scenario, fault-free (`schedc bench`'s `explicit` model)."""
+    return Scenario(f"replan-{dp}x{pp}x{mb}", "explicit", dp, pp, mb).spec_text()
 
 
 def events(dp: int, pp: int) -> dict[str, list[str]]:
@@ -49,11 +40,6 @@ def events(dp: int, pp: int) -> dict[str, list[str]]:
         "fail 2": [f"fail gpu(dp=1, pp=1)", f"fail gpu(dp={dp - 1}, pp={pp - 2})"],
         "fail node": ["fail node 1"],
     }
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 inst = new.schedule.instance
                 row = {
                     "gpus": dp * pp, "shape": f"{dp}x{pp}x{mb}", "event": label, "deadline_s": deadline,
-                    "median_s": statistics.median(walls), "p95_s": _pct(walls, 0.95), "max_s": max(walls),
+                    "median_s": statistics.median(walls), "p95_s": percentile(walls, 0.95), "max_s": max(walls),
                     "iteration_us": new.metrics.iteration_time, "distinct_plans": len(times),
                     "vs_lb": new.metrics.iteration_time / inst.lower_bound,
                     "vs_bound": new.metrics.iteration_time / period_lower_bound(inst),

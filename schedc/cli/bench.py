@@ -235,7 +235,8 @@ def _ms(t: int | None) -> str:
     return "-" if t is None else f"{t / 1000:.2f}"
 
 
-def _pct(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 1]) of `xs`."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
@@ -324,7 +325,7 @@ def latency_table(runs: list[Run]) -> tuple[str, list[dict]]:
     rows = []
     for (method, n), ws in sorted(by_gpus.items(), key=lambda kv: (kv[0][1], METHODS.index(kv[0][0])
                                                                      if kv[0][0] in METHODS else 99)):
-        p50, p95 = statistics.median(ws), _pct(ws, 0.95)
+        p50, p95 = statistics.median(ws), percentile(ws, 0.95)
         lines.append(f"| {method} | {n} | {len(ws)} | {p50:.3f} | {p95:.3f} | {max(ws):.3f} |")
         rows.append({"method": method, "gpus": n, "runs": len(ws), "p50_s": round(p50, 4),
                      "p95_s": round(p95, 4), "max_s": round(max(ws), 4)})
