@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -53,54 +53,100 @@ def message_tag(iteration: int, kind: int, d: int, m: int, boundary: int, manife
     return tag * manifest.pp + boundary
 
 
-class Transport:
-    """Point to point and stage collectives over torch.distributed, with timeouts.
+class Interrupted(Exception):
+    """The run this rank belongs to was stopped from outside (a live supervisor aborted its
+    generation): leave the iteration at once. Not an error of this rank."""
 
-    Peers are schedule ranks; the process group uses the index among live ranks.
+
+class Transport:
+    """Point to point and stage collectives over gloo process groups, with timeouts.
+
+    `world` spans the live ranks (its rank i is ``manifest.live_ranks[i]``);
+    `stage` spans the live ranks of this rank's stage in rank order (None when
+    the stage has a single live GPU: nothing to all-reduce). `interrupted`,
+    when given, is asked before every blocking wait; once it answers True the
+    wait raises `Interrupted` instead of blocking (a wait already blocked ends
+    when a peer's connection closes: a live supervisor kills a failed rank, and
+    every rank that aborts drops its groups, which closes theirs).
     """
 
-    def __init__(self, manifest: Manifest, rank: int, timeout: float):
+    def __init__(self, manifest: Manifest, rank: int, timeout: float, *, world, stage,
+                 interrupted: Callable[[], bool] | None = None):
         self.manifest = manifest
         self.rank = rank
         self.timeout = timeout
+        self.world = world
+        self.stage = stage
+        self.interrupted = interrupted
+        # Sends of this iteration and the one before. gloo completes a send only once the peer
+        # has posted its receive, and reports it complete only after `wait`; a peer has received
+        # everything this rank sent in iteration i by the time this rank ends iteration i+1 (each
+        # iteration needs messages from every neighbour stage, which that stage sends only after
+        # its own iteration i), so waiting for them then does not block and frees their tensors.
         self._pending: list[tuple[object, str]] = []
+        self._pending_before: list[tuple[object, str]] = []
+
+    @classmethod
+    def over_default_group(cls, manifest: Manifest, rank: int, timeout: float) -> "Transport":
+        """A transport over `torch.distributed`'s default group (`schedc run`, torchrun)."""
         # Every rank creates every stage's group, in stage order: new_group is collective.
-        self.stage_groups = [dist.new_group([manifest.dist_rank(r) for r in ranks], backend="gloo",
-                                            timeout=timedelta(seconds=timeout))
-                             for ranks in manifest.stage_groups]
+        groups = [dist.new_group([manifest.dist_rank(r) for r in ranks], backend="gloo",
+                                 timeout=timedelta(seconds=timeout))
+                  for ranks in manifest.stage_groups]
+        stage = manifest.coords[rank][1]
+        mine = groups[stage] if len(manifest.stage_groups[stage]) > 1 else None
+        return cls(manifest, rank, timeout, world=dist.group.WORLD, stage=mine)
 
     def send(self, tensor: torch.Tensor, to: int, tag: int, what: str) -> None:
-        work = dist.isend(tensor.contiguous(), dst=self.manifest.dist_rank(to), tag=tag)
+        work = self.world.send([tensor.contiguous()], self.manifest.dist_rank(to), tag)
         self._pending.append((work, what))
-        # Reap finished sends so the list (and the tensors it keeps alive) stays short.
-        self._pending = [(w, s) for w, s in self._pending if not w.is_completed()]
 
     def recv(self, shape, dtype, frm: int, tag: int, what: str) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype)
-        work = dist.irecv(buf, src=self.manifest.dist_rank(frm), tag=tag)
+        self._check_interrupted(what)
+        work = self.world.recv([buf], self.manifest.dist_rank(frm), tag)
         self._wait(work, f"{what} from rank {frm}", peer=frm)
         return buf
 
     def all_reduce_stage(self, stage: int, tensor: torch.Tensor) -> None:
-        ranks = self.manifest.stage_groups[stage]
-        if len(ranks) > 1:
-            work = dist.all_reduce(tensor, group=self.stage_groups[stage], async_op=True)
-            self._wait(work, f"the gradient all-reduce of stage {stage} with ranks {list(ranks)}")
+        if self.stage is not None:
+            ranks = self.manifest.stage_groups[stage]
+            what = f"the gradient all-reduce of stage {stage} with ranks {list(ranks)}"
+            self._check_interrupted(what)
+            self._wait(self.stage.allreduce([tensor]), what)
 
     def barrier(self, what: str) -> None:
-        work = dist.all_reduce(torch.zeros(1), async_op=True)
-        self._wait(work, what)
+        self._check_interrupted(what)
+        self._wait(self.world.allreduce([torch.zeros(1)]), what)
+
+    def begin_iteration(self) -> None:
+        """Wait for the sends of the iteration before the one that just ended (see __init__)."""
+        for work, what in self._pending_before:
+            self._wait(work, f"{what} to be received")
+        self._pending_before, self._pending = self._pending, []
 
     def flush(self) -> None:
         """Wait for every send posted so far (at the end of a run)."""
-        for work, what in self._pending:
+        for work, what in self._pending_before + self._pending:
             self._wait(work, f"{what} to be received")
-        self._pending = []
+        self._pending_before, self._pending = [], []
+
+    def close(self) -> None:
+        """Drop the process groups and unfinished sends: their connections close, so a peer
+        blocked on this rank stops waiting (used when a live run's generation is aborted)."""
+        self._pending_before, self._pending = [], []
+        self.world = self.stage = None
+
+    def _check_interrupted(self, what: str) -> None:
+        if self.interrupted is not None and self.interrupted():
+            raise Interrupted(f"rank {self.rank} stopped before waiting for {what}")
 
     def _wait(self, work, what: str, peer: int | None = None) -> None:
         try:
             ok = work.wait(timedelta(seconds=self.timeout))
         except RuntimeError as exc:
+            if self.interrupted is not None and self.interrupted():
+                raise Interrupted(f"rank {self.rank} stopped while waiting for {what}") from None
             reason = _short_reason(exc)
             timed_out = "timeout" in reason.lower() or "timed out" in reason.lower()
             msg = (f"rank {self.rank} waited {self.timeout:g} s for {what}" if timed_out
@@ -134,20 +180,37 @@ class _Stash:
     backward_done: bool = False
 
 
+class OpObserver(Protocol):
+    """Told of every op a `Runtime` runs (a live supervisor's worker: injection, progress, timing).
+
+    `op_ready` is called once the op's inputs are there, before it computes or
+    sends anything (for O: before the all-reduce); `op_done` after its sends
+    are posted (for O: after the step). `kind` is F, B, W or O; `d` and `mb`
+    name the microbatch (O: the GPU's own pipeline and None).
+    """
+
+    def op_ready(self, kind: str, d: int, mb: int | None) -> None: ...
+
+    def op_done(self, kind: str, d: int, mb: int | None) -> None: ...
+
+
 @dataclass
 class Runtime:
     """One rank's state: its stage module, optimizer, stashes; the ops its program calls.
 
     `emulate` replaces every compute op by ``time.sleep`` of its scheduled
     duration (the ``us=`` of the call); communication stays real (small
-    tensors, since no model is built).
+    tensors, since no model is built). `steps_done` counts optimizer steps
+    applied to this rank's weights (a live run rolls back to a step count).
     """
 
     manifest: Manifest
     rank: int
     transport: Transport
     emulate: bool = False
+    observer: OpObserver | None = None
     iteration: int = 0
+    steps_done: int = 0
     loss_sum: float = 0.0  # this iteration's sum of (loss / D*M) over the microbatches ending here
     _stash: dict[tuple[int, int], _Stash] = field(default_factory=dict)
 
@@ -182,6 +245,8 @@ class Runtime:
             inp = self.transport.recv(shape, dtype, recv_from, self._tag(ACTIVATION, d, mb, stage - 1),
                                       f"the activation of {op}")
         ready = time.perf_counter()
+        if self.observer is not None:
+            self.observer.op_ready("F", d, mb)
         if self.emulate:
             _sleep_us(us, ready)
             out = torch.zeros(self.shapes[stage][0])
@@ -198,6 +263,8 @@ class Runtime:
         if send_to is not None:
             self.transport.send(out.detach(), send_to, self._tag(ACTIVATION, d, mb, stage), f"the activation of {op}")
         self._stash[(d, mb)] = _Stash(inp=inp, out=out)
+        if self.observer is not None:
+            self.observer.op_done("F", d, mb)
 
     def backward_input(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
                        us: int = 0) -> None:
@@ -211,6 +278,8 @@ class Runtime:
             (grad_in,) = torch.autograd.grad(st.out, st.inp, st.grad_out, retain_graph=True)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         st.backward_done = True
+        if self.observer is not None:
+            self.observer.op_done("B", d, mb)
 
     def backward_weight(self, *, d: int, stage: int, mb: int, us: int = 0) -> None:
         """W(d, mb, stage): accumulate the weight gradients, then free the stash."""
@@ -219,10 +288,14 @@ class Runtime:
         if st is None or not st.backward_done:
             raise RunError([error("E540", f"rank {self.rank} runs d{d}:{stage}W{mb} before its B",
                                   hint="the program does not follow a verified schedule; recompile")])
+        if self.observer is not None:
+            self.observer.op_ready("W", d, mb)
         if self.emulate:
             _sleep_us(us, ready)
         elif self.params:
             torch.autograd.backward(st.out, st.grad_out, inputs=self.params)
+        if self.observer is not None:
+            self.observer.op_done("W", d, mb)
 
     def backward(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
                  us: int = 0) -> None:
@@ -240,6 +313,8 @@ class Runtime:
             grad_in = st.inp.grad if wants_input else None
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         del self._stash[(d, mb)]
+        if self.observer is not None:
+            self.observer.op_done("B", d, mb)
 
     def _emulated_backward(self, us: int, ready: float, stage: int, send_to: int | None):
         """--emulate: sleep for the op's cost; a placeholder gradient (of the emulated size) to send."""
@@ -257,12 +332,21 @@ class Runtime:
             raise RunError([error("E541", f"rank {self.rank} reaches its optimizer step with microbatches "
                                           f"still in flight: {left}",
                                   hint="the program does not follow a verified schedule; recompile")])
+        own_dp = self.manifest.coords[self.rank][0]
+        if self.observer is not None:
+            self.observer.op_ready("O", own_dp, None)
         if not self.manifest.stagger_optimizer:
             self.transport.barrier(f"every rank to finish its backward work of iteration {self.iteration}")
         if self.emulate:
             self.transport.all_reduce_stage(self.stage, torch.zeros(1))
             _sleep_us(us, time.perf_counter())
-            return
+        else:
+            self._all_reduce_and_step()
+        self.steps_done += 1
+        if self.observer is not None:
+            self.observer.op_done("O", own_dp, None)
+
+    def _all_reduce_and_step(self) -> None:
         if self.params:
             flat = torch.cat([p.grad.reshape(-1) for p in self.params])
             self.transport.all_reduce_stage(self.stage, flat)
@@ -278,8 +362,27 @@ class Runtime:
     # -- iteration bookkeeping --------------------------------------------------
 
     def begin_iteration(self, iteration: int) -> None:
+        self.transport.begin_iteration()
         self.iteration = iteration
         self.loss_sum = 0.0
+
+    def abandon_iteration(self) -> None:
+        """Forget the interrupted iteration's work: stashes, accumulated gradients, loss."""
+        self._stash.clear()
+        self.loss_sum = 0.0
+        if not self.emulate:
+            for p in self.params:
+                p.grad.zero_()
+
+    def retarget(self, manifest: Manifest, transport: Transport) -> None:
+        """Run the programs of another plan of the same job (a new generation of a live run):
+        the same stage, weights and optimizer; new peers and process groups."""
+        if manifest.coords.get(self.rank, (None, self.stage))[1] != self.stage:
+            raise RunError([error("E540", f"rank {self.rank} holds stage {self.stage}; the new plan "
+                                          "gives it another stage")])
+        self.abandon_iteration()
+        self.manifest = manifest
+        self.transport = transport
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This stage's weights under the keys of the full nn.Sequential of `model.source`."""
@@ -307,6 +410,8 @@ class Runtime:
             shape, dtype = self.shapes[stage]
             st.grad_out = self.transport.recv(shape, dtype, recv_from, self._tag(GRADIENT, d, mb, stage),
                                               f"the output gradient of {op}")
+        if self.observer is not None:
+            self.observer.op_ready("B", d, mb)
         return st
 
     def _backward_send(self, grad_in, d: int, stage: int, mb: int, send_to: int | None, kind: str) -> None:

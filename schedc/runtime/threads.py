@@ -110,6 +110,9 @@ class ThreadTransport:
     def barrier(self, what: str) -> None:
         self.world.collective("barrier", -1, self.rank, self.manifest.live_ranks, torch.zeros(1), what)
 
+    def begin_iteration(self) -> None:
+        pass
+
     def flush(self) -> None:
         pass
 

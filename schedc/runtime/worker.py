@@ -57,7 +57,7 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
     dist.init_process_group("gloo", init_method=init_method, rank=dist_rank,
                             world_size=len(manifest.live_ranks), timeout=timedelta(seconds=timeout))
     try:
-        rt = Runtime(manifest, rank, Transport(manifest, rank, timeout), emulate=emulate)
+        rt = Runtime(manifest, rank, Transport.over_default_group(manifest, rank, timeout), emulate=emulate)
         for it in range(iterations):
             rt.begin_iteration(it)
             t0 = time.monotonic()
