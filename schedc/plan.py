@@ -86,6 +86,32 @@ class Plan:
         return out
 
 
+def read_plan(dir: str | os.PathLike) -> Plan:
+    """The plan `schedc compile -o dir` (or `Plan.write`) wrote: its spec.sched and schedule.json,
+    re-verified and re-simulated. E550 when `dir` holds no compiled plan."""
+    from schedc.diagnostics import RunError
+    from schedc.load import load
+    from schedc.schedule_io import read_schedule
+
+    folder = Path(dir)
+    missing = [name for name in ("spec.sched", "schedule.json") if not (folder / name).is_file()]
+    if missing:
+        what = "does not exist" if not folder.exists() else (
+            "is not a directory" if not folder.is_dir() else f"has no {' and no '.join(missing)}")
+        raise RunError([error("E550", f"`{folder}` {what}: it is not a compiled plan",
+                              hint="compile one first: `schedc compile SPEC -o " + str(folder) + "`")])
+    spec = load(folder / "spec.sched")
+    schedule, raw = read_schedule(folder / "schedule.json")
+    if (schedule.instance.dp, schedule.instance.pp) != (spec.dp, spec.pp):
+        raise RunError([error("E550", f"`{folder}`: schedule.json is for {schedule.instance.dp}x"
+                                      f"{schedule.instance.pp} GPUs but spec.sched for {spec.dp}x{spec.pp}",
+                              hint="recompile the spec into a fresh directory")])
+    verify_schedule(schedule)
+    return Plan(spec=spec, schedule=schedule,
+                metrics=metrics_of(schedule, simulate(schedule),
+                                   fault_free_iteration_time=raw.get("fault_free_iteration_time")))
+
+
 def _load(spec: Spec | str | os.PathLike) -> Spec:
     if isinstance(spec, Spec):
         return spec

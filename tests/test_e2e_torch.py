@@ -13,7 +13,7 @@ import torch
 from schedc.codegen import write_programs
 from schedc.instance import make_instance
 from schedc.runtime import launch
-from schedc.runtime.launcher import _context, free_port
+from schedc.runtime.launcher import forkserver_context, free_port
 from schedc.runtime.manifest import even_partition
 from test_runtime_support import max_weight_diff, schedule_for, spec_for
 
@@ -71,7 +71,7 @@ def test_zb_h1_csv_runs_under_torch_with_the_same_result(tmp_path, pp):
     write_programs(spec_for(inst, optimizer="sgd", lr=LR), sched, tmp_path / "ours")
     ours = launch(tmp_path / "ours", iterations=1, want_weights=True, timeout=30).state_dict
 
-    ctx = _context()
+    ctx = forkserver_context()
     results = ctx.Queue()
     init = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_torch_rank, args=(r, pp, init, str(csv_path), microbatches, results))

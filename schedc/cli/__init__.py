@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compile": ("schedc.cli.compile", "compile a spec into a verified schedule, exports and per-rank programs"),
     "simulate": ("schedc.cli.simulate", "re-verify and re-simulate a schedule.json"),
     "run": ("schedc.cli.run", "run compiled per-rank programs locally (CPU, gloo)"),
+    "train": ("schedc.cli.train", "train a compiled plan with live workers that survive failures"),
+    "agent": ("schedc.cli.agent", "run the agent of one more host of `schedc train --hosts N`"),
     "bench": ("schedc.cli.bench", "compare schedc's planner with the baselines"),
 }
 

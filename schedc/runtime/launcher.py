@@ -31,13 +31,18 @@ from schedc.runtime.manifest import Manifest, load_manifest
 _CONTEXT = None
 
 
-def _context():
+def forkserver_context():
+    """The `multiprocessing` context every rank process is started from (`schedc run` and the
+    agents of `schedc train`): a forkserver that imported torch and did a warm-up step once."""
     global _CONTEXT
     if _CONTEXT is None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the forkserver and the ranks
+        # gloo's C++ warnings repeat what the diagnostics say, once per rank and peer.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         _CONTEXT = mp.get_context("forkserver")
         _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.warmup",
-                                         "schedc.runtime.worker", "schedc.runtime.runtime"])
+                                         "schedc.runtime.worker", "schedc.runtime.runtime",
+                                         "schedc.live.worker"])
     return _CONTEXT
 
 
@@ -96,7 +101,7 @@ class Launch:
             raise RunError([error("E524", f"--iterations must be at least 1, got {self.iterations}")])
         self.timeout = timeout
         self.want_weights = want_weights and not emulate
-        ctx = _context()
+        ctx = forkserver_context()
         self.queue = ctx.Queue()
         init = f"tcp://127.0.0.1:{free_port()}"
         options = dict(iterations=self.iterations, emulate=emulate, timeout=timeout,

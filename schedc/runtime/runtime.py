@@ -78,6 +78,7 @@ class Transport:
         self.world = world
         self.stage = stage
         self.interrupted = interrupted
+        self.waiting: str | None = None  # what this rank is blocked on now (read by a heartbeat thread)
         # Sends of this iteration and the one before. gloo completes a send only once the peer
         # has posted its receive, and reports it complete only after `wait`; a peer has received
         # everything this rank sent in iteration i by the time this rank ends iteration i+1 (each
@@ -98,14 +99,16 @@ class Transport:
         return cls(manifest, rank, timeout, world=dist.group.WORLD, stage=mine)
 
     def send(self, tensor: torch.Tensor, to: int, tag: int, what: str) -> None:
-        work = self.world.send([tensor.contiguous()], self.manifest.dist_rank(to), tag)
+        work = self._post(lambda: self.world.send([tensor.contiguous()], self.manifest.dist_rank(to), tag),
+                          f"{what} to rank {to}", peer=to)
         self._pending.append((work, what))
 
     def recv(self, shape, dtype, frm: int, tag: int, what: str) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype)
+        what = f"{what} from rank {frm}"
         self._check_interrupted(what)
-        work = self.world.recv([buf], self.manifest.dist_rank(frm), tag)
-        self._wait(work, f"{what} from rank {frm}", peer=frm)
+        work = self._post(lambda: self.world.recv([buf], self.manifest.dist_rank(frm), tag), what, peer=frm)
+        self._wait(work, what, peer=frm)
         return buf
 
     def all_reduce_stage(self, stage: int, tensor: torch.Tensor) -> None:
@@ -113,11 +116,18 @@ class Transport:
             ranks = self.manifest.stage_groups[stage]
             what = f"the gradient all-reduce of stage {stage} with ranks {list(ranks)}"
             self._check_interrupted(what)
-            self._wait(self.stage.allreduce([tensor]), what)
+            self._wait(self._post(lambda: self.stage.allreduce([tensor]), what), what)
 
     def barrier(self, what: str) -> None:
         self._check_interrupted(what)
-        self._wait(self.world.allreduce([torch.zeros(1)]), what)
+        self._wait(self._post(lambda: self.world.allreduce([torch.zeros(1)]), what), what)
+
+    def all_reduce_min(self, tensor: torch.Tensor, what: str) -> None:
+        """Element-wise minimum of `tensor` over every live rank, in place."""
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self._check_interrupted(what)
+        self._wait(self._post(lambda: self.world.allreduce([tensor], opts), what), what)
 
     def begin_iteration(self) -> None:
         """Wait for the sends of the iteration before the one that just ended (see __init__)."""
@@ -141,21 +151,35 @@ class Transport:
         if self.interrupted is not None and self.interrupted():
             raise Interrupted(f"rank {self.rank} stopped before waiting for {what}")
 
+    def _post(self, start: Callable, what: str, peer: int | None = None):
+        """Start a send, receive or collective; a group broken by a dead peer fails here already."""
+        try:
+            return start()
+        except RuntimeError as exc:
+            raise self._lost(exc, what, peer) from None
+
     def _wait(self, work, what: str, peer: int | None = None) -> None:
+        self.waiting = what
         try:
             ok = work.wait(timedelta(seconds=self.timeout))
         except RuntimeError as exc:
-            if self.interrupted is not None and self.interrupted():
-                raise Interrupted(f"rank {self.rank} stopped while waiting for {what}") from None
-            reason = _short_reason(exc)
-            timed_out = "timeout" in reason.lower() or "timed out" in reason.lower()
-            msg = (f"rank {self.rank} waited {self.timeout:g} s for {what}" if timed_out
-                   else f"rank {self.rank} lost {what} ({reason})")
-            hint = (f"rank {peer} died or is stuck; see its own error" if peer is not None
-                    else "a rank of the group died or is stuck; see the other ranks' errors")
-            raise RunError([error("E530", msg, hint=hint)]) from None
+            raise self._lost(exc, what, peer) from None
+        finally:
+            self.waiting = None
         if ok is False:
             raise RunError([error("E530", f"rank {self.rank} waited {self.timeout:g} s for {what}")])
+
+    def _lost(self, exc: RuntimeError, what: str, peer: int | None) -> Exception:
+        """The error a failed wait becomes: `Interrupted` when the run was stopped from outside, else E530."""
+        if self.interrupted is not None and self.interrupted():
+            return Interrupted(f"rank {self.rank} stopped while waiting for {what}")
+        reason = _short_reason(exc)
+        timed_out = "timeout" in reason.lower() or "timed out" in reason.lower()
+        msg = (f"rank {self.rank} waited {self.timeout:g} s for {what}" if timed_out
+               else f"rank {self.rank} lost {what} ({reason})")
+        hint = (f"rank {peer} died or is stuck; see its own error" if peer is not None
+                else "a rank of the group died or is stuck; see the other ranks' errors")
+        return RunError([error("E530", msg, hint=hint)])
 
 
 def _short_reason(exc: BaseException) -> str:
@@ -383,6 +407,39 @@ class Runtime:
         self.abandon_iteration()
         self.manifest = manifest
         self.transport = transport
+
+    def stage_state(self) -> dict:
+        """Everything needed to resume this stage elsewhere: weights, optimizer state, steps.
+        Tensors are copies (safe to save from another thread while training goes on)."""
+        if self.emulate:
+            return {"steps": self.steps_done, "model": {}, "optimizer": None}
+        import copy
+
+        optimizer = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
+        model = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        return {"steps": self.steps_done, "model": model, "optimizer": optimizer}
+
+    def load_stage_state(self, state: dict) -> None:
+        """Make this stage's weights, optimizer state and step count those of `state`."""
+        self.abandon_iteration()
+        self.steps_done = int(state["steps"])
+        if self.emulate:
+            return
+        self.module.load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+    def initial_stage_state(self) -> dict:
+        """The stage as `model.source` builds it, before any step (what a run starts from)."""
+        if self.emulate:
+            return {"steps": 0, "model": {}, "optimizer": None}
+        layers, _, partition = build_model(self.manifest)
+        a, b = partition[self.stage]
+        fresh = nn.Sequential(*layers[a:b])
+        params = [p for p in fresh.parameters() if p.requires_grad]
+        optimizer = _make_optimizer(self.manifest.optimizer, params, self.manifest.lr)
+        return {"steps": 0, "model": fresh.state_dict(),
+                "optimizer": optimizer.state_dict() if optimizer is not None else None}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This stage's weights under the keys of the full nn.Sequential of `model.source`."""

@@ -1,0 +1,43 @@
+"""`schedc agent --store HOST:PORT --host H`: the agent of one more host of a live run.
+
+`schedc train OUT --hosts N` on the first host runs the supervisor and that
+host's agent; every other host runs this command, which starts, watches and
+signals the workers of its nodes until the run ends (docs/live.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+from schedc.diagnostics import RunError, error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, metavar="HOST:PORT",
+                        help="the run's store, as `schedc train --hosts N` prints it")
+    parser.add_argument("--host", required=True, type=int, metavar="H", help="this host's number, 1..N-1")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="seconds to keep trying to reach the store (default 60)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedc.live.agent import Agent
+    from schedc.live.membership import JobStore
+
+    host, _, port = args.store.rpartition(":")
+    if not host or not port.isdigit():
+        raise RunError([error("E557", f"--store `{args.store}` is not HOST:PORT", hint="e.g. --store 10.0.0.1:29500")])
+    if args.host < 1:
+        raise RunError([error("E557", f"--host must be 1 or more (host 0 runs the supervisor), got {args.host}")])
+    try:
+        job = JobStore.connect(host, int(port), timeout=args.timeout)
+    except RuntimeError as exc:
+        raise RunError([error("E557", f"cannot reach the run's store at {args.store}: {str(exc).splitlines()[0]}",
+                              hint="start `schedc train OUT --hosts N` first and use the address it prints")])
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        Agent(job, args.host).serve()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0

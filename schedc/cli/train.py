@@ -1,0 +1,149 @@
+"""`schedc train OUT`: train a compiled plan with live workers, through failures (docs/live.md).
+
+Prints one line per finished iteration and per event (failure, replan,
+reconfiguration, checkpoint), then a summary; `--log FILE` writes the whole
+run as JSON, `--save-weights FILE` the final weights. Ctrl-C (or SIGTERM)
+stops every worker and leaves no half-written file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from schedc.diagnostics import RunError, error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", metavar="OUT", help="folder written by `schedc compile SPEC -o OUT`")
+    parser.add_argument("--iterations", type=int, default=None, help="iterations (default: the spec's)")
+    parser.add_argument("--emulate", action="store_true",
+                        help="ops sleep for their planned cost instead of computing (timing checks)")
+    parser.add_argument("--inject", action="append", default=[], metavar="TEXT",
+                        help='a fault to inject, e.g. "at iteration 3 during B: fail gpu(dp=1, pp=2)" '
+                             "(repeatable; docs/live.md has the syntax)")
+    parser.add_argument("--save-weights", metavar="FILE", help="torch.save the final weights of the whole model")
+    parser.add_argument("--log", metavar="FILE", help="write the run (iterations, events, recoveries) as JSON")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="write a complete checkpoint every K iterations (default: none)")
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (default OUT/checkpoints)")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
+                        help="complete checkpoints to keep (default 2)")
+    parser.add_argument("--resume", action="store_true", help="start from the latest complete checkpoint")
+    parser.add_argument("--recovery", choices=["reroute", "drop-pipeline", "restart"], default="reroute",
+                        help="how to go on after a failure: reroute (default: survivors take the failed GPU's "
+                             "work), drop-pipeline (its pipeline leaves), restart (everything restarts from "
+                             "the latest checkpoint, the GPU replaced)")
+    parser.add_argument("--detect-timeout", type=float, default=3.0, metavar="S",
+                        help="seconds without a heartbeat before a rank counts as hung (default 3)")
+    parser.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                        help="seconds without any op finishing before a busy rank counts as stuck "
+                             "(default: max(10, 10 x the plan's iteration time))")
+    parser.add_argument("--replan-deadline", type=float, default=0.5, metavar="S",
+                        help="seconds the planner may take per failure (default 0.5)")
+    parser.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="checkpoint restarts allowed when a stage loses every GPU (default 3)")
+    parser.add_argument("--hosts", type=int, default=1, metavar="H",
+                        help="hosts taking part; hosts 1..H-1 run `schedc agent` (default 1)")
+    parser.add_argument("--store-host", default="127.0.0.1", metavar="HOST",
+                        help="address the job's store listens on and agents connect to (default 127.0.0.1)")
+    parser.add_argument("--store-port", type=int, default=0, metavar="PORT", help="store port (default: a free one)")
+    parser.add_argument("--json", action="store_true", help="print the run log as JSON instead of progress lines")
+
+
+def _check_destination(path: str, what: str) -> None:
+    """E558 before anything runs when `path` cannot be written (not after an hour of training)."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        problem = "is a directory"
+    elif not parent.exists():
+        problem = f"is in `{parent}`, which does not exist"
+    elif not parent.is_dir():
+        problem = f"is under `{parent}`, which is not a directory"
+    elif not os.access(parent, os.W_OK):
+        problem = f"is in `{parent}`, which is not writable"
+    else:
+        return
+    raise RunError([error("E558", f"{what} `{path}` {problem}", hint="choose a file in a writable directory")])
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedc.live.result import write_log
+    from schedc.live.supervisor import Supervisor, TrainError, TrainOptions
+
+    for path, what in ((args.save_weights, "--save-weights"), (args.log, "--log")):
+        if path:
+            _check_destination(path, what)
+    options = TrainOptions(
+        iterations=args.iterations, emulate=args.emulate, inject=tuple(args.inject),
+        checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
+        keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery,
+        detect_timeout=args.detect_timeout, stall_timeout=args.stall_timeout, replan_deadline=args.replan_deadline,
+        max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
+        store_host=args.store_host, store_port=args.store_port)
+
+    def line(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
+    # SIGTERM (a scheduler ending the job) takes the same way out as Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sup = Supervisor(args.out, options, on_line=line)
+    try:
+        result = sup.run()
+    except TrainError as exc:
+        if args.log:
+            write_log(args.log, exc.result)
+        raise
+    except KeyboardInterrupt:
+        if args.log:
+            write_log(args.log, sup.result())
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if args.save_weights:
+        import torch
+
+        target = Path(args.save_weights)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        torch.save(result.state_dict, tmp)
+        os.replace(tmp, target)  # never a half-written weights file
+    if args.log:
+        write_log(args.log, result)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, default=str))
+        return 0
+    print(summary(result))
+    if args.save_weights:
+        print(f"weights saved to {args.save_weights}")
+    if args.log:
+        print(f"log written to {args.log}")
+    return 0
+
+
+def summary(result) -> str:
+    """The closing lines of `schedc train`: iterations, time, and each recovery's milestones."""
+    gens = result.generations
+    ranks = sorted({len(g.members) for g in gens})
+    ranks_text = f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+    lines = [f"{len(result.iterations)} iterations in {result.wall_s:.2f} s on {ranks_text} ranks, "
+             f"{len(gens)} generation{'s' if len(gens) != 1 else ''}"]
+    for i, rec in enumerate(result.recoveries, 1):
+        d = rec.durations()
+        parts = [f"{name} {d[key]:.2f} s" for name, key in (("detected", "detect"), ("planned", "plan"),
+                                                              ("reconfigured", "reconfigure"),
+                                                              ("first iteration", "first_iteration"))
+                 if d[key] is not None]
+        since = "fault" if rec.t_fault is not None else "detection"
+        lines.append(f"recovery {i} ({rec.method}, rank(s) {rec.failed}): " + ", ".join(parts)
+                     + f" after the {since}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(1)

@@ -1,0 +1,157 @@
+"""Checkpoints of a live run: complete, atomic, one file per stage.
+
+Layout under the checkpoint directory (default ``OUT/checkpoints``)::
+
+    iter-000006/            a complete checkpoint: the state after 6 steps
+        stage-0.pt ...      one per stage: weights and optimizer state
+        meta.json           written last, inside the staging directory
+    .partial-000008/        one being written (ignored, removed on the next start)
+    latest                  "iter-000006"
+
+How a checkpoint stays whole: after its optimizer step that completes K
+steps, one GPU of each stage (the lowest live rank) saves its stage into
+``.partial-K/stage-S.pt`` (a temporary name, then a rename). When every
+stage has reported its file, the supervisor writes ``meta.json`` into the
+staging directory and renames the directory to ``iter-K``: one atomic step,
+so a reader sees either the whole checkpoint or none of it. ``latest`` is
+then replaced the same way. A run killed at any moment leaves the previous
+complete checkpoint as it was. On several hosts the directory must be on a
+file system all of them see.
+
+Every GPU of a stage holds the same weights, so any one of them can write
+it, and any checkpoint restores any plan of the same model and stage count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from schedc.diagnostics import RunError, error
+
+FORMAT = "schedc.checkpoint/v1"
+LATEST = "latest"
+_COMPLETE = re.compile(r"^iter-(\d{6,})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    iteration: int  # steps applied = the next iteration to run
+    meta: dict
+
+    def stage_file(self, stage: int) -> Path:
+        return self.path / f"stage-{stage}.pt"
+
+
+def _name(iteration: int) -> str:
+    return f"iter-{iteration:06d}"
+
+
+def staging_dir(root: Path, iteration: int) -> Path:
+    return Path(root) / f".partial-{iteration:06d}"
+
+
+def write_stage(root: Path, iteration: int, stage: int, state: dict) -> Path:
+    """Save one stage's state for the checkpoint after `iteration` steps (a worker calls this)."""
+    import torch
+
+    folder = staging_dir(root, iteration)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"stage-{stage}.pt"
+    tmp = folder / f".stage-{stage}.pt.{os.getpid()}.tmp"
+    torch.save({"format": FORMAT, "stage": stage, "iteration": iteration, **state}, tmp)
+    os.replace(tmp, final)
+    return final
+
+
+def complete(root: Path, iteration: int, stages: int, meta: dict, keep: int = 2) -> Checkpoint:
+    """Seal the staged checkpoint after `iteration` steps (every stage file present), make it
+    `latest`, and keep the newest `keep` complete checkpoints."""
+    root = Path(root)
+    folder = staging_dir(root, iteration)
+    missing = [s for s in range(stages) if not (folder / f"stage-{s}.pt").exists()]
+    if missing:
+        raise RunError([error("E571", f"checkpoint after {iteration} steps lacks stages {missing}")])
+    meta = {"format": FORMAT, "iteration": iteration, "stages": stages, **meta}
+    tmp = folder / ".meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, folder / "meta.json")
+    final = root / _name(iteration)
+    if final.exists():  # the same boundary sealed before a rollback: the newer files replace it
+        shutil.rmtree(final)
+    os.replace(folder, final)
+    tmp = root / f".{LATEST}.tmp"
+    tmp.write_text(final.name + "\n")
+    os.replace(tmp, root / LATEST)
+    for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old.path, ignore_errors=True)
+    return Checkpoint(final, iteration, meta)
+
+
+def complete_checkpoints(root: Path) -> list[Checkpoint]:
+    """Every complete checkpoint under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _COMPLETE.match(p.name)
+        if m and (p / "meta.json").is_file():
+            try:
+                meta = json.loads((p / "meta.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if meta.get("format") == FORMAT:
+                out.append(Checkpoint(p, int(m.group(1)), meta))
+    return sorted(out, key=lambda c: c.iteration)
+
+
+def latest(root: Path) -> Checkpoint | None:
+    """The newest complete checkpoint, or None."""
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def read(path: Path) -> Checkpoint:
+    """The checkpoint in directory `path` (E570 when it is not a complete one)."""
+    path = Path(path)
+    m = _COMPLETE.match(path.name)
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise RunError([error("E570", f"`{path}` is not a complete schedc checkpoint ({exc})",
+                              hint="pass a directory `iter-NNNNNN` that holds meta.json")])
+    if not m or meta.get("format") != FORMAT:
+        raise RunError([error("E570", f"`{path}` is not a {FORMAT} checkpoint")])
+    return Checkpoint(path, int(m.group(1)), meta)
+
+
+def load_stage(checkpoint: Checkpoint, stage: int) -> dict:
+    import torch
+
+    path = checkpoint.stage_file(stage)
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise RunError([error("E570", f"cannot read stage {stage} of checkpoint `{checkpoint.path}`: {exc}")])
+    if state.get("format") != FORMAT or state.get("stage") != stage:
+        raise RunError([error("E570", f"`{path}` is not stage {stage} of a {FORMAT} checkpoint")])
+    return state
+
+
+def clean_partials(root: Path) -> list[Path]:
+    """Remove staging directories a killed run left behind; returns what was removed."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    gone = []
+    for p in root.iterdir():
+        if p.name.startswith(".partial-") or (p.name.startswith(".") and p.name.endswith(".tmp")):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone

@@ -1,0 +1,353 @@
+"""Fault injection for live runs: `schedc train --inject "at iteration 3 during B: fail gpu(dp=1, pp=2)"`.
+
+An injection is ``at MOMENT: EVENT``. The event is a statement of the spec
+language's `failures` block, carried out for real on the target's processes:
+
+* ``fail gpu(dp=D, pp=S)`` / ``fail rank R`` / ``fail node N``: SIGKILL.
+* ``hang gpu(dp=D, pp=S)`` / ``hang rank R`` / ``hang node N``: SIGSTOP (the
+  process stops answering; the supervisor must notice it by its silence).
+
+The moment is one of:
+
+* ``iteration I``: when the target starts iteration I;
+* ``iteration I during K [M]``: in the target's first op of kind K (F, B, W
+  or O) of iteration I (of microbatch M if given), once its inputs have
+  arrived and before it computes or sends anything (for O: before its
+  gradient all-reduce, so the stage's other GPUs block in the all-reduce);
+* ``iteration I after K [M]``: right after that op (for O: after the
+  optimizer step: the stage has stepped, later stages may not have);
+* ``recovery N``: when the target starts joining generation N (the plan
+  after the N-th replan), i.e. a failure during recovery;
+* ``T s`` or ``T ms``: T seconds after training started (wall clock).
+
+Several targets (a node) are signalled together, as soon as the first of
+them reaches the moment. `parse_injections` checks every injection against
+the plan (the GPU exists and runs, the moment is reached) and raises a
+`SpecError` whose spans point into the injection text (file ``<inject N>``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from schedc.diagnostics import Diagnostic, Span, SpecError, did_you_mean, error
+from schedc.parse import parse_statements
+from schedc.spec import Failure, Spec
+from schedc.validate import describe_failure, failure_from_statement, failure_ranks
+
+OP_KINDS = ("F", "B", "W", "O")
+_OP_NAMES = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W",
+             "optimizer": "O", **{k: k for k in OP_KINDS}}
+#: Signal sent for each verb.
+ACTIONS = {"fail": "kill", "hang": "stop"}
+_SYNTAX = ("write `at iteration I: fail gpu(dp=D, pp=S)`; the moment may also be "
+           "`iteration I during F|B|W|O [M]`, `iteration I after F|B|W|O [M]`, `recovery N` or `2.5s`")
+
+
+@dataclass(frozen=True)
+class Moment:
+    """When an injection fires (see the module docstring)."""
+
+    kind: Literal["iteration", "recovery", "time"]
+    iteration: int | None = None
+    phase: Literal["start", "during", "after"] = "start"
+    op: str | None = None
+    mb: int | None = None
+    generation: int | None = None
+    seconds: float | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "time":
+            return f"{self.seconds:g}s"
+        if self.kind == "recovery":
+            return f"recovery {self.generation}"
+        text = f"iteration {self.iteration}"
+        if self.phase != "start":
+            text += f" {self.phase} {self.op}" + ("" if self.mb is None else f" {self.mb}")
+        return text
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One `--inject`: when, what signal, and the schedule ranks it hits."""
+
+    index: int  # 0-based position among the --inject options
+    moment: Moment
+    action: Literal["kill", "stop"]
+    target: str  # as written: "gpu(dp=1, pp=2)", "rank 3", "node 1"
+    ranks: tuple[int, ...]  # the live schedule ranks it hits
+
+    @property
+    def signal_name(self) -> str:
+        return "SIGKILL" if self.action == "kill" else "SIGSTOP"
+
+    def __str__(self) -> str:
+        verb = "fail" if self.action == "kill" else "hang"
+        return f"at {self.moment}: {verb} {self.target}"
+
+    def to_json(self) -> dict:
+        m = self.moment
+        return {"index": self.index, "text": str(self), "action": self.action, "target": self.target,
+                "ranks": list(self.ranks),
+                "moment": {"kind": m.kind, "iteration": m.iteration, "phase": m.phase, "op": m.op, "mb": m.mb,
+                           "generation": m.generation, "seconds": m.seconds}}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Injection":
+        m = obj["moment"]
+        moment = Moment(kind=m["kind"], iteration=m["iteration"], phase=m["phase"], op=m["op"], mb=m["mb"],
+                        generation=m["generation"], seconds=m["seconds"])
+        return cls(index=obj["index"], moment=moment, action=obj["action"], target=obj["target"],
+                   ranks=tuple(obj["ranks"]))
+
+
+@dataclass(frozen=True)
+class _Word:
+    text: str
+    col: int  # 1-based column of its first character
+
+
+def _span(file: str, col: int, length: int) -> Span:
+    return Span(file, 1, col, 1, col + max(length, 1))
+
+
+def _whole(file: str, text: str, word: _Word | None) -> Span:
+    if word is None:
+        return _span(file, max(len(text.rstrip()), 1), 1)
+    return _span(file, word.col, len(word.text))
+
+
+def _integer(word: _Word | None, what: str, file: str, text: str, minimum: int = 0) -> tuple[int | None,
+                                                                                          Diagnostic | None]:
+    if word is None:
+        return None, error("E560", f"the injection needs {what} here", _whole(file, text, None),
+                           label=f"expected {what}", hint=_SYNTAX)
+    if not re.fullmatch(r"[0-9]{1,9}", word.text) or int(word.text) < minimum:
+        low = "a whole number" if minimum == 0 else f"a whole number >= {minimum}"
+        return None, error("E560", f"{what} must be {low}, got `{word.text}`", _whole(file, text, word),
+                           label=f"expected {low}")
+    return int(word.text), None
+
+
+def _moment(words: list[_Word], file: str, text: str) -> tuple[Moment | None, Diagnostic | None]:
+    """The words between `at` and `:`."""
+    if not words:
+        return None, error("E560", "the injection has no moment after `at`", _whole(file, text, None),
+                           label="expected a moment", hint=_SYNTAX)
+    head = words[0]
+    timed = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|s)?", head.text)
+    if timed:
+        unit = timed.group(2)
+        rest = words[1:]
+        if unit is None and rest and rest[0].text in ("s", "ms"):
+            unit, rest = rest[0].text, rest[1:]
+        if unit is None:
+            return None, error("E560", f"the time `{head.text}` needs a unit", _whole(file, text, head),
+                               label="write s or ms", hint="e.g. `at 2.5s: fail rank 3`")
+        if rest:
+            return None, error("E560", f"unexpected `{rest[0].text}` after the time", _whole(file, text, rest[0]),
+                               label="expected `:`", hint=_SYNTAX)
+        seconds = float(timed.group(1)) / (1000.0 if unit == "ms" else 1.0)
+        if seconds > 1e6:
+            return None, error("E560", "the time is out of range", _whole(file, text, head),
+                               label="at most 1000000 s")
+        return Moment(kind="time", seconds=seconds), None
+    if head.text == "recovery":
+        gen, problem = _integer(words[1] if len(words) > 1 else None, "a generation number", file, text, 1)
+        if problem:
+            return None, problem
+        if len(words) > 2:
+            return None, error("E560", f"unexpected `{words[2].text}` after `recovery {gen}`",
+                               _whole(file, text, words[2]), label="expected `:`", hint=_SYNTAX)
+        return Moment(kind="recovery", generation=gen), None
+    if head.text != "iteration":
+        hint = did_you_mean(head.text, ("iteration", "recovery"))
+        return None, error("E560", f"unknown moment `{head.text}`", _whole(file, text, head),
+                           label=hint or "expected `iteration`, `recovery` or a time", hint=_SYNTAX)
+    it, problem = _integer(words[1] if len(words) > 1 else None, "an iteration number", file, text)
+    if problem:
+        return None, problem
+    if len(words) == 2:
+        return Moment(kind="iteration", iteration=it), None
+    phase = words[2]
+    if phase.text not in ("during", "after"):
+        hint = did_you_mean(phase.text, ("during", "after"))
+        return None, error("E560", f"unexpected `{phase.text}` after `iteration {it}`", _whole(file, text, phase),
+                           label=hint or "expected `during`, `after` or `:`", hint=_SYNTAX)
+    if len(words) < 4:
+        return None, error("E560", f"`{phase.text}` needs an op kind", _whole(file, text, phase),
+                           label="expected F, B, W or O", hint=_SYNTAX)
+    op_word = words[3]
+    op = _OP_NAMES.get(op_word.text) or _OP_NAMES.get(op_word.text.lower())
+    if op is None:
+        return None, error("E560", f"unknown op kind `{op_word.text}`", _whole(file, text, op_word),
+                           label="expected F, B, W or O",
+                           hint="F forward, B backward (input), W backward (weights), O optimizer step")
+    mb = None
+    if len(words) > 4:
+        if op == "O":
+            return None, error("E560", "the optimizer step O belongs to no microbatch", _whole(file, text, words[4]),
+                               label="remove the microbatch", hint=_SYNTAX)
+        mb, problem = _integer(words[4], "a microbatch number", file, text)
+        if problem:
+            return None, problem
+    if len(words) > 5:
+        return None, error("E560", f"unexpected `{words[5].text}`", _whole(file, text, words[5]),
+                           label="expected `:`", hint=_SYNTAX)
+    return Moment(kind="iteration", iteration=it, phase=phase.text, op=op, mb=mb), None  # type: ignore[arg-type]
+
+
+def parse_injection(text: str, index: int) -> tuple[Moment, str, Failure]:
+    """(moment, action, target) of one injection; `SpecError` on bad syntax (file ``<inject N>``)."""
+    file = f"<inject {index + 1}>"
+    sources = {file: text}
+    if "\n" in text or "\r" in text:
+        raise SpecError([error("E560", "an injection is one line", _span(file, 1, 1),
+                               hint="pass each injection as its own --inject option")], sources)
+    colon = text.find(":")
+    head = [_Word(m.group(), m.start() + 1) for m in re.finditer(r"[^\s:]+", text[:colon if colon >= 0 else None])]
+    if not head or head[0].text != "at":
+        where = _whole(file, text, head[0] if head else None)
+        raise SpecError([error("E560", "an injection starts with `at`", where, label="expected `at`",
+                               hint=_SYNTAX)], sources)
+    if colon < 0:
+        raise SpecError([error("E560", "missing `:` between the moment and the event",
+                               _whole(file, text, head[-1]), label="expected `:` after this", hint=_SYNTAX)],
+                        sources)
+    moment, problem = _moment(head[1:], file, text)
+    if problem:
+        raise SpecError([problem], sources)
+    body = text[colon + 1:]
+    verb = re.match(r"\s*(\w+)", body)
+    if verb is None:
+        raise SpecError([error("E560", "the injection has no event after `:`", _span(file, colon + 1, 1),
+                               label="expected an event", hint="e.g. `fail gpu(dp=1, pp=2)` or `hang rank 3`")],
+                        sources)
+    word = verb.group(1)
+    if word not in ACTIONS:
+        hint = did_you_mean(word, ACTIONS)
+        raise SpecError([error("E560", f"cannot inject `{word}`", _span(file, colon + 2 + verb.start(1), len(word)),
+                               label=hint or "expected `fail` or `hang`",
+                               hint="`fail ...` kills the target's processes (SIGKILL), `hang ...` stops them "
+                                    "(SIGSTOP)")], sources)
+    # Parse the event with the spec parser, its columns kept: the moment becomes blanks, and
+    # `hang` (as long as `fail`) is read as `fail`.
+    start = colon + 1 + verb.start(1)
+    event_text = " " * start + "fail" + text[start + 4:]
+    try:
+        statements = parse_statements(event_text, file)
+    except SpecError as exc:
+        raise SpecError(exc.diagnostics, sources) from None  # show the injection as written
+    if len(statements) != 1:
+        raise SpecError([error("E560", "an injection has exactly one event", _span(file, start + 1, len(body)),
+                               hint="pass each event as its own --inject option")], sources)
+    failure, problems = failure_from_statement(statements[0], allow_recover=False)
+    if problems:
+        raise SpecError(problems, sources)
+    assert failure is not None
+    return moment, ACTIONS[word], failure  # type: ignore[return-value]
+
+
+def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tuple[Injection, ...]:
+    """Every `--inject`, checked against the plan's spec and the run's length.
+
+    Raises one `SpecError` with every problem: syntax (E1xx, E560), a target
+    that does not exist (E207) or does not run (E561), a moment the run never
+    reaches (E562).
+    """
+    out: list[Injection] = []
+    diags: list[Diagnostic] = []
+    sources: dict[str, str] = {}
+    for i, text in enumerate(texts):
+        file = f"<inject {i + 1}>"
+        sources[file] = text
+        try:
+            moment, action, failure = parse_injection(text, i)
+        except SpecError as exc:
+            diags.extend(exc.diagnostics)
+            sources.update(exc.sources)
+            continue
+        ranks, problem = failure_ranks(spec.cluster, failure)
+        if problem is not None:
+            diags.append(problem)
+            continue
+        target = describe_failure(failure)[len("fail "):]
+        live = [r for r in ranks if spec.gpus[r].live]
+        if not live:
+            what = f"GPU ({target[4:-1]})" if failure.kind == "fail_gpu" else target
+            diags.append(error("E561", f"{what} is already failed in the plan: no process runs there",
+                               failure.span, label="failed in the plan",
+                               hint="inject into a GPU that runs (see `schedc check` for the live GPUs)"))
+            continue
+        problem = _unreachable(moment, spec, iterations, failure)
+        if problem is not None:
+            diags.append(problem)
+            continue
+        out.append(Injection(index=i, moment=moment, action=action, target=target, ranks=tuple(live)))
+    if diags:
+        raise SpecError(diags, sources)
+    return tuple(out)
+
+
+def _unreachable(moment: Moment, spec: Spec, iterations: int, failure: Failure) -> Diagnostic | None:
+    """E562 when the run never reaches the moment."""
+    if moment.kind != "iteration":
+        return None
+    assert moment.iteration is not None
+    where = failure.span
+    if moment.iteration >= iterations:
+        return error("E562", f"iteration {moment.iteration} is never reached: the run has {iterations} "
+                             f"iteration{'s' if iterations != 1 else ''} (0..{iterations - 1})", where,
+                     hint="choose an earlier iteration or run more (--iterations)")
+    if moment.op == "W" and not spec.schedule.decouple_backward:
+        return error("E562", "the plan has no W op: backward is not decoupled (B does all of it)", where,
+                     hint="inject `during B` instead, or set `decouple_backward = true`")
+    if moment.mb is not None and moment.mb >= spec.microbatches:
+        return error("E562", f"there is no microbatch {moment.mb}: each pipeline has {spec.microbatches} "
+                             f"(0..{spec.microbatches - 1})", where)
+    return None
+
+
+@dataclass
+class Trigger:
+    """The injections armed on one rank, looked up per op at a dictionary's cost.
+
+    `fire(...)` answers the injection due at that point (once each) or None.
+    """
+
+    injections: Sequence[Injection]
+
+    def __post_init__(self) -> None:
+        self._fired: set[int] = set()
+        self._ops: dict[tuple[int, str, str], list[Injection]] = {}
+        self._starts: dict[int, list[Injection]] = {}
+        self._recoveries: dict[int, list[Injection]] = {}
+        for inj in self.injections:
+            m = inj.moment
+            if m.kind == "iteration" and m.phase == "start":
+                self._starts.setdefault(m.iteration, []).append(inj)  # type: ignore[arg-type]
+            elif m.kind == "iteration":
+                self._ops.setdefault((m.iteration, m.phase, m.op), []).append(inj)  # type: ignore[arg-type]
+            elif m.kind == "recovery":
+                self._recoveries.setdefault(m.generation, []).append(inj)  # type: ignore[arg-type]
+
+    def __bool__(self) -> bool:
+        return bool(self._ops or self._starts or self._recoveries)
+
+    def at_op(self, iteration: int, phase: str, kind: str, mb: int | None) -> Injection | None:
+        return self._first(self._ops.get((iteration, phase, kind), ()), mb)
+
+    def at_iteration_start(self, iteration: int) -> Injection | None:
+        return self._first(self._starts.get(iteration, ()), None)
+
+    def at_recovery(self, generation: int) -> Injection | None:
+        return self._first(self._recoveries.get(generation, ()), None)
+
+    def _first(self, candidates, mb: int | None) -> Injection | None:
+        for inj in candidates:
+            if inj.index not in self._fired and (inj.moment.mb is None or inj.moment.mb == mb):
+                self._fired.add(inj.index)
+                return inj
+        return None

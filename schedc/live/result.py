@@ -1,0 +1,122 @@
+"""What a live run reports: iterations, events, recoveries, generations (`--log FILE`).
+
+All times are seconds since the supervisor started (``t``), from one clock.
+`TrainResult.to_json()` is the ``schedc.trainlog/v1`` document that
+``schedc train --log FILE`` writes (docs/live.md describes every field).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOG_FORMAT = "schedc.trainlog/v1"
+
+
+@dataclass
+class IterationRecord:
+    iteration: int
+    generation: int  # the generation that completed it
+    loss: float | None  # mean loss over the D*M microbatches (None with --emulate)
+    start: float  # earliest start over ranks
+    end: float  # when the last rank finished it
+    runs: int = 1  # > 1: it was rolled back and run again
+
+
+@dataclass
+class Recovery:
+    """One reaction to a failure, from the failure to the first iteration under the new plan."""
+
+    from_generation: int
+    to_generation: int | None = None
+    failed: list[int] = field(default_factory=list)  # schedule ranks
+    causes: dict[str, str] = field(default_factory=dict)  # rank -> cause
+    events: list[str] = field(default_factory=list)  # the replan events
+    method: str = "reroute"  # reroute, drop-pipeline, restart, checkpoint (a stage was lost)
+    t_fault: float | None = None  # when the fault was injected (None: not injected)
+    t_detect: float = 0.0
+    t_plan: float | None = None  # the new plan is ready
+    t_announce: float | None = None
+    t_ready: float | None = None  # every member reconfigured and rolled back
+    t_first: float | None = None  # first iteration completed under the new plan
+    t_last_complete: float | None = None  # end of the last iteration completed before the failure
+    resumed_at: int | None = None  # iteration the new generation started from
+    undone: int = 0  # ranks that undid their last optimizer step
+    solver: dict = field(default_factory=dict)  # name, status, wall_s of the replan
+    predicted_before_us: int | None = None
+    predicted_after_us: int | None = None
+
+    def durations(self) -> dict[str, float | None]:
+        """Seconds from the fault (or its detection) to each milestone."""
+        t0 = self.t_fault if self.t_fault is not None else self.t_detect
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - t0, 4)
+
+        return {"detect": since(self.t_detect), "plan": since(self.t_plan), "announce": since(self.t_announce),
+                "reconfigure": since(self.t_ready), "first_iteration": since(self.t_first)}
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["durations_s"] = self.durations()
+        return out
+
+
+@dataclass
+class GenerationRecord:
+    number: int
+    members: list[int]
+    reason: str
+    restore: str | None
+    predicted_iteration_time_us: int
+    plan_dir: str | None
+    t_announce: float
+    t_ready: float | None = None
+
+
+@dataclass
+class TrainResult:
+    """Everything a live run did; `state_dict` holds the final weights when they were asked for."""
+
+    ok: bool
+    out: str
+    iterations: list[IterationRecord]
+    events: list[dict]
+    recoveries: list[Recovery]
+    generations: list[GenerationRecord]
+    wall_s: float
+    options: dict
+    state_dict: dict | None = None
+    error: list[dict] | None = None  # diagnostics when the run failed
+    checkpoints: list[str] = field(default_factory=list)
+
+    @property
+    def losses(self) -> list[float | None]:
+        return [r.loss for r in self.iterations]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": LOG_FORMAT,
+            "ok": self.ok,
+            "out": self.out,
+            "options": self.options,
+            "wall_s": round(self.wall_s, 4),
+            "iterations": [asdict(r) for r in self.iterations],
+            "events": self.events,
+            "recoveries": [r.to_json() for r in self.recoveries],
+            "generations": [asdict(g) for g in self.generations],
+            "checkpoints": self.checkpoints,
+            "error": self.error,
+        }
+
+
+def write_log(path: str | os.PathLike, result: TrainResult) -> Path:
+    """Write the run log atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
