@@ -11,7 +11,8 @@ feeding it numbers). Three rules:
    process: it is failed and must be fenced (killed) before the run goes on.
    A worker that has never beaten gets `startup_timeout`.
 3. **Stall**: heartbeats also carry the number of ops a rank has run and
-   whether it is blocked in a wait. If no member has finished an op for
+   whether it is blocked in a wait. If every member is inside an iteration
+   and none has finished an op for
    `stall_timeout` seconds, the members that are *not* waiting are stuck in
    compute (a hung kernel, an endless loop): failed, fenced. A rank that
    merely waits for a slow or stuck peer is never blamed. (If every member
@@ -149,7 +150,9 @@ class Detector:
 
     def _stalled(self, now: float) -> list[Suspect]:
         ranks = [r for r in self._since if r not in self._declared]
-        if not ranks or any(r not in self._beat for r in ranks):
+        # Only ranks inside an iteration can stall it (an idle rank has finished or waits for a plan).
+        if not ranks or any(r not in self._beat or self._beat[r].state not in ("run", "wait") for r in ranks):
+            self.stalled_waiting = False
             return []
         latest = max(self._progress_at[r] for r in ranks)
         if now - latest <= self.stall_timeout:

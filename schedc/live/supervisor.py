@@ -118,13 +118,6 @@ class TrainOptions:
             raise RunError([error("E555", p) for p in problems])
 
 
-@dataclass
-class _Iteration:
-    """Reports of one iteration from the members of one generation."""
-
-    reports: dict[int, dict] = field(default_factory=dict)
-
-
 class Supervisor:
     """Runs the compiled plan in `out` on live workers and keeps it training through failures."""
 
@@ -161,7 +154,8 @@ class Supervisor:
         self.restarts = 0
         self.checkpoints: list[str] = []
         self.state_dict: dict | None = None
-        self._reports: dict[int, _Iteration] = {}
+        self._reports: dict[tuple[int, int], dict[int, dict]] = {}  # (generation, iteration) -> rank -> report
+        self._first_iteration: int | None = None  # where this run started (a resumed run: the checkpoint's)
         self._ready: dict[int, dict] = {}
         self._done: set[int] = set()
         self._suspects: dict[int, Suspect] = {}
@@ -331,11 +325,11 @@ class Supervisor:
             self._ready[rep["rank"]] = rep
             if set(self._ready) >= set(self.gen.members):
                 self._generation_ready(now)
-        elif kind == "iter" and gen == current:
-            it = self._reports.setdefault(rep["it"], _Iteration())
-            it.reports[rep["rank"]] = rep
-            if set(it.reports) >= set(self.gen.members):
-                self._iteration_done(rep["it"], now)
+        elif kind == "iter":
+            reps = self._reports.setdefault((gen, rep["it"]), {})
+            reps[rep["rank"]] = rep
+            if gen == current and set(reps) >= set(self.gen.members):
+                self._iteration_done(rep["it"], gen, reps, now)
         elif kind == "aborted":
             self._note("aborted", f"rank {rep['rank']} left generation {gen}: {rep['reason']}", quiet=True,
                        rank=rep["rank"], generation=gen, steps=rep["steps"])
@@ -347,9 +341,18 @@ class Supervisor:
             self._checkpoint_written(rep)
 
     def _generation_ready(self, now: float) -> None:
-        starts = {r["start"] for r in self._ready.values()}
-        start = min(starts)
+        start = min(r["start"] for r in self._ready.values())
         undone = sum(1 for r in self._ready.values() if r["undone"])
+        if self._first_iteration is None:
+            self._first_iteration = start
+        # Every iteration before `start` is committed: every survivor applied its step. One whose
+        # report a dying rank never sent is recorded from the reports that did arrive.
+        for it in range(self._first_iteration, start):
+            if it not in self.iteration_records:
+                for (g, i), reps in sorted(self._reports.items(), reverse=True):
+                    if i == it and reps:
+                        self._iteration_done(it, g, reps, now)
+                        break
         # Checkpoint files of steps that were undone will be written again.
         self._ckpt = {k: v for k, v in self._ckpt.items() if k <= start}
         self.generation_records[-1].t_ready = now
@@ -376,31 +379,32 @@ class Supervisor:
                                        f"{now - t0:.2f} s after the failure; {back}",
                        generation=self.gen.number, start=start, undone=undone)
 
-    def _iteration_done(self, it: int, now: float) -> None:
-        reps = self._reports.pop(it).reports
-        members = self.gen.members
-        last_stage = [r for r in members if self.gen.manifest["coords"][str(r)][1] == self.plan.spec.pp - 1]
-        loss = None if self.options.emulate else math.fsum(reps[r]["loss"] for r in last_stage)
+    def _iteration_done(self, it: int, gen: int, reps: dict[int, dict], now: float) -> None:
+        # The last stage sums the loss over its GPUs as it steps: each of its reports has all of it.
+        losses = [r["loss"] for r in reps.values() if r.get("loss") is not None]
+        loss = None if self.options.emulate or not losses else losses[0]
         start = min(r["t0"] for r in reps.values()) - self.t0
         end = max(r["t1"] for r in reps.values()) - self.t0
         old = self.iteration_records.get(it)
-        record = IterationRecord(it, self.gen.number, loss, round(start, 4), round(end, 4),
+        record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4),
                                  runs=(old.runs + 1) if old else 1)
         self.iteration_records[it] = record
         rec = self._recovery
-        if rec is not None and rec.t_first is None and rec.to_generation == self.gen.number:
+        if rec is not None and rec.t_first is None and rec.to_generation == gen == self.gen.number:
             rec.t_first = now
-            self._note("recovered", f"first iteration under generation {self.gen.number} done "
-                                    f"{rec.t_first - (rec.t_fault if rec.t_fault is not None else rec.t_detect):.2f} s "
-                                    f"after the failure", generation=self.gen.number, iteration=it)
+            t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
+            self._note("recovered", f"first iteration under generation {gen} done {now - t0:.2f} s after the "
+                                    "failure", generation=gen, iteration=it)
             self._recovery = None
         loss_text = "" if loss is None else f"  loss {loss:.6f}"
         again = f"  (run {record.runs})" if record.runs > 1 else ""
-        self.on_line(f"iteration {it:4d}{loss_text}  {end - start:7.3f} s  gen {self.gen.number}{again}")
+        self.on_line(f"iteration {it:4d}{loss_text}  {end - start:7.3f} s  gen {gen}{again}")
 
     def _complete(self) -> bool:
-        return (len(self.iteration_records) == self.iterations and self.gen is not None
-                and self._done >= set(self.gen.members))
+        if self.gen is None or self._first_iteration is None:
+            return False
+        todo = range(self._first_iteration, self.iterations)
+        return all(it in self.iteration_records for it in todo) and self._done >= set(self.gen.members)
 
     def _checkpoint_written(self, rep: dict) -> None:
         k = rep["iteration"]
@@ -626,7 +630,7 @@ class Supervisor:
                          injections=tuple(armed), reason=reason)
         self.job.announce(gen, programs)
         self.gen, self.plan = gen, plan
-        self._ready, self._done, self._reports = {}, set(), {}
+        self._ready, self._done = {}, set()
         self._unexplained = None
         now = self._now()
         for r in members:

@@ -174,7 +174,7 @@ class LiveWorker:
                 t0 = time.time()
                 program.iteration(self.rt)
                 self.job.report({"kind": "iter", "rank": self.rank, "gen": gen.number, "it": it, "t0": t0,
-                                 "t1": time.time(), "loss": self.rt.loss_sum, "steps": self.rt.steps_done})
+                                 "t1": time.time(), "loss": self.rt.iteration_loss, "steps": self.rt.steps_done})
                 self._maybe_checkpoint(gen)
             transport.flush()
             self._finish(gen)
@@ -195,7 +195,8 @@ class LiveWorker:
     def _build(self, manifest: Manifest) -> None:
         from schedc.runtime.runtime import Runtime
 
-        self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config["emulate"], observer=self)
+        self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config["emulate"], observer=self,
+                          reduce_loss=True)
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
 
     def _wait_joined(self, gen: Generation) -> None:

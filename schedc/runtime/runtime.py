@@ -236,6 +236,11 @@ class Runtime:
     iteration: int = 0
     steps_done: int = 0
     loss_sum: float = 0.0  # this iteration's sum of (loss / D*M) over the microbatches ending here
+    # With `reduce_loss`, the last stage also sums `loss_sum` over its GPUs in its optimizer op, so
+    # each of them knows the iteration's whole loss (`iteration_loss`) once the stage has stepped:
+    # a live run still knows the loss of an iteration whose other last-stage GPU died after its step.
+    reduce_loss: bool = False
+    iteration_loss: float | None = None
     _stash: dict[tuple[int, int], _Stash] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -382,6 +387,10 @@ class Runtime:
             self.optimizer.step()
             for p in self.params:
                 p.grad.zero_()
+        if self.reduce_loss and self.last:
+            total = torch.tensor([self.loss_sum], dtype=torch.float64)
+            self.transport.all_reduce_stage(self.stage, total)
+            self.iteration_loss = float(total[0])
 
     # -- iteration bookkeeping --------------------------------------------------
 
@@ -389,6 +398,7 @@ class Runtime:
         self.transport.begin_iteration()
         self.iteration = iteration
         self.loss_sum = 0.0
+        self.iteration_loss = None
 
     def abandon_iteration(self) -> None:
         """Forget the interrupted iteration's work: stashes, accumulated gradients, loss."""
