@@ -1,0 +1,52 @@
+"""Helpers for the live-run tests (no tests here): small compiled plans bound to the
+shipped models, and a run checked against single-process training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import schedc
+from schedc.runtime import load_manifest, reference_train
+
+TOLERANCE = 1e-5  # max abs weight difference from single-process training (float32)
+LOSS_TOLERANCE = 1e-6
+
+
+def spec_text(*, model: str = "mlp", dp: int = 2, pp: int = 2, optimizer: str = "sgd", microbatches: int = 3,
+              gpus_per_node: int | None = None, decouple: bool = True, stagger: bool = True,
+              iterations: int = 4, forward: str = "2ms") -> str:
+    """A spec with explicit costs bound to `schedc.models.<model>` (pipeline_major: node n = pipeline n
+    when gpus_per_node = pp)."""
+    lr = "0.001" if optimizer in ("adam", "adamw") else "0.05"
+    return f"""
+model "m" {{ source = "schedc.models.{model}:build" }}
+cluster {{ dp = {dp}  pp = {pp}  gpus_per_node = {gpus_per_node or pp}
+          gpu {{ memory = 1GiB }}  link {{ latency = 50us  bandwidth = 1GB/s }} }}
+stages {{ all {{ forward = {forward}  backward_input = 2ms  backward_weight = 1ms  optimizer = 0.5ms
+               activation = 4MiB  stash = 1MiB  static = 16MiB  send = 64KiB }} }}
+train {{ microbatches = {microbatches}  optimizer = {optimizer}  lr = {lr}  iterations = {iterations} }}
+schedule {{ solver = greedy  decouple_backward = {str(decouple).lower()}  stagger_optimizer = {str(stagger).lower()} }}
+"""
+
+
+def compiled(tmp_path: Path, **kw) -> Path:
+    """`schedc compile` of `spec_text(**kw)` into tmp_path/out."""
+    out = Path(tmp_path) / "out"
+    schedc.compile(spec_text(**kw)).write(out)
+    return out
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert list(a) == list(b), f"keys differ: {sorted(set(a) ^ set(b))}"
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def check_exact(out: Path, result, iterations: int) -> float:
+    """The run's weights and every iteration's loss against single-process training; the max weight diff."""
+    ref, ref_losses = reference_train(load_manifest(out), iterations)
+    diff = max_diff(result.state_dict, ref)
+    assert diff <= TOLERANCE, f"max abs weight difference {diff:.3g}"
+    assert [r.iteration for r in result.iterations] == list(range(iterations))
+    for got, want in zip(result.losses, ref_losses):
+        assert abs(got - want) <= LOSS_TOLERANCE, (result.losses, ref_losses)
+    return diff
