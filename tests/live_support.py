@@ -14,12 +14,12 @@ LOSS_TOLERANCE = 1e-6
 
 def spec_text(*, model: str = "mlp", dp: int = 2, pp: int = 2, optimizer: str = "sgd", microbatches: int = 3,
               gpus_per_node: int | None = None, decouple: bool = True, stagger: bool = True,
-              iterations: int = 4, forward: str = "2ms") -> str:
+              iterations: int = 4, forward: str = "2ms", data: str | None = None) -> str:
     """A spec with explicit costs bound to `schedc.models.<model>` (pipeline_major: node n = pipeline n
     when gpus_per_node = pp)."""
     lr = "0.001" if optimizer in ("adam", "adamw") else "0.05"
     return f"""
-model "m" {{ source = "schedc.models.{model}:build" }}
+model "m" {{ source = "schedc.models.{model}:build" {f'data = "{data}"' if data else ""} }}
 cluster {{ dp = {dp}  pp = {pp}  gpus_per_node = {gpus_per_node or pp}
           gpu {{ memory = 1GiB }}  link {{ latency = 50us  bandwidth = 1GB/s }} }}
 stages {{ all {{ forward = {forward}  backward_input = 2ms  backward_weight = 1ms  optimizer = 0.5ms

@@ -137,8 +137,12 @@ def load_stage(checkpoint: Checkpoint, stage: int) -> dict:
     path = checkpoint.stage_file(stage)
     try:
         state = torch.load(path, weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise RunError([error("E570", f"cannot read stage {stage} of checkpoint `{checkpoint.path}`: {exc}")])
+    except Exception as exc:  # a missing, truncated or foreign file (torch raises many kinds)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RunError([error("E570", f"cannot read stage {stage} of checkpoint `{checkpoint.path}`: {reason}",
+                              hint="resume from an older checkpoint: pass its directory, or remove this one")])
+    if not isinstance(state, dict):
+        raise RunError([error("E570", f"`{path}` is not stage {stage} of a {FORMAT} checkpoint")])
     if state.get("format") != FORMAT or state.get("stage") != stage:
         raise RunError([error("E570", f"`{path}` is not stage {stage} of a {FORMAT} checkpoint")])
     return state

@@ -132,7 +132,7 @@ def _integer(word: _Word | None, what: str, file: str, text: str, minimum: int =
 
 
 def _moment(words: list[_Word], file: str, text: str) -> tuple[Moment | None, Diagnostic | None]:
-    """The words between `at` and `:`."""
+    """The words between `at` and `:` (their spans go to `_spans` for later checks)."""
     if not words:
         return None, error("E560", "the injection has no moment after `at`", _whole(file, text, None),
                            label="expected a moment", hint=_SYNTAX)
@@ -199,8 +199,10 @@ def _moment(words: list[_Word], file: str, text: str) -> tuple[Moment | None, Di
     return Moment(kind="iteration", iteration=it, phase=phase.text, op=op, mb=mb), None  # type: ignore[arg-type]
 
 
-def parse_injection(text: str, index: int) -> tuple[Moment, str, Failure]:
-    """(moment, action, target) of one injection; `SpecError` on bad syntax (file ``<inject N>``)."""
+def parse_injection(text: str, index: int) -> tuple[Moment, str, Failure, dict[str, Span]]:
+    """(moment, action, target, spans) of one injection; `SpecError` on bad syntax (file ``<inject N>``).
+
+    `spans` locates the moment's words (``iteration``, ``op``, ``mb``) for checks against the plan."""
     file = f"<inject {index + 1}>"
     sources = {file: text}
     if "\n" in text or "\r" in text:
@@ -219,6 +221,10 @@ def parse_injection(text: str, index: int) -> tuple[Moment, str, Failure]:
     moment, problem = _moment(head[1:], file, text)
     if problem:
         raise SpecError([problem], sources)
+    spans = {}
+    if moment.kind == "iteration":
+        named = dict(zip(("iteration", "phase", "op", "mb"), head[2:]))
+        spans = {k: _whole(file, text, w) for k, w in named.items()}
     body = text[colon + 1:]
     verb = re.match(r"\s*(\w+)", body)
     if verb is None:
@@ -247,7 +253,7 @@ def parse_injection(text: str, index: int) -> tuple[Moment, str, Failure]:
     if problems:
         raise SpecError(problems, sources)
     assert failure is not None
-    return moment, ACTIONS[word], failure  # type: ignore[return-value]
+    return moment, ACTIONS[word], failure, spans  # type: ignore[return-value]
 
 
 def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tuple[Injection, ...]:
@@ -264,7 +270,7 @@ def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tu
         file = f"<inject {i + 1}>"
         sources[file] = text
         try:
-            moment, action, failure = parse_injection(text, i)
+            moment, action, failure, spans = parse_injection(text, i)
         except SpecError as exc:
             diags.extend(exc.diagnostics)
             sources.update(exc.sources)
@@ -281,7 +287,7 @@ def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tu
                                failure.span, label="failed in the plan",
                                hint="inject into a GPU that runs (see `schedc check` for the live GPUs)"))
             continue
-        problem = _unreachable(moment, spec, iterations, failure)
+        problem = _unreachable(moment, spec, iterations, spans)
         if problem is not None:
             diags.append(problem)
             continue
@@ -291,22 +297,22 @@ def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tu
     return tuple(out)
 
 
-def _unreachable(moment: Moment, spec: Spec, iterations: int, failure: Failure) -> Diagnostic | None:
-    """E562 when the run never reaches the moment."""
+def _unreachable(moment: Moment, spec: Spec, iterations: int, spans: dict[str, Span]) -> Diagnostic | None:
+    """E562 when the run never reaches the moment (pointing at the word that says so)."""
     if moment.kind != "iteration":
         return None
     assert moment.iteration is not None
-    where = failure.span
     if moment.iteration >= iterations:
         return error("E562", f"iteration {moment.iteration} is never reached: the run has {iterations} "
-                             f"iteration{'s' if iterations != 1 else ''} (0..{iterations - 1})", where,
+                             f"iteration{'s' if iterations != 1 else ''} (0..{iterations - 1})",
+                     spans.get("iteration"), label="never reached",
                      hint="choose an earlier iteration or run more (--iterations)")
     if moment.op == "W" and not spec.schedule.decouple_backward:
-        return error("E562", "the plan has no W op: backward is not decoupled (B does all of it)", where,
-                     hint="inject `during B` instead, or set `decouple_backward = true`")
+        return error("E562", "the plan has no W op: backward is not decoupled (B does all of it)", spans.get("op"),
+                     label="no W op", hint="inject `during B` instead, or set `decouple_backward = true`")
     if moment.mb is not None and moment.mb >= spec.microbatches:
         return error("E562", f"there is no microbatch {moment.mb}: each pipeline has {spec.microbatches} "
-                             f"(0..{spec.microbatches - 1})", where)
+                             f"(0..{spec.microbatches - 1})", spans.get("mb"), label="no such microbatch")
     return None
 
 

@@ -1,0 +1,355 @@
+"""The live runtime's parts on their own: the injection language, the detector (fed numbers,
+no clocks), the rollback copy, checkpoints and the store protocol."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedc
+from live_support import spec_text
+from schedc.diagnostics import SpecError
+from schedc.live import checkpoint
+from schedc.live.detect import Beat, Detector, exit_cause
+from schedc.live.inject import Injection, Moment, Trigger, parse_injections
+from schedc.live.membership import Generation, Heartbeat, JobStore
+from schedc.live.rollback import RollbackError, StepSnapshot, roll_back, rollback_target
+
+
+@pytest.fixture(scope="module")
+def spec():
+    # 2x3, GPU (1, 2) failed in the plan, gpus_per_node = 3 (node n = pipeline n)
+    text = spec_text(dp=2, pp=3) + "failures { fail gpu(dp=1, pp=2) }\n"
+    return schedc.load(text)
+
+
+# -- injection ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, moment, action, ranks", [
+    ("at iteration 3: fail gpu(dp=0, pp=1)", Moment("iteration", 3), "kill", (1,)),
+    ("at iteration 2 during B: fail rank 4", Moment("iteration", 2, "during", "B"), "kill", (4,)),
+    ("at iteration 2 after O: hang gpu(dp=1, pp=0)", Moment("iteration", 2, "after", "O"), "stop", (3,)),
+    ("at iteration 0 during W 2: fail rank 0", Moment("iteration", 0, "during", "W", 2), "kill", (0,)),
+    ("at iteration 1 during backward_weight: fail rank 0", Moment("iteration", 1, "during", "W"), "kill", (0,)),
+    ("at recovery 2: fail gpu(dp=0, pp=2)", Moment("recovery", generation=2), "kill", (2,)),
+    ("at 1.5s: hang rank 1", Moment("time", seconds=1.5), "stop", (1,)),
+    ("at 250 ms: fail rank 1", Moment("time", seconds=0.25), "kill", (1,)),
+    # A node's failed GPU has no process: only its live ranks are signalled.
+    ("at iteration 1: fail node 1", Moment("iteration", 1), "kill", (3, 4)),
+])
+def test_injections_parse_to_their_moment_and_targets(spec, text, moment, action, ranks):
+    (inj,) = parse_injections([text], spec, iterations=5)
+    assert (inj.moment, inj.action, inj.ranks) == (moment, action, ranks)
+    assert Injection.from_json(inj.to_json()) == inj
+    (again,) = parse_injections([str(inj)], spec, iterations=5)  # printed back, parsed again
+    assert (again.moment, again.action, again.ranks) == (inj.moment, inj.action, inj.ranks)
+
+
+@pytest.mark.parametrize("text, code, where, words", [
+    ("at iteraton 3: fail rank 1", "E560", 4, "did you mean `iteration`"),
+    ("iteration 3: fail rank 1", "E560", 1, "starts with `at`"),
+    ("at iteration 3 fail rank 1", "E560", 26, "missing `:`"),
+    ("at iteration x: fail rank 1", "E560", 14, "whole number"),
+    ("at iteration 3 during X: fail rank 1", "E560", 23, "unknown op kind"),
+    ("at iteration 3 during O 1: fail rank 1", "E560", 25, "no microbatch"),
+    ("at 3: fail rank 1", "E560", 4, "needs a unit"),
+    ("at iteration 3: kill rank 1", "E560", 17, "cannot inject `kill`"),
+    ("at iteration 3: slow gpu(dp=0, pp=0) speed = 0.5", "E560", 17, "cannot inject `slow`"),
+    ("at iteration 3: fail gpu(dp=1 pp=0)", "E102", 31, "unexpected `pp`"),
+    ("at iteration 3: fail gpu(dp=5, pp=0)", "E207", 17, "no GPU (dp=5, pp=0)"),
+    ("at iteration 3: fail node 9", "E207", 17, "no node 9"),
+    ("at iteration 3: fail gpu(dp=1, pp=2)", "E561", 17, "already failed in the plan"),
+    ("at iteration 5: fail rank 0", "E562", 14, "never reached"),
+    ("at iteration 1 during B 3: fail rank 0", "E562", 25, "no microbatch 3"),
+    ("at recovery 0: fail rank 0", "E560", 13, ">= 1"),
+])
+def test_bad_injections_point_at_the_mistake(spec, text, code, where, words):
+    with pytest.raises(SpecError) as exc:
+        parse_injections([text], spec, iterations=5)
+    (d,) = exc.value.diagnostics
+    assert d.code == code and d.span.file == "<inject 1>" and d.span.column == where, d
+    rendered = exc.value.render()
+    assert words in rendered and text in rendered  # the line as written, with a caret under it
+
+
+def test_every_bad_injection_is_reported_at_once(spec):
+    with pytest.raises(SpecError) as exc:
+        parse_injections(["at iteration 1: fail rank 0", "at iteraton 1: fail rank 0", "at 1s: fail rank 99"],
+                         spec, iterations=5)
+    assert [d.span.file for d in exc.value.diagnostics] == ["<inject 2>", "<inject 3>"]
+
+
+def test_w_moments_need_decoupled_backward():
+    spec = schedc.load(spec_text(decouple=False))
+    with pytest.raises(SpecError, match="no W op"):
+        parse_injections(["at iteration 1 during W: fail rank 0"], spec, iterations=3)
+
+
+def test_a_trigger_fires_each_injection_once_at_its_op(spec):
+    injections = parse_injections(["at iteration 2 during B 1: fail rank 1", "at iteration 2 after O: fail rank 1",
+                                   "at iteration 1: fail rank 1", "at recovery 1: fail rank 1"], spec, iterations=5)
+    t = Trigger(injections)
+    assert t.at_op(2, "during", "B", 0) is None  # another microbatch
+    assert t.at_op(1, "during", "B", 1) is None  # another iteration
+    assert t.at_op(2, "during", "B", 1).index == 0
+    assert t.at_op(2, "during", "B", 1) is None  # once
+    assert t.at_op(2, "after", "O", None).index == 1
+    assert t.at_iteration_start(1).index == 2 and t.at_iteration_start(1) is None
+    assert t.at_recovery(2) is None and t.at_recovery(1).index == 3
+    assert not Trigger(())
+
+
+# -- detection -------------------------------------------------------------------------
+
+def _detector(**kw):
+    return Detector(**{"heartbeat_timeout": 3.0, "stall_timeout": 10.0, "startup_timeout": 60.0, **kw})
+
+
+def test_an_exit_is_a_failure_once():
+    d = _detector()
+    d.watch(1, 0.0)
+    s = d.exited(1, -signal.SIGKILL, 5.0)
+    assert (s.rank, s.cause, s.fence, s.at) == (1, "killed by SIGKILL", False, 5.0)
+    assert d.exited(1, -9, 6.0) is None
+    assert d.exited(7, 1, 6.0) is None  # not watched
+    assert exit_cause(3) == "exited with status 3" and exit_cause(-200) == "killed by signal 200"
+
+
+def test_silence_is_declared_at_the_bound():
+    d = _detector()
+    d.watch(1, 0.0)
+    d.beat(1, "1 0 0 0 run", 0.0)
+    assert d.check(3.0, running=True) == []
+    (s,) = d.check(3.01, running=True)
+    assert s.rank == 1 and s.fence and "no heartbeat for 3.0 s" in s.cause
+    assert d.check(9.0, running=True) == []  # declared once
+
+
+def test_a_worker_that_never_beats_gets_the_startup_timeout():
+    d = _detector(startup_timeout=20.0)
+    d.watch(4, 100.0)
+    assert d.check(119.0, running=True) == []
+    (s,) = d.check(120.5, running=True)
+    assert s.rank == 4 and "no heartbeat in 20.5 s" in s.cause
+
+
+def test_a_stall_blames_the_rank_in_compute_not_those_waiting_for_it():
+    d = _detector(stall_timeout=5.0)
+    for r in (0, 1, 2):
+        d.watch(r, 0.0)
+    for t in range(0, 12):
+        d.beat(0, f"{t} 0 3 17 wait", float(t))
+        d.beat(1, f"{t} 0 3 40 run", float(t))  # beats, but its op count stopped: stuck computing
+        d.beat(2, f"{t} 0 3 22 wait", float(t))
+        found = d.check(float(t), running=True)
+        if found:
+            break
+    assert [s.rank for s in found] == [1] and t == 6 and "stuck in an op" in found[0].cause
+    assert not d.stalled_waiting
+
+
+def test_no_stall_while_reconfiguring_or_idle_and_no_blame_when_all_wait():
+    d = _detector(stall_timeout=5.0)
+    for r in (0, 1):
+        d.watch(r, 0.0)
+        d.beat(r, "1 0 3 5 idle", 0.0)
+    for t in range(1, 20):
+        for r in (0, 1):
+            d.beat(r, f"{t} 0 3 5 idle", float(t))
+        assert d.check(float(t), running=True) == []  # finished workers are not stalled
+    d.restart_progress(20.0)
+    for t in range(21, 40):
+        for r in (0, 1):
+            d.beat(r, f"{t} 0 4 9 wait", float(t))
+        assert d.check(float(t), running=False) == []  # not while the supervisor reconfigures
+    assert d.check(40.0, running=True) == [] and d.stalled_waiting  # everyone waits: nobody to blame
+
+
+def test_beats_parse_and_print():
+    assert Beat.parse("3 1 7 42 run") == Beat(3, 1, 7, 42, "run")
+    assert str(Beat(3, 1, 7, 42, "run")) == "3 1 7 42 run"
+    assert Beat.parse("junk") is None and Beat.parse("a b c d e") is None
+
+
+# -- rollback -----------------------------------------------------------------------------
+
+def _stage(optimizer: str):
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    params = list(module.parameters())
+    opt = {"sgd": lambda: torch.optim.SGD(params, lr=0.1), "adam": lambda: torch.optim.Adam(params, lr=0.01),
+           "adamw": lambda: torch.optim.AdamW(params, lr=0.01)}[optimizer]()
+    return module, opt
+
+
+def _step(module, opt, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    opt.zero_grad()
+    module(torch.randn(3, 4, generator=g)).pow(2).sum().backward()
+    opt.step()
+
+
+def _state(module, opt):
+    return ({k: v.clone() for k, v in module.state_dict().items()},
+            {p: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for p, s in opt.state.items()})
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_restoring_the_copy_undoes_a_step_exactly_and_the_redo_is_bitwise_equal(optimizer):
+    module, opt = _stage(optimizer)
+    snap = StepSnapshot(module, opt)
+    for k in range(3):  # the first take: no optimizer state yet (Adam's appears at the first step)
+        before = _state(module, opt)
+        snap.take(k)
+        _step(module, opt, seed=k)
+        after = _state(module, opt)
+        assert roll_back(k + 1, k, snap)
+        assert _state(module, opt)[0].keys() == before[0].keys()
+        for key in before[0]:
+            assert torch.equal(module.state_dict()[key], before[0][key])
+        assert len(opt.state) == len(before[1])
+        for p, s in before[1].items():
+            for key, v in s.items():
+                assert torch.equal(opt.state[p][key], v) if torch.is_tensor(v) else opt.state[p][key] == v
+        _step(module, opt, seed=k)  # running the iteration again gives the same state, bit for bit
+        for key, v in after[0].items():
+            assert torch.equal(module.state_dict()[key], v)
+
+
+def test_the_copy_is_taken_into_the_same_buffers_and_its_size_is_known():
+    module, opt = _stage("adam")
+    snap = StepSnapshot(module, opt)
+    snap.take(0)
+    _step(module, opt, 0)
+    snap.take(1)
+    buffers = [id(c) for _, c in snap._params]
+    _step(module, opt, 1)
+    snap.take(2)
+    assert [id(c) for _, c in snap._params] == buffers
+    n_params = sum(p.numel() for p in module.parameters())
+    assert snap.nbytes == 4 * n_params * 3 + 4 * len(list(module.parameters()))  # weights, m, v (+ step)
+
+
+def test_emulated_ranks_keep_no_copy():
+    snap = StepSnapshot(None, None)
+    snap.take(4)
+    assert snap.nbytes == 0 and roll_back(5, 4, snap)
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=20), st.booleans())
+def test_the_target_is_the_fewest_steps_when_they_differ_by_at_most_one(base, spread):
+    steps = [base[0] + (x % 2 if spread else 0) for x in base]
+    assert rollback_target(steps) == min(steps)
+
+
+def test_states_more_than_one_step_apart_are_a_bug_not_a_rollback():
+    with pytest.raises(RollbackError):
+        rollback_target([3, 5])
+    snap = StepSnapshot(None, None)
+    snap.take(2)
+    with pytest.raises(RollbackError):
+        roll_back(5, 3, snap)  # two steps ahead
+    with pytest.raises(RollbackError):
+        roll_back(4, 3, snap)  # the copy is from before another step
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+def test_a_checkpoint_appears_whole_or_not_at_all(tmp_path):
+    root = tmp_path / "ckpt"
+    checkpoint.write_stage(root, 4, 0, {"steps": 4, "model": {"w": torch.ones(2)}, "optimizer": None})
+    assert checkpoint.latest(root) is None  # one stage of two: nothing complete yet
+    with pytest.raises(schedc.RunError, match="lacks stages"):
+        checkpoint.complete(root, 4, 2, {})
+    checkpoint.write_stage(root, 4, 1, {"steps": 4, "model": {}, "optimizer": None})
+    done = checkpoint.complete(root, 4, 2, {"spec": "x"})
+    assert done.path.name == "iter-000004" and checkpoint.latest(root) == done
+    assert (root / "latest").read_text().strip() == "iter-000004"
+    assert torch.equal(checkpoint.load_stage(done, 0)["model"]["w"], torch.ones(2))
+    assert checkpoint.read(done.path).iteration == 4
+
+
+def test_older_checkpoints_are_pruned_and_leftovers_cleaned(tmp_path):
+    root = tmp_path / "ckpt"
+    for k in (2, 4, 6):
+        checkpoint.write_stage(root, k, 0, {"steps": k, "model": {}, "optimizer": None})
+        checkpoint.complete(root, k, 1, {}, keep=2)
+    assert [c.iteration for c in checkpoint.complete_checkpoints(root)] == [4, 6]
+    checkpoint.write_stage(root, 8, 0, {"steps": 8, "model": {}, "optimizer": None})  # a run killed here
+    (root / ".latest.tmp").write_text("junk")
+    assert checkpoint.latest(root).iteration == 6
+    removed = checkpoint.clean_partials(root)
+    assert sorted(p.name for p in removed) == [".latest.tmp", ".partial-000008"]
+    assert sorted(p.name for p in root.iterdir()) == ["iter-000004", "iter-000006", "latest"]
+
+
+def test_a_damaged_checkpoint_is_a_diagnostic(tmp_path):
+    root = tmp_path / "ckpt"
+    checkpoint.write_stage(root, 2, 0, {"steps": 2, "model": {}, "optimizer": None})
+    done = checkpoint.complete(root, 2, 1, {})
+    done.stage_file(0).write_bytes(b"not a checkpoint")
+    with pytest.raises(schedc.RunError, match="cannot read stage 0"):
+        checkpoint.load_stage(done, 0)
+    with pytest.raises(schedc.RunError, match="E570|not a complete"):
+        checkpoint.read(tmp_path)
+
+
+# -- the store protocol ----------------------------------------------------------------------
+
+def test_generations_queues_and_heartbeats_over_a_real_store():
+    job = JobStore.serve()
+    worker = JobStore.connect(job.host, job.port)
+    gen = Generation(3, (0, 2), {"dp": 2}, restore=None, injections=({"index": 0},), reason="fail rank 1")
+    job.announce(gen, {0: "def iteration(rt): pass\n", 2: "x = 2\n"})
+    assert worker.latest_generation() == 3 and worker.generation(3) == gen
+    assert worker.program(3, 2) == "x = 2\n"
+    worker.report({"kind": "iter", "it": 1})
+    worker.report({"kind": "iter", "it": 2})
+    assert [m["it"] for m in job.reports()] == [1, 2] and job.reports() == []
+    job.command(1, {"op": "start", "ranks": [4]})
+    assert worker.commands(1) == [{"op": "start", "ranks": [4]}] and worker.commands(0) == []
+    worker.join(3, 0)
+    assert not job.all_joined(3, (0, 2))
+    worker.join(3, 2)
+    assert job.all_joined(3, (0, 2))
+    assert job.aborted() == -1 and not worker.stopped()
+    beats = []
+    hb = Heartbeat(worker.clone(), 2, 0.01, lambda: f"{len(beats)} 3 0 0 run").start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and 2 not in job.heartbeats([0, 2]):
+        time.sleep(0.01)
+    assert list(job.heartbeats([0, 2])) == [2]
+    job.abort(3)
+    job.stop("done")
+    while time.monotonic() < deadline and not (hb.aborted == 3 and hb.stopped):
+        time.sleep(0.01)
+    hb.halt()
+    assert hb.aborted == 3 and hb.stopped
+
+
+def test_a_worker_whose_supervisor_is_gone_leaves(monkeypatch):
+    import schedc.live.membership as m
+
+    monkeypatch.setattr(m, "ORPHAN_TIMEOUT", 0.2)
+    job = JobStore.serve()
+    worker = JobStore.connect(job.host, job.port, timeout=1.0)
+    orphaned = []
+    hb = Heartbeat(worker, 0, 0.02, lambda: "1 0 0 0 idle", on_orphaned=lambda: orphaned.append(os.getpid()))
+    worker.store.set_timeout(__import__("datetime").timedelta(seconds=0.1))
+    hb.start()
+    time.sleep(0.1)
+    del job  # the supervisor's store goes away
+    import gc
+
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while not orphaned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hb.halt()
+    assert orphaned
