@@ -52,3 +52,17 @@ def test_scenario_specs_load():
 def test_line_chart_draws_every_series():
     svg = line_chart({"a": [(1, 1.0), (2, 0.5)], "b": [(1, 0.9), (2, 0.8)]}, "t", "x", "y")
     assert svg.count("<polyline") == 2 and svg.startswith("<svg")
+
+
+def test_live_bench_counts_only_iterations_that_advance_training():
+    """The live recovery plot: an iteration run again after a restart adds no throughput."""
+    from bench.live_recovery import plot, useful_throughput
+
+    steady = [(float(t), t) for t in range(10)]  # one iteration per second
+    assert all(abs(y - 1.0) < 1e-9 for _, y in useful_throughput(steady, 0.0))
+    # Iterations 5 and 6 run again from t=7 to t=8: no progress there.
+    redone = [(float(t), t) for t in range(7)] + [(7.5, 5), (8.0, 6)] + [(9.0 + k, 7 + k) for k in range(5)]
+    rates = dict(useful_throughput(redone, 7.0))
+    assert min(rates.values()) < 0.5 and max(rates.values()) <= 1.0 + 1e-9
+    svg = plot({"reroute": steady, "restart": redone}, {"reroute": 4.0, "restart": 7.0}, "t")
+    assert svg.startswith("<svg") and "restart" in svg and "seconds since the fault" in svg

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import schedc
 from live_data import STUCK_MARKER
 from live_support import check_exact, compiled, max_diff
 from schedc.live import TrainError, train
@@ -55,6 +56,15 @@ def test_bad_input_is_a_diagnostic_not_a_traceback(tmp_path, args, code, words):
     assert f"error[{code}]" in proc.stderr and words in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (out / "live").exists()  # nothing ran
+
+
+def test_a_fresh_run_does_not_write_among_an_earlier_runs_checkpoints(tmp_path):
+    out = compiled(tmp_path)
+    train(out, iterations=2, checkpoint_every=1)
+    with pytest.raises(schedc.RunError) as exc:
+        train(out, iterations=3, checkpoint_every=1)
+    assert exc.value.codes == ["E556"] and "earlier run" in exc.value.render()
+    assert [r.iteration for r in train(out, iterations=3, checkpoint_every=1, resume=True).iterations] == [2]
 
 
 def test_an_injection_error_shows_the_injection_with_a_caret(tmp_path):

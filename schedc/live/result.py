@@ -92,6 +92,7 @@ class TrainResult:
     state_dict: dict | None = None
     error: list[dict] | None = None  # diagnostics when the run failed
     checkpoints: list[str] = field(default_factory=list)
+    history: list[IterationRecord] = field(default_factory=list)  # every completion, re-runs included
 
     @property
     def losses(self) -> list[float | None]:
@@ -105,6 +106,7 @@ class TrainResult:
             "options": self.options,
             "wall_s": round(self.wall_s, 4),
             "iterations": [asdict(r) for r in self.iterations],
+            "history": [asdict(r) for r in self.history],
             "events": self.events,
             "recoveries": [r.to_json() for r in self.recoveries],
             "generations": [asdict(g) for g in self.generations],

@@ -148,7 +148,8 @@ class Supervisor:
         self.dead: set[int] = set()  # ranks lost for good in this run (failed, fenced)
         self.alive: set[int] = set()  # ranks whose worker process runs (started, no exit reported yet)
         self.events: list[dict] = []
-        self.iteration_records: dict[int, IterationRecord] = {}
+        self.iteration_records: dict[int, IterationRecord] = {}  # the latest completion of each
+        self.history: list[IterationRecord] = []  # every completion, in order
         self.recoveries: list[Recovery] = []
         self.generation_records: list[GenerationRecord] = []
         self.restarts = 0
@@ -201,7 +202,7 @@ class Supervisor:
             events=self.events, recoveries=self.recoveries, generations=self.generation_records,
             wall_s=time.time() - self.t0, options=opts, state_dict=self.state_dict,
             error=[d.to_json() for d in self._failure] if self._failure else None,
-            checkpoints=self.checkpoints)
+            checkpoints=self.checkpoints, history=list(self.history))
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -215,6 +216,12 @@ class Supervisor:
                                       hint="train with --checkpoint-every K first, or drop --resume")])
             self._check_checkpoint(found)
             restore = str(found.path)
+            self.checkpoints.append(restore)
+        elif opts.checkpoint_every and checkpoint.latest(self.ckpt_root) is not None:
+            # Another run's checkpoints: mixing them would make `latest` and pruning lie.
+            raise RunError([error("E556", f"`{self.ckpt_root}` holds checkpoints of an earlier run",
+                                  hint="continue that run with --resume, or give this one another "
+                                       "--checkpoint-dir (or remove the old checkpoints)")])
         removed = checkpoint.clean_partials(self.ckpt_root)
         self.job = JobStore.serve(opts.store_host, opts.store_port)
         self.job.put_config({
@@ -299,6 +306,10 @@ class Supervisor:
             self._retry()
         elif self.phase == "running" and self._complete():
             self._finish()
+        elif self.phase == "running" and self.gen is not None and self._done >= set(self.gen.members):
+            missing = [i for i in range(self._first_iteration or 0, self.iterations) if i not in self.iteration_records]
+            self._fail([error("E554", f"every rank finished, yet iterations {missing} were never completed",
+                              hint="this is a bug in schedc's live runtime; please report it with the --log file")])
         elif self.phase == "finishing" and not self._workers_alive():
             self.phase = "done"
         if self._pending_write is not None and self.phase in ("running", "recovering", "starting"):
@@ -389,6 +400,7 @@ class Supervisor:
         record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4),
                                  runs=(old.runs + 1) if old else 1)
         self.iteration_records[it] = record
+        self.history.append(record)
         rec = self._recovery
         if rec is not None and rec.t_first is None and rec.to_generation == gen == self.gen.number:
             rec.t_first = now
@@ -542,7 +554,7 @@ class Supervisor:
     def _checkpoint_fallback(self, rec: Recovery, events: list[str], exc: SchedcError):
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""
         if self.restarts >= self.options.max_restarts:
-            found = checkpoint.latest(self.ckpt_root)
+            found = self._own_latest_checkpoint()
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it with "
                      f"`schedc train {self.out} --resume` once the GPUs are replaced" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
@@ -562,7 +574,7 @@ class Supervisor:
 
         plan = replan(self.plan, events + recover, deadline=self.options.replan_deadline,
                       solver=self._replan_solver())
-        found = checkpoint.latest(self.ckpt_root)
+        found = self._own_latest_checkpoint()
         restore = str(found.path) if found else "initial"
         rec.method = "checkpoint"
         rec.events += recover
@@ -573,6 +585,13 @@ class Supervisor:
                               f"{self.options.max_restarts})", stages=lost_stages, replacements=replacements,
                    restore=restore)
         return plan, restore, replacements
+
+    def _own_latest_checkpoint(self) -> checkpoint.Checkpoint | None:
+        """The newest complete checkpoint this run wrote (or resumed from) that still exists."""
+        for path in reversed(self.checkpoints):
+            if Path(path, "meta.json").is_file():
+                return checkpoint.read(Path(path))
+        return None
 
     def _restart_everything(self, rec: Recovery) -> None:
         """recovery="restart": stop every worker; restart all from the latest checkpoint, failed GPUs replaced."""
@@ -585,7 +604,7 @@ class Supervisor:
             self.local.step(TICK)
             for ev in self.job.events():
                 self._on_event(ev, self._now())
-        found = checkpoint.latest(self.ckpt_root)
+        found = self._own_latest_checkpoint()
         restore = str(found.path) if found else "initial"
         plan = self.initial_plan
         rec.t_plan = self._now()
