@@ -185,3 +185,29 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
 
     ref, _ = reference_train(load_manifest(out), 4)
     assert max_diff(torch.load(tmp_path / "w.pt", weights_only=True), ref) <= 1e-5
+
+
+def test_a_timed_injection_fires_by_the_clock(tmp_path):
+    # --emulate: ops take their planned time (iterations of about 0.1 s here), so 0.4 s is mid-run.
+    out = compiled(tmp_path, forward="20ms")
+    result = train(out, iterations=10, emulate=True, inject=["at 0.4s: fail gpu(dp=1, pp=0)"])
+    assert [r.iteration for r in result.iterations] == list(range(10))
+    (rec,) = result.recoveries
+    started = next(e["t"] for e in result.events if e["kind"] == "running")
+    assert rec.failed == [2] and 0.4 <= rec.t_fault - started < 1.5
+
+
+def test_resuming_a_checkpoint_of_another_kind_of_run_is_a_diagnostic(tmp_path):
+    out = compiled(tmp_path)
+    train(out, iterations=2, checkpoint_every=1, emulate=True)
+    with pytest.raises(TrainError) as exc:
+        train(out, iterations=3, resume=True)
+    assert exc.value.codes == ["E570"] and "emulate" in exc.value.render()
+
+
+def test_an_unwritable_checkpoint_directory_is_refused_before_the_run(tmp_path):
+    out = compiled(tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TrainError) as exc:
+        train(out, iterations=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "file" / "ckpt"))
+    assert exc.value.codes == ["E558"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -353,3 +354,82 @@ def test_a_worker_whose_supervisor_is_gone_leaves(monkeypatch):
         time.sleep(0.05)
     hb.halt()
     assert orphaned
+
+
+# -- review regressions --------------------------------------------------------------------
+
+class _Transport:
+    """A stand-in transport whose n-th stage all-reduce is interrupted (None: never)."""
+
+    def __init__(self, interrupt_at: int | None):
+        self.calls, self.interrupt_at = 0, interrupt_at
+
+    def all_reduce_stage(self, stage, tensor):
+        self.calls += 1
+        if self.calls == self.interrupt_at:
+            from schedc.runtime.runtime import Interrupted
+
+            raise Interrupted("test")
+
+    def barrier(self, what):
+        pass
+
+
+@pytest.mark.parametrize("interrupt_at, stepped", [(1, False), (2, False), (None, True)])
+def test_a_step_is_counted_exactly_when_it_is_applied(tmp_path, interrupt_at, stepped):
+    """The last stage reduces its loss (call 1) and gradients (call 2) before stepping; an interruption
+    at either leaves weights and count as they were, and nothing can interrupt between step and count."""
+    from live_support import compiled
+    from schedc.runtime import load_manifest
+    from schedc.runtime.runtime import Interrupted, Runtime
+
+    out = compiled(tmp_path, dp=2, pp=2)
+    manifest = load_manifest(out)
+    rank = manifest.stage_groups[-1][0]
+    rt = Runtime(manifest, rank, _Transport(interrupt_at), reduce_loss=True)
+    for p in rt.params:
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in rt.params]
+    if interrupt_at:
+        with pytest.raises(Interrupted):
+            rt.optimizer_step()
+    else:
+        rt.optimizer_step()
+    changed = any(not torch.equal(a, p) for a, p in zip(before, rt.params))
+    assert (rt.steps_done, changed) == ((1, True) if stepped else (0, False))
+
+
+def test_a_replacement_does_not_inherit_its_predecessors_heartbeat():
+    job = JobStore.serve()
+    job.beat(3, "7 1 4 20 run")
+    assert list(job.heartbeats([3])) == [3]
+    job.forget_heartbeat(3)
+    assert job.heartbeats([3]) == {}
+
+
+def test_sealing_a_boundary_again_keeps_the_old_checkpoint_until_the_new_one_is_in(tmp_path):
+    root = tmp_path / "ckpt"
+    for value in (1.0, 2.0):  # the same boundary, written again after a rollback
+        checkpoint.write_stage(root, 4, 0, {"steps": 4, "model": {"w": torch.full((1,), value)}, "optimizer": None})
+        done = checkpoint.complete(root, 4, 1, {})
+    assert float(checkpoint.load_stage(done, 0)["model"]["w"]) == 2.0
+    assert sorted(p.name for p in root.iterdir()) == ["iter-000004", "latest"]
+    (root / ".replaced-000004").mkdir()  # a run killed between the two renames
+    assert [p.name for p in checkpoint.clean_partials(root)] == [".replaced-000004"]
+
+
+def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(tmp_path):
+    from live_support import compiled
+    from schedc.live.supervisor import Supervisor, TrainOptions
+
+    out = compiled(tmp_path, dp=2, pp=2)
+    sup = Supervisor(out, TrainOptions(checkpoint_every=1))
+    sup.gen = Generation(2, (0, 1, 3), {"source": "x"})
+    sup._starts = {0: 0, 1: 3}  # generation 1 resumed at 3: steps 4 and later were undone
+    for stage in (0, 1):
+        checkpoint.write_stage(sup.ckpt_root, 4, stage, {"steps": 4, "model": {}, "optimizer": None})
+        sup._checkpoint_written({"iteration": 4, "stage": stage, "gen": 0})
+    assert sup.checkpoints == [] and sup._ckpt == {}
+    for stage in (0, 1):
+        sup._checkpoint_written({"iteration": 4, "stage": stage, "gen": 1})
+    assert [Path(c).name for c in sup.checkpoints] == ["iter-000004"]

@@ -111,8 +111,13 @@ def run(args: argparse.Namespace) -> int:
 
         target = Path(args.save_weights)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        torch.save(result.state_dict, tmp)
-        os.replace(tmp, target)  # never a half-written weights file
+        try:
+            torch.save(result.state_dict, tmp)
+            os.replace(tmp, target)  # never a half-written weights file
+        except OSError as exc:
+            raise RunError([error("E558", f"cannot write --save-weights `{target}`: {exc.strerror or exc}")])
+        finally:
+            tmp.unlink(missing_ok=True)
     if args.log:
         write_log(args.log, result)
     if args.json:

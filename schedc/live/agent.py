@@ -141,11 +141,16 @@ class Agent:
             p.join(5.0)
 
     def serve(self, poll: float = 0.005) -> None:
-        """Run as a host's agent process until the supervisor stops the run."""
+        """Run as a host's agent process until the supervisor stops the run (or goes away)."""
         self.register()
         try:
             while not self.stopping and not self.job.stopped():
                 self.step(poll)
+        except RuntimeError:  # the store is gone: so is the supervisor; stop this host's workers
+            pass
         finally:
             self.stop_all()
-            self.step(0)  # report the last exits
+            try:
+                self.step(0)  # report the last exits
+            except RuntimeError:
+                pass

@@ -82,9 +82,12 @@ def complete(root: Path, iteration: int, stages: int, meta: dict, keep: int = 2)
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, folder / "meta.json")
     final = root / _name(iteration)
+    old = root / f".replaced-{iteration:06d}"
     if final.exists():  # the same boundary sealed before a rollback: the newer files replace it
-        shutil.rmtree(final)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)  # moved aside, not deleted, until the new one is in place
     os.replace(folder, final)
+    shutil.rmtree(old, ignore_errors=True)
     tmp = root / f".{LATEST}.tmp"
     tmp.write_text(final.name + "\n")
     os.replace(tmp, root / LATEST)
@@ -155,7 +158,7 @@ def clean_partials(root: Path) -> list[Path]:
         return []
     gone = []
     for p in root.iterdir():
-        if p.name.startswith(".partial-") or (p.name.startswith(".") and p.name.endswith(".tmp")):
+        if p.name.startswith((".partial-", ".replaced-")) or (p.name.startswith(".") and p.name.endswith(".tmp")):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             gone.append(p)
     return gone

@@ -145,6 +145,9 @@ class JobStore:
     def beat(self, rank: int, payload: str) -> None:
         self.store.set(f"hb/{rank}", payload)
 
+    def forget_heartbeat(self, rank: int) -> None:
+        self.store.delete_key(f"hb/{rank}")
+
     def heartbeats(self, ranks) -> dict[int, str]:
         """The last heartbeat of each rank that has sent one."""
         ranks = [r for r in ranks if self.store.check([f"hb/{r}"])]

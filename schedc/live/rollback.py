@@ -26,8 +26,10 @@ that a dying peer interrupts may complete on some members and not on
 others), and a member that completed it can run on into iteration r+1 and
 overwrite the gradient it would need to undo; and the inverse of Adam's
 update in floating point is not exact. The copy costs memory (weights and
-optimizer state once more, in host memory on a GPU machine, so the plan's
-GPU memory is unchanged) and one copy per step (docs/live.md has the figures).
+optimizer state once more) and one copy per step (docs/live.md has the
+figures). It is allocated beside the parameters; on a GPU machine it
+belongs in host memory, written while the iteration computes, so that the
+plan's GPU memory stays as planned (the runtime has no GPU path yet).
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ from __future__ import annotations
 import io
 import json
 import math
-import signal
+import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -60,6 +60,8 @@ TICK = 0.005
 SETTLE = 0.02
 #: Seconds to wait for the error report of a worker that exited with EXIT_ERROR.
 ERROR_REPORT_WAIT = 1.0
+#: Seconds the workers get to exit by themselves once the run is over.
+FINISH_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,8 @@ class Supervisor:
         self._error_exits: dict[int, float] = {}  # rank -> when it exited with EXIT_ERROR
         self._fired: dict[int, dict] = {}  # injection index -> its `injected` event
         self._ckpt: dict[int, set[int]] = {}  # iteration -> stages written
+        self._starts: dict[int, int] = {}  # generation -> the iteration it started from
+        self._finish_deadline = math.inf
         self._recovery: Recovery | None = None
         self._last_beats = 0.0
         self._training_started: float | None = None
@@ -184,6 +188,10 @@ class Supervisor:
             self._failure = [error("E559", "training was interrupted (Ctrl-C)")]
             self._teardown("interrupted")
             raise
+        except SchedcError as exc:  # e.g. no checkpoint to resume, no plan after a failure
+            self._fail(list(exc.diagnostics))
+            self._teardown("failed")
+            raise TrainError(self._failure, self.result()) from None
         except BaseException:
             self._teardown("the supervisor failed")
             raise
@@ -222,8 +230,15 @@ class Supervisor:
             raise RunError([error("E556", f"`{self.ckpt_root}` holds checkpoints of an earlier run",
                                   hint="continue that run with --resume, or give this one another "
                                        "--checkpoint-dir (or remove the old checkpoints)")])
+        if opts.checkpoint_every:
+            self._check_checkpoint_dir()
         removed = checkpoint.clean_partials(self.ckpt_root)
-        self.job = JobStore.serve(opts.store_host, opts.store_port)
+        try:
+            self.job = JobStore.serve(opts.store_host, opts.store_port)
+        except RuntimeError as exc:
+            raise RunError([error("E557", f"cannot serve the run's store on {opts.store_host}:{opts.store_port}: "
+                                          f"{str(exc).strip().splitlines()[0]}",
+                                  hint="choose a free --store-port, and a --store-host address of this machine")])
         self.job.put_config({
             "iterations": self.iterations, "emulate": opts.emulate, "heartbeat_interval": opts.heartbeat_interval,
             "wait_timeout": opts.wait_timeout, "checkpoint_every": opts.checkpoint_every,
@@ -260,11 +275,32 @@ class Supervisor:
                                   hint=f"start them with `schedc agent --store {self.job.host}:{self.job.port} "
                                        f"--host H`, or run with fewer --hosts")])
 
+    def _check_checkpoint_dir(self) -> None:
+        try:
+            self.ckpt_root.mkdir(parents=True, exist_ok=True)
+            probe = self.ckpt_root / f".probe.{os.getpid()}.tmp"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise RunError([error("E558", f"checkpoints cannot be written to `{self.ckpt_root}`: "
+                                          f"{exc.strerror or exc}", hint="give a writable --checkpoint-dir")])
+
+    def _checkpoint_meta(self) -> dict:
+        spec = self.plan.spec
+        return {"spec": spec.source_name, "optimizer": spec.train.optimizer, "emulate": self.options.emulate,
+                "model": self.gen.manifest["source"] if self.gen else None}
+
     def _check_checkpoint(self, found: checkpoint.Checkpoint) -> None:
         stages = found.meta.get("stages")
         if stages != self.plan.spec.pp:
             raise RunError([error("E570", f"checkpoint `{found.path}` has {stages} stages but the plan has "
                                           f"{self.plan.spec.pp}", hint="resume with a plan of the same model split")])
+        for key, mine, what in (("emulate", self.options.emulate, "--emulate"),
+                                ("optimizer", self.plan.spec.train.optimizer, "the optimizer")):
+            if key in found.meta and found.meta[key] != mine:
+                raise RunError([error("E570", f"checkpoint `{found.path}` was written with {key} = "
+                                              f"{found.meta[key]!r}, this run has {mine!r}",
+                                      hint=f"resume with the same {what} as the run that wrote it")])
         if found.iteration >= self.iterations:
             raise RunError([error("E556", f"checkpoint `{found.path}` is after iteration {found.iteration - 1}: "
                                           f"nothing is left of the {self.iterations} iterations to run",
@@ -279,7 +315,7 @@ class Supervisor:
             self._on_report(rep, now)
         for ev in self.job.events():
             self._on_event(ev, now)
-        if now - self._last_beats >= self.options.heartbeat_interval:
+        if now - self._last_beats >= self.options.heartbeat_interval and self.phase not in ("finishing", "done"):
             self._last_beats = now
             for rank, text in self.job.heartbeats(self.detector.watching()).items():
                 self.detector.beat(rank, text, now)
@@ -310,8 +346,8 @@ class Supervisor:
             missing = [i for i in range(self._first_iteration or 0, self.iterations) if i not in self.iteration_records]
             self._fail([error("E554", f"every rank finished, yet iterations {missing} were never completed",
                               hint="this is a bug in schedc's live runtime; please report it with the --log file")])
-        elif self.phase == "finishing" and not self._workers_alive():
-            self.phase = "done"
+        elif self.phase == "finishing" and (not (self.alive - self.dead) or now > self._finish_deadline):
+            self.phase = "done"  # (workers still there after the deadline are killed at teardown)
         if self._pending_write is not None and self.phase in ("running", "recovering", "starting"):
             self._write_generation(*self._pending_write)
             self._pending_write = None
@@ -340,16 +376,22 @@ class Supervisor:
             reps = self._reports.setdefault((gen, rep["it"]), {})
             reps[rep["rank"]] = rep
             if gen == current and set(reps) >= set(self.gen.members):
+                del self._reports[(gen, rep["it"])]
                 self._iteration_done(rep["it"], gen, reps, now)
         elif kind == "aborted":
             self._note("aborted", f"rank {rep['rank']} left generation {gen}: {rep['reason']}", quiet=True,
                        rank=rep["rank"], generation=gen, steps=rep["steps"])
-            if gen == current and self.phase in ("running", "starting") and self._unexplained is None:
-                self._unexplained = now  # no abort was announced: a failure should be detected soon
+            if gen == current and self.phase in ("running", "starting", "recovering") and self._unexplained is None:
+                # No abort was announced: a failure should be detected soon; if none is, run the
+                # generation again (a lost connection, or groups that could not form).
+                self._unexplained = now
         elif kind == "done" and gen == current:
             self._done.add(rep["rank"])
         elif kind == "ckpt":
             self._checkpoint_written(rep)
+        elif kind == "ckpt_error":
+            self._note("warning", f"warning: rank {rep['rank']} could not write stage {rep['stage']} of the "
+                                  f"checkpoint after {rep['iteration']} steps: {rep['reason']}")
 
     def _generation_ready(self, now: float) -> None:
         start = min(r["start"] for r in self._ready.values())
@@ -364,14 +406,17 @@ class Supervisor:
                     if i == it and reps:
                         self._iteration_done(it, g, reps, now)
                         break
+        self._starts[self.gen.number] = start
         # Checkpoint files of steps that were undone will be written again.
         self._ckpt = {k: v for k, v in self._ckpt.items() if k <= start}
+        for key in [key for key in self._reports if key[1] < start]:
+            del self._reports[key]  # committed: recorded above
         self.generation_records[-1].t_ready = now
-        first = self.phase == "starting"
+        first = self._training_started is None
         self.phase = "running"
         self.detector.restart_progress(now)
         self._unexplained = None
-        if first and self._training_started is None:
+        if first:
             self._training_started = now
             self._note("running", f"generation {self.gen.number}: {len(self.gen.members)} ranks running from "
                                   f"iteration {start}", generation=self.gen.number, start=start)
@@ -420,13 +465,14 @@ class Supervisor:
 
     def _checkpoint_written(self, rep: dict) -> None:
         k = rep["iteration"]
+        if any(start < k for g, start in self._starts.items() if g > rep["gen"]):
+            return  # written before a rollback undid step k: it is written again
         stages = self._ckpt.setdefault(k, set())
         stages.add(rep["stage"])
         if len(stages) < self.plan.spec.pp:
             return
         del self._ckpt[k]
-        meta = {"spec": self.plan.spec.source_name, "generation": self.gen.number, "optimizer":
-                self.plan.spec.train.optimizer, "time": time.time()}
+        meta = {**self._checkpoint_meta(), "generation": self.gen.number, "time": time.time()}
         done = checkpoint.complete(self.ckpt_root, k, self.plan.spec.pp, meta, keep=self.options.keep_checkpoints)
         self.checkpoints.append(str(done.path))
         self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {k} steps)",
@@ -668,11 +714,16 @@ class Supervisor:
         except OSError as exc:
             self._note("warning", f"could not write the plan of generation {number}: {exc}")
 
-    def _start_workers(self, ranks) -> None:
+    def _by_host(self, ranks) -> dict[int, list[int]]:
         by_host: dict[int, list[int]] = {}
         for r in ranks:
             by_host.setdefault(self._host_of[r], []).append(r)
-        for host, rs in sorted(by_host.items()):
+        return dict(sorted(by_host.items()))
+
+    def _start_workers(self, ranks) -> None:
+        for r in ranks:
+            self.job.forget_heartbeat(r)  # a replacement must not inherit its predecessor's last beat
+        for host, rs in self._by_host(ranks).items():
             if host == 0:
                 self.local.start(rs)
             else:
@@ -680,17 +731,11 @@ class Supervisor:
         self.alive.update(ranks)
 
     def _signal(self, ranks, name: str) -> None:
-        by_host: dict[int, list[int]] = {}
-        for r in ranks:
-            by_host.setdefault(self._host_of[r], []).append(r)
-        for host, rs in sorted(by_host.items()):
+        for host, rs in self._by_host(ranks).items():
             if host == 0:
                 self.local.signal(rs, name)
             else:
                 self.job.command(host, {"op": "signal", "ranks": rs, "signal": name})
-
-    def _workers_alive(self) -> bool:
-        return bool(self.alive)
 
     def _fire_timed_injections(self, now: float) -> None:
         if self._training_started is None:
@@ -699,7 +744,7 @@ class Supervisor:
             m = inj.moment
             if m.kind == "time" and inj.index not in self._fired and now - self._training_started >= m.seconds:
                 self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks), "pending": True}
-                for host in sorted({self._host_of[r] for r in inj.ranks}):
+                for host in self._by_host(inj.ranks):
                     self.job.command(host, {"op": "inject", "id": inj.index, "rank": None})
 
     # -- the end -------------------------------------------------------------------------------------------
@@ -717,6 +762,7 @@ class Supervisor:
                 state.update(torch.load(io.BytesIO(blob), weights_only=True))
             self.state_dict = state
         self.phase = "finishing"
+        self._finish_deadline = self._now() + FINISH_WAIT
         self.job.stop("finished")
         self._note("finished", f"{self.iterations} iterations done")
 
@@ -739,6 +785,16 @@ class Supervisor:
             pass
         if self.local is not None:
             self.local.stop_all(grace=2.0)
+        if self.options.hosts > 1:  # remote agents report their workers' exits: wait a little for them
+            deadline = time.monotonic() + 5.0
+            while self.alive - self.dead and time.monotonic() < deadline:
+                try:
+                    for ev in self.job.events():
+                        if ev.get("kind") == "exit":
+                            self.alive.discard(ev["rank"])
+                except Exception:
+                    break
+                time.sleep(0.05)
         if self._pending_write is not None and self.phase == "done":
             self._write_generation(*self._pending_write)
             self._pending_write = None

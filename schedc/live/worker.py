@@ -106,6 +106,7 @@ class LiveWorker:
         self.snapshot: StepSnapshot | None = None
         self.trigger = Trigger(())
         self._writer: ThreadPoolExecutor | None = None
+        self._writer_job: JobStore | None = None
         self.heartbeat = Heartbeat(job.clone(), rank, self.config["heartbeat_interval"], self._payload)
 
     # -- what the heartbeat thread sends, and the abort flag it keeps ---------------------
@@ -270,11 +271,16 @@ class LiveWorker:
         root = Path(self.config["checkpoint_dir"])
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="schedc-checkpoint")
+            self._writer_job = self.job.clone()  # a connection of its own (one per thread)
+        report = {"rank": self.rank, "stage": self.rt.stage, "iteration": steps, "gen": gen.number}
 
         def save() -> None:
-            checkpoint.write_stage(root, steps, self.rt.stage, state)
-            self.job.report({"kind": "ckpt", "rank": self.rank, "stage": self.rt.stage, "iteration": steps,
-                             "gen": gen.number})
+            try:
+                checkpoint.write_stage(root, steps, self.rt.stage, state)
+            except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
+                self._writer_job.report({"kind": "ckpt_error", "reason": _reason(exc), **report})
+                return
+            self._writer_job.report({"kind": "ckpt", **report})
 
         self._writer.submit(save)
 

@@ -236,9 +236,10 @@ class Runtime:
     iteration: int = 0
     steps_done: int = 0
     loss_sum: float = 0.0  # this iteration's sum of (loss / D*M) over the microbatches ending here
-    # With `reduce_loss`, the last stage also sums `loss_sum` over its GPUs in its optimizer op, so
-    # each of them knows the iteration's whole loss (`iteration_loss`) once the stage has stepped:
-    # a live run still knows the loss of an iteration whose other last-stage GPU died after its step.
+    # With `reduce_loss`, the last stage also sums `loss_sum` over its GPUs in its optimizer op,
+    # before stepping, so each of them knows the iteration's whole loss (`iteration_loss`) once
+    # the stage has stepped: a live run knows the loss of an iteration even if another last-stage
+    # GPU died right after its step.
     reduce_loss: bool = False
     iteration_loss: float | None = None
     _stash: dict[tuple[int, int], _Stash] = field(default_factory=dict)
@@ -366,31 +367,36 @@ class Runtime:
             self.observer.op_ready("O", own_dp, None)
         if not self.manifest.stagger_optimizer:
             self.transport.barrier(f"every rank to finish its backward work of iteration {self.iteration}")
+        if self.reduce_loss and self.last and not self.emulate:
+            total = torch.tensor([self.loss_sum], dtype=torch.float64)
+            self.transport.all_reduce_stage(self.stage, total)
+            self.iteration_loss = float(total[0])
         if self.emulate:
             self.transport.all_reduce_stage(self.stage, torch.zeros(1))
             _sleep_us(us, time.perf_counter())
+            self.steps_done += 1
         else:
             self._all_reduce_and_step()
-        self.steps_done += 1
         if self.observer is not None:
             self.observer.op_done("O", own_dp, None)
 
     def _all_reduce_and_step(self) -> None:
-        if self.params:
-            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-            self.transport.all_reduce_stage(self.stage, flat)
-            offset = 0
-            for p in self.params:
-                n = p.numel()
-                p.grad.copy_(flat[offset:offset + n].view_as(p))
-                offset += n
-            self.optimizer.step()
-            for p in self.params:
-                p.grad.zero_()
-        if self.reduce_loss and self.last:
-            total = torch.tensor([self.loss_sum], dtype=torch.float64)
-            self.transport.all_reduce_stage(self.stage, total)
-            self.iteration_loss = float(total[0])
+        """Sum the gradients over the stage, step, count the step. Nothing that can fail or be
+        interrupted comes between the step and its count: a live run rolls back by that count."""
+        if not self.params:
+            self.steps_done += 1
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        self.transport.all_reduce_stage(self.stage, flat)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+        self.optimizer.step()
+        self.steps_done += 1
+        for p in self.params:
+            p.grad.zero_()
 
     # -- iteration bookkeeping --------------------------------------------------
 
