@@ -6,6 +6,14 @@ language's `failures` block, carried out for real on the target's processes:
 * ``fail gpu(dp=D, pp=S)`` / ``fail rank R`` / ``fail node N``: SIGKILL.
 * ``hang gpu(dp=D, pp=S)`` / ``hang rank R`` / ``hang node N``: SIGSTOP (the
   process stops answering; the supervisor must notice it by its silence).
+* ``slow gpu(dp=D, pp=S) speed = X [until iteration B]``: from the moment
+  (an iteration's start) until iteration B, every op of that GPU takes 1/X
+  times as long (emulated ops sleep longer; computed ops spin on its thread).
+* ``slow link gpu(dp=D, pp=S) delay = T [until iteration B]`` (or ``rank R``):
+  every message that GPU sends arrives T later; its own ops are not slower.
+* ``recover gpu(dp=D, pp=S)``: a failed GPU comes back: a new process starts
+  for it, catches up from a live peer and rejoins (the supervisor carries
+  this one out, at the start of the iteration or at the time given).
 
 The moment is one of:
 
@@ -40,8 +48,9 @@ from schedc.validate import describe_failure, failure_from_statement, failure_ra
 OP_KINDS = ("F", "B", "W", "O")
 _OP_NAMES = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W",
              "optimizer": "O", **{k: k for k in OP_KINDS}}
-#: Signal sent for each verb.
-ACTIONS = {"fail": "kill", "hang": "stop"}
+#: What each verb does: a signal (kill, stop), a slowdown the target applies to itself (slow,
+#: slow_link), or a rejoin the supervisor starts.
+ACTIONS = {"fail": "kill", "hang": "stop", "slow": "slow", "recover": "rejoin"}
 _SYNTAX = ("write `at iteration I: fail gpu(dp=D, pp=S)`; the moment may also be "
            "`iteration I during F|B|W|O [M]`, `iteration I after F|B|W|O [M]`, `recovery N` or `2.5s`")
 
@@ -75,22 +84,42 @@ class Injection:
 
     index: int  # 0-based position among the --inject options
     moment: Moment
-    action: Literal["kill", "stop"]
+    action: Literal["kill", "stop", "slow", "slow_link", "rejoin"]
     target: str  # as written: "gpu(dp=1, pp=2)", "rank 3", "node 1"
-    ranks: tuple[int, ...]  # the live schedule ranks it hits
+    ranks: tuple[int, ...]  # the schedule ranks it hits (live ones, except for a rejoin)
+    speed: float | None = None  # slow: the GPU's speed
+    delay: float | None = None  # slow_link: seconds added to every message it sends
+    until: int | None = None  # slow, slow_link: the iteration it ends at (None: the end of the run)
 
     @property
     def signal_name(self) -> str:
         return "SIGKILL" if self.action == "kill" else "SIGSTOP"
 
+    @property
+    def signals(self) -> bool:
+        """Carried out by a signal from the target's agent (the others act otherwise)."""
+        return self.action in ("kill", "stop")
+
+    def active(self, iteration: int) -> bool:
+        """slow, slow_link: in effect during `iteration`."""
+        return self.moment.iteration <= iteration and (self.until is None or iteration < self.until)
+
     def __str__(self) -> str:
-        verb = "fail" if self.action == "kill" else "hang"
-        return f"at {self.moment}: {verb} {self.target}"
+        verb = {"kill": "fail", "stop": "hang", "slow": "slow", "slow_link": "slow link",
+                "rejoin": "recover"}[self.action]
+        text = f"at {self.moment}: {verb} {self.target}"
+        if self.speed is not None:
+            text += f" speed = {self.speed:g}"
+        if self.delay is not None:
+            text += f" delay = {self.delay * 1e3:g}ms"
+        if self.until is not None:
+            text += f" until iteration {self.until}"
+        return text
 
     def to_json(self) -> dict:
         m = self.moment
         return {"index": self.index, "text": str(self), "action": self.action, "target": self.target,
-                "ranks": list(self.ranks),
+                "ranks": list(self.ranks), "speed": self.speed, "delay": self.delay, "until": self.until,
                 "moment": {"kind": m.kind, "iteration": m.iteration, "phase": m.phase, "op": m.op, "mb": m.mb,
                            "generation": m.generation, "seconds": m.seconds}}
 
@@ -100,7 +129,8 @@ class Injection:
         moment = Moment(kind=m["kind"], iteration=m["iteration"], phase=m["phase"], op=m["op"], mb=m["mb"],
                         generation=m["generation"], seconds=m["seconds"])
         return cls(index=obj["index"], moment=moment, action=obj["action"], target=obj["target"],
-                   ranks=tuple(obj["ranks"]))
+                   ranks=tuple(obj["ranks"]), speed=obj.get("speed"), delay=obj.get("delay"),
+                   until=obj.get("until"))
 
 
 @dataclass(frozen=True)
@@ -199,10 +229,27 @@ def _moment(words: list[_Word], file: str, text: str) -> tuple[Moment | None, Di
     return Moment(kind="iteration", iteration=it, phase=phase.text, op=op, mb=mb), None  # type: ignore[arg-type]
 
 
-def parse_injection(text: str, index: int) -> tuple[Moment, str, Failure, dict[str, Span]]:
-    """(moment, action, target, spans) of one injection; `SpecError` on bad syntax (file ``<inject N>``).
+_UNTIL = re.compile(r"\s+until\s+iteration\s+(\S+)\s*$")
+_LINK = re.compile(r"slow\s+link\s+(?:gpu\(\s*dp\s*=\s*(\d+)\s*,\s*pp\s*=\s*(\d+)\s*\)|rank\s+(\d+))"
+                   r"\s+delay\s*=\s*([0-9]+(?:\.[0-9]*)?)\s*(us|ms|s)\s*$")
 
-    `spans` locates the moment's words (``iteration``, ``op``, ``mb``) for checks against the plan."""
+
+@dataclass(frozen=True)
+class _Parsed:
+    moment: Moment
+    action: str
+    failure: Failure  # the target (a link's as `fail gpu` / `fail rank`)
+    spans: dict[str, Span]
+    speed: float | None = None
+    delay: float | None = None
+    until: int | None = None
+
+
+def parse_injection(text: str, index: int) -> _Parsed:
+    """One injection, parsed; `SpecError` on bad syntax (file ``<inject N>``).
+
+    `spans` locates the moment's words (``iteration``, ``op``, ``mb``), the
+    event (``event``) and ``until``'s iteration, for checks against the plan."""
     file = f"<inject {index + 1}>"
     sources = {file: text}
     if "\n" in text or "\r" in text:
@@ -232,28 +279,65 @@ def parse_injection(text: str, index: int) -> tuple[Moment, str, Failure, dict[s
                                label="expected an event", hint="e.g. `fail gpu(dp=1, pp=2)` or `hang rank 3`")],
                         sources)
     word = verb.group(1)
+    start = colon + 1 + verb.start(1)  # 0-based column of the verb
     if word not in ACTIONS:
         hint = did_you_mean(word, ACTIONS)
-        raise SpecError([error("E560", f"cannot inject `{word}`", _span(file, colon + 2 + verb.start(1), len(word)),
-                               label=hint or "expected `fail` or `hang`",
+        raise SpecError([error("E560", f"cannot inject `{word}`", _span(file, start + 1, len(word)),
+                               label=hint or "expected fail, hang, slow or recover",
                                hint="`fail ...` kills the target's processes (SIGKILL), `hang ...` stops them "
-                                    "(SIGSTOP)")], sources)
-    # Parse the event with the spec parser, its columns kept: the moment becomes blanks, and
-    # `hang` (as long as `fail`) is read as `fail`.
-    start = colon + 1 + verb.start(1)
-    event_text = " " * start + "fail" + text[start + 4:]
+                                    "(SIGSTOP), `slow ...` slows a GPU or link down, `recover gpu(...)` "
+                                    "brings a failed GPU back")], sources)
+    action = ACTIONS[word]
+    event_end = len(text)
+    until = None
+    m = _UNTIL.search(text, start)
+    if m:
+        if action not in ("slow",):
+            raise SpecError([error("E560", "only `slow` takes `until iteration B`", _span(file, m.start() + 2,
+                                   m.end() - m.start() - 1), label="remove this")], sources)
+        word_until = _Word(m.group(1), m.start(1) + 1)
+        spans["until"] = _whole(file, text, word_until)
+        until, problem = _integer(word_until, "an iteration number", file, text)
+        if problem:
+            raise SpecError([problem], sources)
+        event_end = m.start()
+    spans["event"] = _span(file, start + 1, event_end - start)
+    if action in ("slow", "rejoin", "stop", "kill") and not (moment.kind == "time" or moment.phase == "start"
+                                                            or action in ("kill", "stop")):
+        raise SpecError([error("E560", f"`{word}` starts at an iteration's start or at a time, not during an op",
+                               spans.get("phase"), label="remove this",
+                               hint=f"write `at iteration I: {word} ...`")], sources)
+    if action == "slow" and moment.kind != "iteration":
+        raise SpecError([error("E560", "`slow` starts at an iteration's start", spans["event"],
+                               hint="write `at iteration I: slow ...` (and `until iteration B`)")], sources)
+    link = _LINK.match(text[start:event_end].strip())
+    if action == "slow" and re.match(r"slow\s+link\b", text[start:]):
+        if link is None:
+            raise SpecError([error("E560", "a slow link is `slow link gpu(dp=D, pp=S) delay = T` "
+                                           "(or `rank R`)", spans["event"], label="not understood",
+                                   hint="e.g. `slow link gpu(dp=1, pp=0) delay = 5ms until iteration 9`")],
+                            sources)
+        dp, pp, rank, amount, unit = link.groups()
+        failure = (Failure(kind="fail_gpu", dp=int(dp), pp=int(pp), span=spans["event"]) if rank is None
+                   else Failure(kind="fail_rank", rank=int(rank), span=spans["event"]))
+        delay = float(amount) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+        return _Parsed(moment, "slow_link", failure, spans, delay=delay, until=until)
+    # The spec parser reads the event, its columns kept: the moment (and `until ...`) become
+    # blanks, and `hang` (as long as `fail`) is read as `fail`.
+    verb_text = "fail" if word == "hang" else word
+    event_text = " " * start + verb_text + text[start + len(word):event_end]
     try:
         statements = parse_statements(event_text, file)
     except SpecError as exc:
         raise SpecError(exc.diagnostics, sources) from None  # show the injection as written
     if len(statements) != 1:
-        raise SpecError([error("E560", "an injection has exactly one event", _span(file, start + 1, len(body)),
+        raise SpecError([error("E560", "an injection has exactly one event", spans["event"],
                                hint="pass each event as its own --inject option")], sources)
-    failure, problems = failure_from_statement(statements[0], allow_recover=False)
+    failure, problems = failure_from_statement(statements[0], allow_recover=True)
     if problems:
         raise SpecError(problems, sources)
     assert failure is not None
-    return moment, ACTIONS[word], failure, spans  # type: ignore[return-value]
+    return _Parsed(moment, action, failure, spans, speed=failure.speed, until=until)
 
 
 def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tuple[Injection, ...]:
@@ -270,31 +354,57 @@ def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tu
         file = f"<inject {i + 1}>"
         sources[file] = text
         try:
-            moment, action, failure, spans = parse_injection(text, i)
+            parsed = parse_injection(text, i)
         except SpecError as exc:
             diags.extend(exc.diagnostics)
             sources.update(exc.sources)
             continue
+        failure, moment = parsed.failure, parsed.moment
         ranks, problem = failure_ranks(spec.cluster, failure)
         if problem is not None:
             diags.append(problem)
             continue
-        target = describe_failure(failure)[len("fail "):]
+        target = describe_failure(failure).split(" ", 1)[1]
+        if failure.kind == "slow_gpu":
+            target = target.split(" speed")[0]
+        what = f"GPU ({target[4:-1]})" if target.startswith("gpu(") else target
         live = [r for r in ranks if spec.gpus[r].live]
-        if not live:
-            what = f"GPU ({target[4:-1]})" if failure.kind == "fail_gpu" else target
+        if parsed.action == "rejoin":
+            live = ranks  # it names a failed GPU; whether it failed is checked below
+        elif not live:
             diags.append(error("E561", f"{what} is already failed in the plan: no process runs there",
                                failure.span, label="failed in the plan",
                                hint="inject into a GPU that runs (see `schedc check` for the live GPUs)"))
             continue
-        problem = _unreachable(moment, spec, iterations, spans)
+        problem = _unreachable(moment, spec, iterations, parsed.spans)
+        if problem is None and parsed.until is not None and parsed.until <= (moment.iteration or 0):
+            problem = error("E562", f"`until iteration {parsed.until}` is not after iteration {moment.iteration}",
+                            parsed.spans.get("until"), label="not after the start")
         if problem is not None:
             diags.append(problem)
             continue
-        out.append(Injection(index=i, moment=moment, action=action, target=target, ranks=tuple(live)))
+        out.append(Injection(index=i, moment=moment, action=parsed.action, target=target, ranks=tuple(live),
+                             speed=parsed.speed, delay=parsed.delay, until=parsed.until))
+    for inj in out:  # a GPU can only come back if it fails, in the plan or by another injection
+        if inj.action == "rejoin":
+            (rank,) = inj.ranks
+            killed = any(o.action in ("kill", "stop") and rank in o.ranks for o in out)
+            if spec.gpus[rank].live and not killed:
+                diags.append(error("E561", f"GPU (dp={spec.gpus[rank].dp}, pp={spec.gpus[rank].pp}) never fails "
+                                           "in this run: there is nothing to recover",
+                                   parsed_span(texts, inj.index), label="runs already",
+                                   hint="recover a GPU the plan has failed, or fail it with another injection"))
     if diags:
         raise SpecError(diags, sources)
     return tuple(out)
+
+
+def parsed_span(texts: Sequence[str], index: int) -> Span:
+    """The event part of injection `index` (for diagnostics found after parsing)."""
+    text = texts[index]
+    colon = text.find(":")
+    return _span(f"<inject {index + 1}>", colon + 2 + (len(text[colon + 1:]) - len(text[colon + 1:].lstrip())),
+                 len(text[colon + 1:].strip()))
 
 
 def _unreachable(moment: Moment, spec: Spec, iterations: int, spans: dict[str, Span]) -> Diagnostic | None:
@@ -330,8 +440,11 @@ class Trigger:
         self._ops: dict[tuple[int, str, str], list[Injection]] = {}
         self._starts: dict[int, list[Injection]] = {}
         self._recoveries: dict[int, list[Injection]] = {}
+        self._slow = [i for i in self.injections if i.action in ("slow", "slow_link")]
         for inj in self.injections:
             m = inj.moment
+            if inj.action not in ("kill", "stop"):
+                continue  # slowdowns are windows (below); rejoins are the supervisor's
             if m.kind == "iteration" and m.phase == "start":
                 self._starts.setdefault(m.iteration, []).append(inj)  # type: ignore[arg-type]
             elif m.kind == "iteration":
@@ -341,6 +454,18 @@ class Trigger:
 
     def __bool__(self) -> bool:
         return bool(self._ops or self._starts or self._recoveries)
+
+    def slowdown(self, iteration: int) -> float:
+        """How many times longer this GPU's ops take in `iteration` (1.0: not slowed)."""
+        factor = 1.0
+        for inj in self._slow:
+            if inj.action == "slow" and inj.active(iteration):
+                factor /= inj.speed
+        return factor
+
+    def link_delay(self, iteration: int) -> float:
+        """Seconds added to every message this GPU sends in `iteration`."""
+        return sum(inj.delay for inj in self._slow if inj.action == "slow_link" and inj.active(iteration))
 
     def at_op(self, iteration: int, phase: str, kind: str, mb: int | None) -> Injection | None:
         return self._first(self._ops.get((iteration, phase, kind), ()), mb)

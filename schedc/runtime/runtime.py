@@ -24,7 +24,9 @@ which GPU ran which microbatch, nor on how many GPUs a stage has left.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable, Protocol
@@ -86,6 +88,10 @@ class Transport:
         # its own iteration i), so waiting for them then does not block and frees their tensors.
         self._pending: list[tuple[object, str]] = []
         self._pending_before: list[tuple[object, str]] = []
+        # Fault injection: every send is posted this many seconds late by a thread of its own, as
+        # over a slow link (the sender goes on at once; only its peers wait longer).
+        self.send_delay = 0.0
+        self._late: _LateSends | None = None
 
     @classmethod
     def over_default_group(cls, manifest: Manifest, rank: int, timeout: float) -> "Transport":
@@ -99,9 +105,16 @@ class Transport:
         return cls(manifest, rank, timeout, world=dist.group.WORLD, stage=mine)
 
     def send(self, tensor: torch.Tensor, to: int, tag: int, what: str) -> None:
-        work = self._post(lambda: self.world.send([tensor.contiguous()], self.manifest.dist_rank(to), tag),
-                          f"{what} to rank {to}", peer=to)
-        self._pending.append((work, what))
+        def post():
+            return self._post(lambda: self.world.send([tensor.contiguous()], self.manifest.dist_rank(to), tag),
+                              f"{what} to rank {to}", peer=to)
+
+        if self.send_delay > 0:
+            if self._late is None:
+                self._late = _LateSends()
+            self._late.put(time.monotonic() + self.send_delay, post, what, self._pending)
+            return
+        self._pending.append((post(), what))
 
     def recv(self, shape, dtype, frm: int, tag: int, what: str) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype)
@@ -131,12 +144,16 @@ class Transport:
 
     def begin_iteration(self) -> None:
         """Wait for the sends of the iteration before the one that just ended (see __init__)."""
+        if self._late is not None:
+            self._late.drain()
         for work, what in self._pending_before:
             self._wait(work, f"{what} to be received")
         self._pending_before, self._pending = self._pending, []
 
     def flush(self) -> None:
         """Wait for every send posted so far (at the end of a run)."""
+        if self._late is not None:
+            self._late.drain()
         for work, what in self._pending_before + self._pending:
             self._wait(work, f"{what} to be received")
         self._pending_before, self._pending = [], []
@@ -145,6 +162,9 @@ class Transport:
         """Drop the process groups and unfinished sends: their connections close, so a peer
         blocked on this rank stops waiting (used when a live run's generation is aborted)."""
         self._pending_before, self._pending = [], []
+        if self._late is not None:
+            self._late.stop()
+            self._late = None
         self.world = self.stage = None
 
     def _check_interrupted(self, what: str) -> None:
@@ -182,6 +202,58 @@ class Transport:
         return RunError([error("E530", msg, hint=hint)])
 
 
+class _LateSends:
+    """Posts sends at their due time, in order, from a thread of its own (a slow link)."""
+
+    def __init__(self):
+        self._queue: deque = deque()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name="schedc-slow-link", daemon=True)
+        self._thread.start()
+
+    def put(self, due: float, post, what: str, pending: list) -> None:
+        with self._cond:
+            self._queue.append((due, post, what, pending))
+            self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every queued send is posted."""
+        with self._cond:
+            while (self._queue or self._busy) and not self._stopped:
+                self._cond.wait(0.05)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._queue.clear()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                due, post, what, pending = self._queue[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                self._queue.popleft()
+                self._busy = True
+            try:
+                pending.append((post(), what))
+            except Exception:  # the group broke: the main thread's next wait reports it
+                pass
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
 def _short_reason(exc: BaseException) -> str:
     """gloo's message without its source location and boilerplate: "connection reset by peer"."""
     import re
@@ -215,7 +287,8 @@ class OpObserver(Protocol):
 
     def op_ready(self, kind: str, d: int, mb: int | None) -> None: ...
 
-    def op_done(self, kind: str, d: int, mb: int | None) -> None: ...
+    def op_done(self, kind: str, d: int, mb: int | None, us: int) -> None:
+        """`us`: the op's planned duration (the schedule's, at the GPU's planned speed)."""
 
 
 @dataclass
@@ -242,6 +315,14 @@ class Runtime:
     # GPU died right after its step.
     reduce_loss: bool = False
     iteration_loss: float | None = None
+    # Fault injection: every op takes this many times longer (emulated ops sleep longer, computed
+    # ops spin on this rank's thread afterwards), as on a GPU gone slow. Below 1 (emulated only):
+    # a GPU faster than its plan assumes.
+    slowdown: float = 1.0
+    # With `keep_step_grad`, `last_step_grad` is the summed gradient of the last optimizer step
+    # (flat, in `params` order): what a live run streams to a rejoining GPU of this stage.
+    keep_step_grad: bool = False
+    last_step_grad: torch.Tensor | None = None
     _stash: dict[tuple[int, int], _Stash] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -278,7 +359,7 @@ class Runtime:
         if self.observer is not None:
             self.observer.op_ready("F", d, mb)
         if self.emulate:
-            _sleep_us(us, ready)
+            self.run_emulated(us, ready)
             out = torch.zeros(self.shapes[stage][0])
         else:
             if inp is None:
@@ -290,11 +371,12 @@ class Runtime:
                 target = self.batch(self.iteration, d, mb)[1]
                 out = self.loss_fn(out, target) / self.manifest.global_microbatches
                 self.loss_sum += float(out.detach())
+            self.slow_down(ready)
         if send_to is not None:
             self.transport.send(out.detach(), send_to, self._tag(ACTIVATION, d, mb, stage), f"the activation of {op}")
         self._stash[(d, mb)] = _Stash(inp=inp, out=out)
         if self.observer is not None:
-            self.observer.op_done("F", d, mb)
+            self.observer.op_done("F", d, mb, us)
 
     def backward_input(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
                        us: int = 0) -> None:
@@ -304,12 +386,14 @@ class Runtime:
         grad_in = None
         if self.emulate:
             grad_in = self._emulated_backward(us, ready, stage, send_to)
-        elif send_to is not None and st.inp is not None and st.inp.requires_grad:
-            (grad_in,) = torch.autograd.grad(st.out, st.inp, st.grad_out, retain_graph=True)
+        else:
+            if send_to is not None and st.inp is not None and st.inp.requires_grad:
+                (grad_in,) = torch.autograd.grad(st.out, st.inp, st.grad_out, retain_graph=True)
+            self.slow_down(ready)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         st.backward_done = True
         if self.observer is not None:
-            self.observer.op_done("B", d, mb)
+            self.observer.op_done("B", d, mb, us)
 
     def backward_weight(self, *, d: int, stage: int, mb: int, us: int = 0) -> None:
         """W(d, mb, stage): accumulate the weight gradients, then free the stash."""
@@ -321,11 +405,13 @@ class Runtime:
         if self.observer is not None:
             self.observer.op_ready("W", d, mb)
         if self.emulate:
-            _sleep_us(us, ready)
-        elif self.params:
-            torch.autograd.backward(st.out, st.grad_out, inputs=self.params)
+            self.run_emulated(us, ready)
+        else:
+            if self.params:
+                torch.autograd.backward(st.out, st.grad_out, inputs=self.params)
+            self.slow_down(ready)
         if self.observer is not None:
-            self.observer.op_done("W", d, mb)
+            self.observer.op_done("W", d, mb, us)
 
     def backward(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
                  us: int = 0) -> None:
@@ -341,14 +427,15 @@ class Runtime:
             if inputs:
                 torch.autograd.backward(st.out, st.grad_out, inputs=inputs)
             grad_in = st.inp.grad if wants_input else None
+            self.slow_down(ready)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         del self._stash[(d, mb)]
         if self.observer is not None:
-            self.observer.op_done("B", d, mb)
+            self.observer.op_done("B", d, mb, us)
 
     def _emulated_backward(self, us: int, ready: float, stage: int, send_to: int | None):
         """--emulate: sleep for the op's cost; a placeholder gradient (of the emulated size) to send."""
-        _sleep_us(us, ready)
+        self.run_emulated(us, ready)
         return torch.zeros(self.shapes[stage - 1][0]) if send_to is not None else None
 
     def optimizer_step(self, *, us: int = 0) -> None:
@@ -373,12 +460,14 @@ class Runtime:
             self.iteration_loss = float(total[0])
         if self.emulate:
             self.transport.all_reduce_stage(self.stage, torch.zeros(1))
-            _sleep_us(us, time.perf_counter())
+            self.run_emulated(us, time.perf_counter())
             self.steps_done += 1
         else:
+            started = time.perf_counter()
             self._all_reduce_and_step()
+            self.slow_down(started)
         if self.observer is not None:
-            self.observer.op_done("O", own_dp, None)
+            self.observer.op_done("O", own_dp, None, us)
 
     def _all_reduce_and_step(self) -> None:
         """Sum the gradients over the stage, step, count the step. Nothing that can fail or be
@@ -388,6 +477,16 @@ class Runtime:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
         self.transport.all_reduce_stage(self.stage, flat)
+        if self.keep_step_grad:
+            self.last_step_grad = flat  # a fresh tensor every step: nothing writes to it afterwards
+        self.apply_step(flat)
+
+    def apply_step(self, flat: torch.Tensor | None) -> None:
+        """One optimizer step with the stage's summed gradient `flat`, counted. A GPU that catches
+        up replays its donor's steps with this: the same code on the same state, so the same bits."""
+        if self.emulate or not self.params:
+            self.steps_done += 1
+            return
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -463,6 +562,16 @@ class Runtime:
         return {full: local[key].detach().clone() for key, full in self.state_keys}
 
     # -- helpers ------------------------------------------------------------------
+
+    def run_emulated(self, us: float, ready: float) -> None:
+        _sleep_us(us * self.slowdown, ready)
+
+    def slow_down(self, ready: float) -> None:  # (no-op unless slowdown > 1)
+        """An injected slowdown of a computed op: busy this rank's thread (slowdown - 1) times as long."""
+        if self.slowdown > 1.0:
+            until = ready + (time.perf_counter() - ready) * self.slowdown
+            while time.perf_counter() < until:
+                pass
 
     def _check_stage(self, stage: int, op: str) -> None:
         if stage != self.stage:
