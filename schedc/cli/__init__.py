@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("schedc.cli.run", "run compiled per-rank programs locally (CPU, gloo)"),
     "train": ("schedc.cli.train", "train a compiled plan with live workers that survive failures"),
     "agent": ("schedc.cli.agent", "run the agent of one more host of `schedc train --hosts N`"),
+    "rejoin": ("schedc.cli.rejoin", "ask a running `schedc train` to take a repaired GPU back"),
     "bench": ("schedc.cli.bench", "compare schedc's planner with the baselines"),
 }
 

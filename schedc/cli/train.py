@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how to go on after a failure: reroute (default: survivors take the failed GPU's "
                              "work), drop-pipeline (its pipeline leaves), restart (everything restarts from "
                              "the latest checkpoint, the GPU replaced)")
+    parser.add_argument("--fail-slow", choices=["act", "detect", "off"], default="act",
+                        help="slow GPUs: act (default: find them from their ops' times and rebalance or "
+                             "exclude them when that pays, take them back when healthy), detect (only say "
+                             "so), off")
     parser.add_argument("--detect-timeout", type=float, default=3.0, metavar="S",
                         help="seconds without a heartbeat before a rank counts as hung (default 3)")
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="S",
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     options = TrainOptions(
         iterations=args.iterations, emulate=args.emulate, inject=tuple(args.inject),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-        keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery,
+        keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery, fail_slow=args.fail_slow,
         detect_timeout=args.detect_timeout, stall_timeout=args.stall_timeout, replan_deadline=args.replan_deadline,
         max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
         store_host=args.store_host, store_port=args.store_port)

@@ -18,6 +18,11 @@ feeding it numbers). Three rules:
    merely waits for a slow or stuck peer is never blamed. (If every member
    waits, nobody is to blame: `stalled_waiting` says so, and the supervisor
    gives up with a diagnostic rather than kill at random.)
+
+Time the supervisor itself did not look (its loop or the store stalled, so
+no heartbeat could be read) is not held against the workers: a gap between
+two checks longer than half the heartbeat timeout moves every clock forward
+by that gap.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class Detector:
         self._beat_at: dict[int, float] = {}  # when the sequence number last changed
         self._progress_at: dict[int, float] = {}  # when the op count last changed
         self._declared: set[int] = set()
+        self._checked: float | None = None  # when `check` last ran
         self.stalled_waiting = False
 
     def watch(self, rank: int, now: float) -> None:
@@ -131,6 +137,7 @@ class Detector:
 
     def check(self, now: float, *, running: bool) -> list[Suspect]:
         """Silent ranks, and (while `running`) ranks stuck in compute."""
+        self._forgive_blindness(now)
         out: list[Suspect] = []
         for rank, since in sorted(self._since.items()):
             if rank in self._declared:
@@ -147,6 +154,15 @@ class Detector:
         for s in out:
             self._declared.add(s.rank)
         return out
+
+    def _forgive_blindness(self, now: float) -> None:
+        last, self._checked = self._checked, now
+        if last is None or now - last <= self.heartbeat_timeout / 2:
+            return
+        gap = now - last
+        for clock in (self._since, self._beat_at, self._progress_at):
+            for rank, t in clock.items():
+                clock[rank] = min(t + gap, now)
 
     def _stalled(self, now: float) -> list[Suspect]:
         ranks = [r for r in self._since if r not in self._declared]

@@ -13,7 +13,10 @@ Keys (values are JSON unless said otherwise):
 | ``gen/N`` | supervisor | `Generation` N: members, plan manifest, how to restore |
 | ``gen/N/program/R`` | supervisor | the program text of rank R in generation N |
 | ``abort`` | supervisor | the highest aborted generation (text; -1: none) |
+| ``dir/R`` | supervisor | rank R's role in a catch-up: ``{"role": "donate"|"join", "session", ...}`` |
+| ``cu/S/state``, ``cu/S/grad/K`` | donor | catch-up session S: the stage's state, then each step's summed gradient |
 | ``stop`` | supervisor | the run is over (text: why) |
+| ``progress`` | supervisor | the newest iteration completed (text) |
 | ``hb/R`` | worker R | heartbeat: ``"gen iteration ops state"``, rewritten every interval |
 | ``join/N/R`` | worker R | R is ready to build generation N's process groups |
 | ``result/N/S`` | worker | stage S's weights after the last iteration (torch.save bytes) |
@@ -24,13 +27,16 @@ host H: start, signal, inject, stop).
 
 A generation is one membership with one plan. Generation N's process groups
 live under the store prefix ``gN/`` (torchft's way of rebuilding groups), so
-nothing of an aborted generation can meet the next one.
+nothing of an aborted generation can meet the next one. A generation with
+`start_at` = k is a planned switch: the members of the one before finish
+iteration k-1 and leave it in order (no abort, no rollback).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,15 +59,27 @@ class Generation:
     restore: str | None = None  # None: roll back in memory; "initial": model.source's weights; else a checkpoint
     injections: tuple[dict, ...] = ()  # armed injections (`Injection.to_json`)
     reason: str = ""
+    start_at: int | None = None  # a planned switch: the generation before runs iterations < start_at
+    speeds: dict[int, float] | None = None  # member -> the speed the plan assumes for it (1.0 if absent)
+
+    def speed(self, rank: int) -> float:
+        return (self.speeds or {}).get(rank, 1.0)
 
     def to_json(self) -> dict:
         return {"number": self.number, "members": list(self.members), "manifest": self.manifest,
-                "restore": self.restore, "injections": list(self.injections), "reason": self.reason}
+                "restore": self.restore, "injections": list(self.injections), "reason": self.reason,
+                "start_at": self.start_at, "speeds": {str(r): v for r, v in (self.speeds or {}).items()}}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Generation":
         return cls(number=obj["number"], members=tuple(obj["members"]), manifest=obj["manifest"],
-                   restore=obj["restore"], injections=tuple(obj["injections"]), reason=obj["reason"])
+                   restore=obj["restore"], injections=tuple(obj["injections"]), reason=obj["reason"],
+                   start_at=obj.get("start_at"),
+                   speeds={int(r): v for r, v in obj["speeds"].items()} if obj.get("speeds") else None)
+
+
+#: Bytes per store value of a blob (the libuv store server refuses values over 8 MiB).
+BLOB_CHUNK = 4 << 20
 
 
 def _dumps(obj: Any) -> bytes:
@@ -79,8 +97,14 @@ class JobStore:
     @classmethod
     def serve(cls, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> "JobStore":
         """Host the store (the supervisor); port 0 picks a free one."""
-        store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout))
+        # The store's server names every client that connects by its address, on its one
+        # thread. Listening on IPv6 (its default) makes a local client "::ffff:127.0.0.1",
+        # which /etc/hosts does not list: a reverse DNS query, and a resolver that drops it
+        # stalls every store operation of the job for 5 s (measured). An IPv4 socket of our
+        # own, handed over, keeps clients' addresses plain.
+        listener = socket.create_server((host, port), family=socket.AF_INET, backlog=1024, reuse_port=False)
+        store = dist.TCPStore(host, listener.getsockname()[1], is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout), master_listen_fd=listener.detach())
         job = cls(store, host, store.port)
         job.store.set("abort", "-1")
         job.store.set("gen", "-1")
@@ -119,6 +143,13 @@ class JobStore:
         self.store.set(f"gen/{n}", _dumps(gen.to_json()))
         self.store.set("gen", str(n))
 
+    def set_progress(self, iteration: int) -> None:
+        """The newest iteration done (standby ranks follow slowdown windows by it)."""
+        self.store.set("progress", str(iteration))
+
+    def progress(self) -> int:
+        return int(self.store.get("progress")) if self.store.check(["progress"]) else -1
+
     def latest_generation(self) -> int:
         return int(self.store.get("gen"))
 
@@ -133,6 +164,37 @@ class JobStore:
 
     def aborted(self) -> int:
         return int(self.store.get("abort"))
+
+    def direct(self, rank: int, directive: dict | None) -> None:
+        """Give rank `rank` a catch-up role (None: none)."""
+        self.store.set(f"dir/{rank}", _dumps(directive))
+
+    def directive(self, rank: int) -> dict | None:
+        key = f"dir/{rank}"
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
+    def put_blob(self, key: str, blob: bytes) -> None:
+        """Store bytes of any size: the store's server refuses values over 8 MiB, so in chunks
+        (``key/0``, ``key/1``, ...), then ``key`` itself, the chunk count: written last, it commits."""
+        chunks = [blob[i:i + BLOB_CHUNK] for i in range(0, len(blob), BLOB_CHUNK)] or [b""]
+        for i, chunk in enumerate(chunks):
+            self.store.set(f"{key}/{i}", chunk)
+        self.store.set(key, str(len(chunks)))
+
+    def blob(self, key: str) -> bytes | None:
+        """The bytes `put_blob` stored under `key`, or None while they are not all there."""
+        if not self.store.check([key]):
+            return None
+        n = int(self.store.get(key))
+        return b"".join(self.store.get(f"{key}/{i}") for i in range(n))
+
+    def drop_blob(self, key: str) -> None:
+        """Free a blob's memory in the store (its reader is done with it)."""
+        if self.store.check([key]):
+            n = int(self.store.get(key))
+            self.store.delete_key(key)
+            for i in range(n):
+                self.store.delete_key(f"{key}/{i}")
 
     def join(self, number: int, rank: int) -> None:
         self.store.set(f"join/{number}/{rank}", "1")
@@ -208,6 +270,9 @@ class Heartbeat:
     on_orphaned: Callable[[], None] = field(default=lambda: os._exit(3))
     aborted: int = -1
     stopped: bool = False
+    latest: int = -1  # the newest announced generation
+    directive: dict | None = None  # this rank's catch-up role
+    progress: int = -1  # the newest iteration the run completed
 
     def __post_init__(self) -> None:
         self._halt = threading.Event()
@@ -228,6 +293,9 @@ class Heartbeat:
                 self.job.beat(self.rank, self.payload())
                 self.aborted = self.job.aborted()
                 self.stopped = self.stopped or self.job.stopped()
+                self.latest = self.job.latest_generation()
+                self.directive = self.job.directive(self.rank)
+                self.progress = self.job.progress()
                 last_ok = time.monotonic()
             except Exception:  # the store is unreachable: the supervisor died or the network broke
                 if time.monotonic() - last_ok > ORPHAN_TIMEOUT:

@@ -24,6 +24,9 @@ class IterationRecord:
     start: float  # earliest start over ranks
     end: float  # when the last rank finished it
     runs: int = 1  # > 1: it was rolled back and run again
+    # rank -> measured compute speed against the plan's costs (1.0: as planned; ranks with no
+    # compute this iteration are absent): what the fail-slow detector is fed, as log(speed).
+    speeds: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -66,6 +69,40 @@ class Recovery:
 
 
 @dataclass
+class Switch:
+    """A planned switch to a new plan at an iteration boundary (rebalance, exclude, restore, rejoin)."""
+
+    kind: str  # rebalance, exclude, restore, rejoin
+    reason: str
+    ranks: list[int]  # the GPUs it is about
+    from_generation: int
+    to_generation: int
+    start_at: int  # the iteration the new plan starts at
+    t_decide: float
+    t_announce: float
+    t_ready: float | None = None  # every member runs the new plan's groups
+    t_first: float | None = None  # first iteration completed under it
+    t_last_old: float | None = None  # last iteration completed under the old plan
+    predicted_before_us: int | None = None
+    predicted_after_us: int | None = None
+    catch_up_s: float | None = None  # rejoin: from the session's start to caught up
+    catch_up_bytes: int | None = None
+
+    @property
+    def stall_s(self) -> float | None:
+        """What the survivors paid: the gap between the last iteration under the old plan and
+        the first under the new one, less one period of the new plan."""
+        if self.t_first is None or self.t_last_old is None or self.predicted_after_us is None:
+            return None
+        return self.t_first - self.t_last_old - self.predicted_after_us / 1e6
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["stall_s"] = None if self.stall_s is None else round(self.stall_s, 4)
+        return out
+
+
+@dataclass
 class GenerationRecord:
     number: int
     members: list[int]
@@ -93,6 +130,8 @@ class TrainResult:
     error: list[dict] | None = None  # diagnostics when the run failed
     checkpoints: list[str] = field(default_factory=list)
     history: list[IterationRecord] = field(default_factory=list)  # every completion, re-runs included
+    switches: list[Switch] = field(default_factory=list)
+    decisions: list[dict] = field(default_factory=list)  # the slowdown ladder's, with reasons
 
     @property
     def losses(self) -> list[float | None]:
@@ -109,6 +148,8 @@ class TrainResult:
             "history": [asdict(r) for r in self.history],
             "events": self.events,
             "recoveries": [r.to_json() for r in self.recoveries],
+            "switches": [s.to_json() for s in self.switches],
+            "decisions": self.decisions,
             "generations": [asdict(g) for g in self.generations],
             "checkpoints": self.checkpoints,
             "error": self.error,

@@ -38,6 +38,7 @@ import io
 import json
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,9 @@ from schedc.live.agent import Agent
 from schedc.live.detect import Detector, Suspect
 from schedc.live.inject import Injection, parse_injections
 from schedc.live.membership import Generation, JobStore
-from schedc.live.result import GenerationRecord, IterationRecord, Recovery, TrainResult, write_log
+from schedc.live.rejoin import Rejoins
+from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
+from schedc.live.slowness import Slowness
 from schedc.live.worker import EXIT_ERROR
 from schedc.plan import Plan, read_plan
 
@@ -62,6 +65,8 @@ SETTLE = 0.02
 ERROR_REPORT_WAIT = 1.0
 #: Seconds the workers get to exit by themselves once the run is over.
 FINISH_WAIT = 10.0
+#: A planned switch starts this many iterations after the furthest rank's current one.
+SWITCH_MARGIN = 2
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class TrainOptions:
     keep_checkpoints: int = 2
     resume: bool = False
     recovery: RecoveryMethod = "reroute"
+    fail_slow: str = "act"  # act: detect slow GPUs and switch plans by cost; detect: only say so; off
     detect_timeout: float = 3.0  # seconds of heartbeat silence before a rank is declared hung
     heartbeat_interval: float = 0.05
     stall_timeout: float | None = None  # default: max(10 s, 10 x the plan's iteration time)
@@ -112,6 +118,8 @@ class TrainOptions:
             problems.append("detect-timeout must be at least three heartbeat intervals")
         if self.recovery not in ("reroute", "drop-pipeline", "restart"):
             problems.append(f"unknown recovery `{self.recovery}` (reroute, drop-pipeline or restart)")
+        if self.fail_slow not in ("act", "detect", "off"):
+            problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")
         if self.recovery == "restart" and not self.checkpoint_every:
             problems.append("recovery `restart` restarts from checkpoints: give --checkpoint-every K")
         if self.want_weights and self.emulate:
@@ -174,6 +182,13 @@ class Supervisor:
         self._failure: list[Diagnostic] | None = None
         self._unexplained: float | None = None  # an abort no failure explains, since when
         self._retries = 0
+        self.base_plan: Plan = self.plan  # the plan of the last generation that became ready
+        self._gen_speeds: dict[int, dict[int, float]] = {}  # generation -> rank -> the speed its plan assumes
+        self.switches: list[Switch] = []
+        self._switch_rec: Switch | None = None  # the planned switch under way
+        self._switch_from: tuple[int, ...] = ()  # the members of the generation it switches from
+        self.rejoins = Rejoins(self)
+        self.slowness = Slowness(self)
 
     # -- public --------------------------------------------------------------------------------
 
@@ -210,7 +225,13 @@ class Supervisor:
             events=self.events, recoveries=self.recoveries, generations=self.generation_records,
             wall_s=time.time() - self.t0, options=opts, state_dict=self.state_dict,
             error=[d.to_json() for d in self._failure] if self._failure else None,
-            checkpoints=self.checkpoints, history=list(self.history))
+            checkpoints=self.checkpoints, history=list(self.history), switches=self.switches,
+            decisions=self.slowness.decisions)
+
+    @property
+    def completed(self) -> int:
+        """Iterations completed so far (the next one to complete)."""
+        return max(self.iteration_records, default=-1) + 1
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -244,6 +265,7 @@ class Supervisor:
             "wait_timeout": opts.wait_timeout, "checkpoint_every": opts.checkpoint_every,
             "checkpoint_dir": str(self.ckpt_root.resolve()), "want_weights": opts.want_weights,
             "injections": [i.to_json() for i in self.injections],
+            "coords": {str(g.rank): [g.dp, g.pp] for g in self.plan.spec.gpus},  # every GPU, live or not
         })
         self.local = Agent(self.job, 0)
         self.local.register()
@@ -348,7 +370,7 @@ class Supervisor:
                               hint="this is a bug in schedc's live runtime; please report it with the --log file")])
         elif self.phase == "finishing" and (not (self.alive - self.dead) or now > self._finish_deadline):
             self.phase = "done"  # (workers still there after the deadline are killed at teardown)
-        if self._pending_write is not None and self.phase in ("running", "recovering", "starting"):
+        if self._pending_write is not None and self.phase in ("running", "recovering", "starting", "switching"):
             self._write_generation(*self._pending_write)
             self._pending_write = None
 
@@ -375,7 +397,11 @@ class Supervisor:
         elif kind == "iter":
             reps = self._reports.setdefault((gen, rep["it"]), {})
             reps[rep["rank"]] = rep
-            if gen == current and set(reps) >= set(self.gen.members):
+            speeds = self._gen_speeds.get(gen, {})
+            if rep["rank"] in speeds and gen == current and self.options.fail_slow != "off":
+                self.slowness.observe(rep, speeds[rep["rank"]])
+            members = self._members_of(gen)
+            if members is not None and set(reps) >= set(members):
                 del self._reports[(gen, rep["it"])]
                 self._iteration_done(rep["it"], gen, reps, now)
         elif kind == "aborted":
@@ -392,6 +418,15 @@ class Supervisor:
         elif kind == "ckpt_error":
             self._note("warning", f"warning: rank {rep['rank']} could not write stage {rep['stage']} of the "
                                   f"checkpoint after {rep['iteration']} steps: {rep['reason']}")
+        elif kind == "caughtup":
+            self.rejoins.caught_up(rep)
+        elif kind == "probe" and self.options.fail_slow != "off":
+            self.slowness.probe(rep)
+        elif kind == "left":
+            self._note("left", f"rank {rep['rank']} left generation {gen} for the next", quiet=True,
+                       rank=rep["rank"], generation=gen)
+        elif kind == "rejoin":  # `schedc rejoin` from a user
+            self._rejoin_request(rep.get("event", ""), "asked for with schedc rejoin")
 
     def _generation_ready(self, now: float) -> None:
         start = min(r["start"] for r in self._ready.values())
@@ -413,13 +448,28 @@ class Supervisor:
             del self._reports[key]  # committed: recorded above
         self.generation_records[-1].t_ready = now
         first = self._training_started is None
+        recovered = self.phase == "recovering"
         self.phase = "running"
+        self.base_plan = self.plan
         self.detector.restart_progress(now)
         self._unexplained = None
+        for rank in self.rejoins.wanted.keys() & set(self.gen.members):
+            self.slowness.joined(rank)
+        self.rejoins.joined(self.gen.members)
+        sw = self._switch_rec
+        if sw is not None and sw.to_generation == self.gen.number:
+            sw.t_ready = now
+            self._note("switched", f"generation {self.gen.number} ({sw.kind}): {len(self.gen.members)} ranks "
+                                   f"switched at iteration {start}, {now - sw.t_announce:.2f} s after the "
+                                   "announcement", generation=self.gen.number, switch=sw.kind)
+        self.rejoins.resume()
+        if recovered:
+            self.slowness.after_recovery()
         if first:
             self._training_started = now
             self._note("running", f"generation {self.gen.number}: {len(self.gen.members)} ranks running from "
-                                  f"iteration {start}", generation=self.gen.number, start=start)
+                                  f"iteration {start}; store {self.job.host}:{self.job.port}",
+                       generation=self.gen.number, start=start, store=f"{self.job.host}:{self.job.port}")
             return
         rec = self._recovery
         if rec is not None:
@@ -442,10 +492,14 @@ class Supervisor:
         start = min(r["t0"] for r in reps.values()) - self.t0
         end = max(r["t1"] for r in reps.values()) - self.t0
         old = self.iteration_records.get(it)
+        plan_speeds = self._gen_speeds.get(gen, {})
+        speeds = {r: round(rep["planned"] * plan_speeds.get(r, 1.0) / rep["compute"], 4)
+                  for r, rep in sorted(reps.items()) if (rep.get("compute") or 0) > 0 and (rep.get("planned") or 0) > 0}
         record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4),
-                                 runs=(old.runs + 1) if old else 1)
+                                 runs=(old.runs + 1) if old else 1, speeds=speeds)
         self.iteration_records[it] = record
         self.history.append(record)
+        self._after_iteration(record)
         rec = self._recovery
         if rec is not None and rec.t_first is None and rec.to_generation == gen == self.gen.number:
             rec.t_first = now
@@ -456,6 +510,62 @@ class Supervisor:
         loss_text = "" if loss is None else f"  loss {loss:.6f}"
         again = f"  (run {record.runs})" if record.runs > 1 else ""
         self.on_line(f"iteration {it:4d}{loss_text}  {end - start:7.3f} s  gen {gen}{again}")
+
+    def _switch_margin(self) -> int:
+        """Iterations between announcing a planned switch and its start: SWITCH_MARGIN, plus what
+        a heartbeat's staleness (the furthest rank may be further) spans at the measured pace, so
+        that no member is past the start when it reads of the switch (at its next boundary). A
+        member that is past it anyway leaves by the abort path: rolled back, still exact."""
+        ends = [r.end for r in self.history[-6:]]
+        gaps = [b - a for a, b in zip(ends, ends[1:]) if b > a]
+        period = statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
+        return SWITCH_MARGIN + min(50, math.ceil(self.options.heartbeat_interval / max(period, 1e-3)))
+
+    def _members_of(self, gen: int) -> tuple[int, ...] | None:
+        """The members whose reports complete an iteration of `gen`: the current generation's, and
+        during a planned switch the one before's (it runs until the switch)."""
+        if self.gen is not None and gen == self.gen.number:
+            return self.gen.members
+        sw = self._switch_rec
+        if sw is not None and gen == sw.from_generation and self.phase == "switching":
+            return self._switch_from
+        return None
+
+    def _after_iteration(self, record: IterationRecord) -> None:
+        """An iteration is done: a switch's figures; for the current generation, the ladder and rejoins."""
+        sw, it, gen = self._switch_rec, record.iteration, record.generation
+        if sw is not None:
+            if gen == sw.from_generation and it == sw.start_at - 1:
+                sw.t_last_old = record.end
+            elif gen == sw.to_generation and sw.t_first is None:
+                sw.t_first = record.end
+                self._switch_rec = None
+                if sw.stall_s is not None and sw.kind != "rejoin":  # (never free: new groups at least)
+                    self.slowness.ladder.measured(max(sw.stall_s, 0.1))
+        if gen != self.gen.number:
+            return
+        self.job.set_progress(it)
+        for inj in self.injections:  # `at iteration I: recover gpu(...)` as iteration I starts
+            if inj.action == "rejoin" and inj.moment.kind == "iteration" and inj.moment.iteration == it + 1 \
+                    and inj.index not in self._fired:
+                self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks)}
+                self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
+        if self.phase == "running":
+            self.slowness.tick(it)
+            self.rejoins.switch_if_ready(self.completed)
+
+    def _rejoin_request(self, text: str, reason: str) -> None:
+        from schedc.events import parse_events
+
+        try:
+            (ev,) = parse_events(text)
+            if ev.kind != "recover_gpu":
+                raise ValueError
+            rank = self.plan.spec.cluster.rank_of(ev.dp, ev.pp)
+        except Exception:
+            self._note("warning", f"warning: ignored a rejoin request that is not `recover gpu(dp=D, pp=S)`: {text!r}")
+            return
+        self.rejoins.request(rank, reason)
 
     def _complete(self) -> bool:
         if self.gen is None or self._first_iteration is None:
@@ -485,8 +595,12 @@ class Supervisor:
         if kind == "exit":
             rank, code = ev["rank"], ev["code"]
             self.alive.discard(rank)
-            if self.phase in ("finishing", "done") or rank not in self.detector.watching():
-                return  # an expected exit: the run is over, or the rank was fenced
+            if self.phase in ("finishing", "done"):
+                return  # an expected exit: the run is over
+            if rank not in self.detector.watching():  # fenced, or a standby process
+                self.rejoins.lost(rank)
+                self.slowness.lost(rank)
+                return
             if code == EXIT_ERROR:
                 self._error_exits[rank] = now  # its error report may still be on its way
                 return
@@ -525,6 +639,11 @@ class Supervisor:
         for r in failed:
             self.detector.forget(r)
         self.dead.update(failed)
+        if self.phase == "switching":  # the switch is off: plan from the last plan that ran
+            self._note("switch", f"the switch to generation {self.gen.number} is abandoned: a failure came first")
+            self.plan = self.base_plan
+            self._switch_rec = None
+        self.rejoins.cancel_all()
         old = self.gen
         self.job.abort(old.number)
         rec = self._recovery if (self._recovery and self._recovery.t_ready is None) else None
@@ -683,7 +802,7 @@ class Supervisor:
     def _members(self, plan: Plan) -> list[int]:
         return [g.rank for g in plan.spec.gpus if g.live]
 
-    def _announce(self, plan: Plan, *, restore: str | None, reason: str) -> None:
+    def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None) -> None:
         from schedc.codegen.generate import program_name, render_programs
 
         number = 0 if self.gen is None else self.gen.number + 1
@@ -691,8 +810,9 @@ class Supervisor:
         members = self._members(plan)
         programs = {r: files[program_name(r, self.world)] for r in members}
         armed = [i.to_json() for i in self.injections if i.index not in self._fired]
+        speeds = {g.rank: g.speed for g in plan.spec.gpus if g.live and g.speed < 1.0}
         gen = Generation(number, tuple(members), json.loads(files["programs.json"]), restore=restore,
-                         injections=tuple(armed), reason=reason)
+                         injections=tuple(armed), reason=reason, start_at=start_at, speeds=speeds)
         self.job.announce(gen, programs)
         self.gen, self.plan = gen, plan
         self._ready, self._done = {}, set()
@@ -701,11 +821,41 @@ class Supervisor:
         for r in members:
             if r not in self.detector.watching():
                 self.detector.watch(r, now)
+        for r in self.detector.watching() - set(members):
+            self.detector.forget(r)  # excluded (on standby) or gone: no longer a member to watch
+        self._gen_speeds[number] = {g.rank: g.speed for g in plan.spec.gpus if g.live}
         plan_dir = None if number == 0 else str(self.out / "live" / f"gen-{number:04d}")
         self.generation_records.append(GenerationRecord(number, members, reason, restore, plan.metrics.iteration_time,
                                                         plan_dir, round(now, 4)))
         if number > 0:
             self._pending_write = (number, plan)
+
+    def _switch(self, plan: Plan, *, kind: str, reason: str, ranks: list[int]) -> str | None:
+        """Announce a planned switch to `plan` a little ahead; None, or why it was not made."""
+        if self.phase != "running":
+            return f"the run is {self.phase}"
+        beats = [self.detector.last_beat(r) for r in self.gen.members]
+        furthest = max([b.iteration for b in beats if b is not None] + [self.completed])
+        start_at = furthest + self._switch_margin()
+        if start_at >= self.iterations:
+            return f"the run ends (after iteration {self.iterations - 1}) before iteration {start_at}"
+        old = self.gen.number
+        before = self.plan.metrics.iteration_time
+        t_decide = self._now()
+        self._switch_from = self.gen.members
+        self._announce(plan, restore=None, reason=f"{kind}: {reason}", start_at=start_at)
+        rec = Switch(kind=kind, reason=reason, ranks=list(ranks), from_generation=old,
+                     to_generation=self.gen.number, start_at=start_at, t_decide=t_decide, t_announce=self._now(),
+                     predicted_before_us=before, predicted_after_us=plan.metrics.iteration_time)
+        if kind == "rejoin":
+            rec.catch_up_s, rec.catch_up_bytes = self.rejoins.catch_up_figures(ranks)
+        self.switches.append(rec)
+        self._switch_rec = rec
+        self.phase = "switching"
+        self._note("switch", f"switch to generation {self.gen.number} at iteration {start_at} ({kind}): "
+                             f"{before / 1e3:.2f} -> {plan.metrics.iteration_time / 1e3:.2f} ms per iteration",
+                   switch=kind, start_at=start_at, generation=self.gen.number)
+        return None
 
     def _write_generation(self, number: int, plan: Plan) -> None:
         """The generation's plan beside the compiled one, as `schedc compile -o` writes it (for the record)."""
@@ -744,6 +894,9 @@ class Supervisor:
             m = inj.moment
             if m.kind == "time" and inj.index not in self._fired and now - self._training_started >= m.seconds:
                 self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks), "pending": True}
+                if inj.action == "rejoin":
+                    self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
+                    continue
                 for host in self._by_host(inj.ranks):
                     self.job.command(host, {"op": "inject", "id": inj.index, "rank": None})
 

@@ -32,6 +32,7 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from schedc.diagnostics import RunError, SchedcError, error
 from schedc.live import checkpoint
+from schedc.live.catchup import Donor, Joiner
 from schedc.live.inject import Injection, Trigger
 from schedc.live.membership import Generation, Heartbeat, JobStore
 from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
@@ -50,6 +52,10 @@ from schedc.runtime.manifest import Manifest
 EXIT_ERROR = 1
 #: Seconds a worker waits for its agent to carry out an injection it asked for.
 INJECT_WAIT = 10.0
+#: Seconds between two probes of a standby rank's speed (an excluded slow GPU: is it healthy again?).
+PROBE_EVERY = 0.25
+#: Planned duration of an emulated probe, seconds.
+PROBE_US = 5000
 #: Seconds a store request may wait (a key that a generation's process groups need, once every
 #: member has joined, is there in milliseconds; a member dying in between makes the others wait this).
 CONNECT_TIMEOUT = 15.0
@@ -105,8 +111,14 @@ class LiveWorker:
         self.rt = None
         self.snapshot: StepSnapshot | None = None
         self.trigger = Trigger(())
-        self._writer: ThreadPoolExecutor | None = None
-        self._writer_job: JobStore | None = None
+        self._side_pool: ThreadPoolExecutor | None = None
+        self._side_job = job.clone()  # the side thread's own store connection
+        self.donor = Donor(self._side_job, self._side)
+        self.joiner = Joiner(job)
+        self._switches: dict[int, Generation] = {}  # newer generations read while running
+        self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
+        self._op_started = 0.0
+        self._probing = threading.Event()  # set: a thread measures this GPU's speed now and then
         self.heartbeat = Heartbeat(job.clone(), rank, self.config["heartbeat_interval"], self._payload)
 
     # -- what the heartbeat thread sends, and the abort flag it keeps ---------------------
@@ -126,13 +138,15 @@ class LiveWorker:
 
     def run(self) -> None:
         self.heartbeat.start()
+        threading.Thread(target=self._probe_loop, name="schedc-probe", daemon=True).start()
         self.job.report({"kind": "started", "rank": self.rank, "pid": os.getpid(), "host": self.host})
         number = self._next_generation(after=-1)
         while number is not None:
             gen = self.job.generation(number)
-            if self.rank not in gen.members:
-                return  # no longer part of the run
-            self._serve(gen)
+            if self.rank in gen.members:
+                self._serve(gen)
+            else:
+                self._standby(gen)
             number = self._next_generation(after=gen.number)
         self.heartbeat.halt()
 
@@ -158,6 +172,8 @@ class LiveWorker:
         transport = None
         try:
             self._fire(self.trigger.at_recovery(gen.number))
+            if gen.start_at is not None and self.rt.steps_done < gen.start_at:
+                self._catch_up_to(gen)  # a joiner: replay the donor's steps up to the switch
             self.job.join(gen.number, self.rank)
             self._wait_joined(gen)
             transport = self._connect(gen, manifest)
@@ -170,13 +186,29 @@ class LiveWorker:
             for it in range(start, self.config["iterations"]):
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
+                if self._switch_at(gen, it):  # a planned switch: leave in order, nothing to undo
+                    transport.flush()
+                    self.job.report({"kind": "left", "rank": self.rank, "gen": gen.number, "steps": self.rt.steps_done,
+                                     "t": time.time()})
+                    return
                 self.iteration = it
+                self.donor.boundary(self.rt, self.heartbeat.directive)
+                # An emulated op sleeps its planned time, which assumes the plan's speed for this
+                # GPU; an injected slowdown is the GPU's true speed: sleep planned x planned/true.
+                planned = gen.speed(self.rank) if self.config["emulate"] else 1.0
+                self.rt.slowdown = self.trigger.slowdown(it) * planned
+                transport.send_delay = self.trigger.link_delay(it)
                 self._fire(self.trigger.at_iteration_start(it))
                 self.rt.begin_iteration(it)
+                self._compute = self._planned = 0.0
                 t0 = time.time()
                 program.iteration(self.rt)
                 self.job.report({"kind": "iter", "rank": self.rank, "gen": gen.number, "it": it, "t0": t0,
-                                 "t1": time.time(), "loss": self.rt.iteration_loss, "steps": self.rt.steps_done})
+                                 "t1": time.time(), "loss": self.rt.iteration_loss, "steps": self.rt.steps_done,
+                                 "compute": self._compute, "planned": self._planned})
+                if (self._planned == 0) != self._probing.is_set():  # no compute to time: probe instead
+                    self._probing.set() if self._planned == 0 else self._probing.clear()
+                self.donor.after_step(self.rt)
                 self._maybe_checkpoint(gen)
             transport.flush()
             self._finish(gen)
@@ -186,20 +218,121 @@ class LiveWorker:
             self.job.report({"kind": "aborted", "rank": self.rank, "gen": gen.number, "steps": self.rt.steps_done,
                              "reason": _reason(exc), "t": time.time()})
         finally:
+            self._probing.clear()
             if transport is not None:
                 transport.close()
             if self.rt is not None:
                 self.rt.abandon_iteration()
             self.state = "idle"
 
+    def _switch_at(self, gen: Generation, it: int) -> bool:
+        """Whether a newer generation starts at iteration `it` (a planned switch). Read from the
+        store at every boundary (one small read), not from the heartbeat thread's last poll."""
+        latest = self.job.latest_generation()
+        if latest <= gen.number:
+            return False
+        if latest not in self._switches:
+            self._switches[latest] = self.job.generation(latest)
+        start_at = self._switches[latest].start_at
+        return start_at is not None and it >= start_at
+
+    def _standby(self, gen: Generation) -> None:
+        """Not a member of `gen`: wait for a newer generation, catching up when told to, and
+        measuring this GPU's speed now and then (an excluded slow GPU comes back when it is well)."""
+        self.generation = gen.number
+        self.state = "standby"
+        if self.rt is None:
+            self._build(Manifest.from_json(gen.manifest))
+        self.trigger = Trigger([Injection.from_json(j) for j in gen.injections if self.rank in j["ranks"]])
+        reported = None
+        self._probing.set()
+        try:
+            while not self.heartbeat.stopped and self.heartbeat.latest <= gen.number:
+                if self.joiner.follow(self.rt, self.heartbeat.directive) and self.joiner.steps != reported:
+                    reported = self.joiner.steps
+                    self.job.report({"kind": "caughtup", "rank": self.rank, "session": self.joiner.session,
+                                     "steps": reported, "bytes": self.joiner.received, "t": time.time()})
+                time.sleep(_POLL)
+        finally:
+            self._probing.clear()
+
+    def _probe_loop(self) -> None:
+        """While `_probing` is set (on standby, or a member whose plan gives it no compute), report
+        this GPU's speed every PROBE_EVERY seconds: nothing else would show it is healthy again."""
+        job = self.job.clone()
+        while not self.heartbeat.stopped:
+            if not self._probing.wait(0.2) or self.rt is None:
+                continue
+            try:
+                job.report({"kind": "probe", "rank": self.rank, "speed": self._probe(), "t": time.time()})
+            except Exception:  # the store went away: the heartbeat thread handles that
+                return
+            time.sleep(PROBE_EVERY)
+
+    def _probe(self) -> float:
+        """This GPU's speed now, against its healthy speed: a planned-length sleep when emulating,
+        else one forward of its stage on a fixed input against the same measured at start-up."""
+        slowdown = self.trigger.slowdown(max(self.heartbeat.progress + 1, 0))  # the GPU's true speed
+        started = time.perf_counter()
+        if self.config["emulate"]:
+            time.sleep(PROBE_US / 1e6 * slowdown)
+            return min(1.0, PROBE_US / 1e6 / (time.perf_counter() - started))
+        self._probe_op()
+        until = started + (time.perf_counter() - started) * slowdown
+        while time.perf_counter() < until:
+            pass
+        return min(1.0, self._probe_base / (time.perf_counter() - started))
+
+    def _probe_op(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            self.rt.module(self._probe_input)
+
+    def _catch_up_to(self, gen: Generation) -> None:
+        """Replay the donor's steps until this rank has `gen.start_at` of them (or the switch is aborted)."""
+        from schedc.runtime.runtime import Interrupted
+
+        while self.rt.steps_done < gen.start_at:
+            if self.aborted() or self.heartbeat.stopped:
+                raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} caught up")
+            if not self.joiner.follow(self.rt, self.heartbeat.directive):
+                time.sleep(_POLL)
+        self.job.report({"kind": "caughtup", "rank": self.rank, "session": self.joiner.session,
+                         "steps": self.rt.steps_done, "bytes": self.joiner.received, "t": time.time()})
+
+    def _side(self) -> ThreadPoolExecutor:
+        """The one side thread (checkpoints, catch-up state): training goes on while it stores."""
+        if self._side_pool is None:
+            self._side_pool = ThreadPoolExecutor(1, thread_name_prefix="schedc-side")
+        return self._side_pool
+
     # -- steps of a generation -----------------------------------------------------------------
 
     def _build(self, manifest: Manifest) -> None:
+        import dataclasses
+
         from schedc.runtime.runtime import Runtime
+
+        if self.rank not in manifest.coords:  # a rank on standby: not in this plan, but its stage is known
+            coords = {**manifest.coords, self.rank: tuple(self.config["coords"][str(self.rank)])}
+            manifest = dataclasses.replace(manifest, coords=coords)
 
         self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config["emulate"], observer=self,
                           reduce_loss=True)
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
+        if not self.config["emulate"]:  # the healthy time of one probe (see `_probe`)
+            import torch
+
+            stage = self.rt.stage
+            sample = self.rt.batch(0, 0, 0)[0]
+            self._probe_input = sample if stage == 0 else torch.randn(self.rt.shapes[stage - 1][0])
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                self._probe_op()
+                times.append(time.perf_counter() - t)
+            self._probe_base = sorted(times)[1]
 
     def _wait_joined(self, gen: Generation) -> None:
         from schedc.runtime.runtime import Interrupted
@@ -214,8 +347,7 @@ class LiveWorker:
 
         from schedc.runtime.runtime import Transport
 
-        # The main thread's own store connection: building the groups over a fresh `clone()`
-        # stalls for 5 s every few generations (measured with torch 2.13; the same connection never).
+        # The main thread's own store connection: no new connection for the server to accept.
         store = self.job.store
         timeout = timedelta(seconds=self.config["wait_timeout"])
         n = gen.number
@@ -269,20 +401,17 @@ class LiveWorker:
             return
         state = self.rt.stage_state()  # copies: training goes on while a thread saves them
         root = Path(self.config["checkpoint_dir"])
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="schedc-checkpoint")
-            self._writer_job = self.job.clone()  # a connection of its own (one per thread)
         report = {"rank": self.rank, "stage": self.rt.stage, "iteration": steps, "gen": gen.number}
 
         def save() -> None:
             try:
                 checkpoint.write_stage(root, steps, self.rt.stage, state)
             except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
-                self._writer_job.report({"kind": "ckpt_error", "reason": _reason(exc), **report})
+                self._side_job.report({"kind": "ckpt_error", "reason": _reason(exc), **report})
                 return
-            self._writer_job.report({"kind": "ckpt", **report})
+            self._side_job.report({"kind": "ckpt", **report})
 
-        self._writer.submit(save)
+        self._side().submit(save)
 
     def _stage_writer(self, gen: Generation) -> bool:
         """The lowest live rank of this stage writes for it (every member holds the same state)."""
@@ -291,9 +420,9 @@ class LiveWorker:
         return self.rank == min(mine)
 
     def _finish(self, gen: Generation) -> None:
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-            self._writer = None
+        if self._side_pool is not None:
+            self._side_pool.shutdown(wait=True)  # checkpoints and catch-up data are stored
+            self._side_pool = None
         if self.config["want_weights"] and not self.config["emulate"] and self._stage_writer(gen):
             import torch
 
@@ -325,8 +454,12 @@ class LiveWorker:
             self.snapshot.take(self.rt.steps_done)
         if self.trigger:
             self._fire(self.trigger.at_op(self.iteration, "during", kind, mb))
+        self._op_started = time.perf_counter()
 
-    def op_done(self, kind: str, d: int, mb: int | None) -> None:
+    def op_done(self, kind: str, d: int, mb: int | None, us: int) -> None:
+        if kind != "O":  # O includes its all-reduce: waiting for peers is not this GPU's speed
+            self._compute += time.perf_counter() - self._op_started
+            self._planned += us / 1e6
         self.ops += 1
         if self.trigger:
             self._fire(self.trigger.at_op(self.iteration, "after", kind, mb))

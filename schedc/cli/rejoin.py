@@ -1,0 +1,43 @@
+"""`schedc rejoin --store HOST:PORT "recover gpu(dp=D, pp=S)"`: take a repaired GPU back into a live run.
+
+The run's supervisor (`schedc train`) starts a worker for the GPU on its
+host, lets it catch up from a live peer of its stage while training goes on,
+and switches it in at an iteration boundary (docs/live.md). This command
+only asks; the run's output says what happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from schedc.diagnostics import RunError, error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, metavar="HOST:PORT",
+                        help="the run's store, as `schedc train` prints it with --hosts, or --store-host/--store-port")
+    parser.add_argument("event", metavar="EVENT", help='the GPU, e.g. "recover gpu(dp=1, pp=2)"')
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                        help="seconds to keep trying to reach the store (default 10)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedc.events import parse_events
+    from schedc.live.membership import JobStore
+
+    events = parse_events(args.event)  # a SpecError with a caret when it is not an event
+    if len(events) != 1 or events[0].kind != "recover_gpu":
+        raise RunError([error("E557", f"`{args.event}` is not one `recover gpu(dp=D, pp=S)`",
+                              hint='e.g. schedc rejoin --store 10.0.0.1:29500 "recover gpu(dp=1, pp=2)"')])
+    host, _, port = args.store.rpartition(":")
+    if not host or not port.isdigit():
+        raise RunError([error("E557", f"--store `{args.store}` is not HOST:PORT", hint="e.g. --store 10.0.0.1:29500")])
+    try:
+        job = JobStore.connect(host, int(port), timeout=args.timeout)
+    except RuntimeError as exc:
+        raise RunError([error("E557", f"cannot reach the run's store at {args.store}: {str(exc).splitlines()[0]}",
+                              hint="is `schedc train` running? use the address it listens on")])
+    job.report({"kind": "rejoin", "event": args.event, "t": time.time()})
+    print(f"asked the run at {args.store} to take back: {args.event}")
+    return 0

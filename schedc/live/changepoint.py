@@ -1,0 +1,153 @@
+"""Online change-point detection on a GPU's speed: when did it go slow, and how slow is it?
+
+Every iteration each rank reports the time its compute ops took (measured
+from the moment their inputs arrived, so waiting for a slow peer or a slow
+link is not counted) and the time the plan gave them. The supervisor turns
+that into one number per rank and iteration, the log of the GPU's speed
+relative to the plan's cost model, y = log(planned x planned speed /
+measured), and feeds it to a `SpeedTracker`.
+
+The tracker runs Bayesian online change-point detection (Adams & MacKay
+2007, as FALCON does) over y: a posterior over the *run length* (iterations
+since the last change), with a Normal-Gamma model of each run (unknown
+mean and variance; the predictive is a Student t, so one noisy iteration
+does not look like a new regime) and a constant hazard. The first `warmup`
+iterations set the healthy level (their median) and the GPU's own noise
+(their median absolute deviation, the prior scale of every new run: a GPU
+whose op times jitter by 30% is judged against 30%, not a fixed guess). The
+most probable run tells where the current regime began. Its speed is the
+median of its observations against the healthy level:
+medians, because a loaded machine gives single slow iterations that a
+mean would smear into a regime. A `Shift` ("slow since iteration i", "back
+to normal since iteration i") is reported when both the regime and the last
+`confirm` iterations on their own are at least `min_change` (0.12: 88% of
+the speed or less is slow) away from what was last reported: a blip shorter
+than about half of `confirm` is never reported. Speeds are capped at 1: a
+GPU is never faster than when it was healthy, and noise that says so is
+noise. Written here rather than taken from a
+library: the algorithm is forty lines, has no dependencies, costs O(window)
+per iteration, and the libraries that offer it are offline or unmaintained.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Shift:
+    """A confirmed change of a GPU's speed."""
+
+    speed: float  # relative to the baseline (1.0: as fast as when it was healthy)
+    since: int  # the first iteration at the new speed
+    confirmed_at: int  # the iteration whose report confirmed it
+
+
+@dataclass
+class _Run:
+    mu: float
+    kappa: float
+    alpha: float
+    beta: float
+
+    def log_pred(self, y: float) -> float:
+        """Log of the Student-t predictive density of y under this run's posterior."""
+        nu = 2 * self.alpha
+        scale2 = self.beta * (self.kappa + 1) / (self.alpha * self.kappa)
+        z = (y - self.mu) ** 2 / (nu * scale2)
+        return (math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi * scale2)
+                - (nu + 1) / 2 * math.log1p(z))
+
+    def updated(self, y: float) -> "_Run":
+        k = self.kappa + 1
+        return _Run(mu=(self.kappa * self.mu + y) / k, kappa=k, alpha=self.alpha + 0.5,
+                    beta=self.beta + self.kappa * (y - self.mu) ** 2 / (2 * k))
+
+
+@dataclass
+class SpeedTracker:
+    """BOCPD over one GPU's log speed (see the module docstring)."""
+
+    hazard: float = 1 / 200  # prior probability of a change at any iteration
+    confirm: int = 5  # iterations a new regime must last before it counts (shorter: a blip)
+    min_change: float = 0.12  # relative speed change worth reporting
+    warmup: int = 8  # first iterations: their median is the healthy level, their spread the noise
+    window: int = 300  # run lengths kept (longer ones are merged into the longest)
+    noise: float = 0.03  # least scale of the iteration-to-iteration noise of log speed
+    _log_r: list[float] = field(default_factory=list)  # log posterior over run length 0..len-1
+    _runs: list[_Run] = field(default_factory=list)
+    _ys: list[float] = field(default_factory=list)  # the last `window` observations
+    _t: int = 0  # observations so far
+    _baseline: float | None = None
+    _noise: float = 0.03  # this GPU's noise, measured over the warm-up
+    _reported: float = 1.0  # the last speed reported
+    _last_change: int = 0  # the observation index where the current regime began
+
+    def update(self, y: float, iteration: int) -> Shift | None:
+        """Feed this iteration's log speed; a confirmed `Shift` when the speed changed."""
+        self._ys = (self._ys + [y])[-self.window:]
+        if self._baseline is None:  # the first `warmup` observations: the healthy level and noise
+            if len(self._ys) >= self.warmup:
+                self._baseline = statistics.median(self._ys)
+                mad = statistics.median(abs(v - self._baseline) for v in self._ys)
+                self._noise = max(self.noise, 1.4826 * mad)
+            return None
+        # A new run's prior: centred on the baseline (weakly: kappa 0.1), with this GPU's own
+        # noise; heavy-tailed (alpha 1: a Student t with 2 degrees of freedom).
+        prior = _Run(mu=self._baseline, kappa=0.1, alpha=1.0, beta=self._noise ** 2)
+        if not self._runs:  # index i of the posterior is a run holding the last i+1 observations
+            self._log_r, self._runs, self._t = [0.0], [prior.updated(y)], 1
+            return None
+        log_h, log_1h = math.log(self.hazard), math.log1p(-self.hazard)
+        preds = [lr + run.log_pred(y) for lr, run in zip(self._log_r, self._runs)]
+        change = _logsumexp(preds) + log_h
+        grown = [p + log_1h for p in preds]
+        new_log_r = [change] + grown
+        new_runs = [prior.updated(y)] + [run.updated(y) for run in self._runs]
+        if len(new_log_r) > self.window:  # merge the tail into the longest kept run length
+            tail = _logsumexp(new_log_r[self.window - 1:])
+            new_log_r = new_log_r[:self.window - 1] + [tail]
+            new_runs = new_runs[:self.window]
+        norm = _logsumexp(new_log_r)
+        self._log_r = [lr - norm for lr in new_log_r]
+        self._runs = new_runs
+        self._t += 1
+        best = max(range(len(self._log_r)), key=self._log_r.__getitem__)  # the most probable run
+        held = best + 1  # observations in it
+        start = self._t - held  # the observation where it began
+        if held < self.confirm or start <= self._last_change:
+            return None
+        held = min(held, len(self._ys))
+        speed = min(1.0, math.exp(statistics.median(self._ys[-held:]) - self._baseline))
+        recent = min(1.0, math.exp(statistics.median(self._ys[-self.confirm:]) - self._baseline))
+        bar = self.min_change * self._reported
+        if abs(speed - self._reported) < bar or abs(recent - self._reported) < bar \
+                or (speed < self._reported) != (recent < self._reported):
+            return None
+        # A regime that began after the current one has lasted `confirm` iterations, and differs.
+        self._last_change = start
+        self._reported = speed
+        return Shift(speed=speed, since=iteration - held + 1, confirmed_at=iteration)
+
+    def expect(self, speed: float) -> None:
+        """The plan now assumes `speed`: report changes from it (the baseline stays)."""
+        self._reported = speed
+        self._last_change = self._t
+
+    @property
+    def speed(self) -> float:
+        """The last speed reported (1.0 until a change)."""
+        return self._reported
+
+    @property
+    def baseline_known(self) -> bool:
+        return self._baseline is not None
+
+
+def _logsumexp(xs: list[float]) -> float:
+    m = max(xs)
+    if m == -math.inf:
+        return m
+    return m + math.log(sum(math.exp(x - m) for x in xs))

@@ -1,0 +1,224 @@
+"""Fail-slow, the supervisor's side: measure each GPU's speed, detect changes, act by cost.
+
+* **Measure**: every rank reports, per iteration, the wall time of its
+  compute ops (F, B, W: from the moment their inputs are there to the moment
+  their sends are posted, so waiting for a slow peer or a slow link is not
+  counted) and their planned time. The GPU's log speed is then
+  y = log(planned x the plan's speed for it / measured).
+* **Detect**: one `SpeedTracker` per GPU (`schedc.live.changepoint`).
+* **Price and decide**: on a change, the options (keep, rebalance, exclude,
+  restore) are priced with the planner and the simulator and handed to the
+  `Ladder` (`schedc.live.mitigate`), whose ski-rental rule says when to
+  switch; the switch itself is a planned generation change at an iteration
+  boundary (`Supervisor._switch`).
+* **Excluded GPUs** stay up on standby and probe their own speed; once five
+  probes in a row say healthy, the ladder prices taking them back, and a
+  rejoin (`schedc.live.rejoin`: catch-up, then a switch) does it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from schedc.live.changepoint import SpeedTracker
+from schedc.live.mitigate import Decision, Ladder, Option
+
+if TYPE_CHECKING:  # pragma: no cover
+    from schedc.live.supervisor import Supervisor
+
+#: Probes in a row that must say "healthy" before an excluded GPU is priced back in.
+HEALTHY_PROBES = 5
+
+
+def retimed_period(plan, speeds: dict[int, float]) -> int:
+    """The steady period of `plan`'s programs if the GPUs in `speeds` ran at those speeds."""
+    from schedc.timing import STEADY_ITERATIONS, run_programs, steady_period
+
+    inst = plan.schedule.instance
+    inst = replace(inst, gpus=tuple(replace(g, speed=speeds.get(g.rank, g.speed)) for g in inst.gpus))
+    programs = {r: [op.id for op in prog] for r, prog in plan.schedule.programs.items()}
+    return steady_period(run_programs(inst, programs, STEADY_ITERATIONS).iteration_end)
+
+
+class Slowness:
+    def __init__(self, sup: "Supervisor"):
+        self.sup = sup
+        self.trackers: dict[int, SpeedTracker] = {}
+        self.probes: dict[int, list[float]] = {}
+        self.excluded: set[int] = set()
+        self.decisions: list[dict] = []
+        period = sup.plan.metrics.iteration_time / 1e6
+        # Before any switch is measured, a switch is taken to cost one period (the pipeline
+        # drains and fills again: less than an iteration) and at least 0.1 s (new process groups);
+        # measured at 0.4-0.5 periods in bench/live_slowness.py.
+        self.ladder = Ladder(cost_s=max(0.1, period))
+        self._pending: list[tuple[int, object, int]] = []  # shifts seen while not running
+
+    # -- measuring -----------------------------------------------------------------------------
+
+    def observe(self, rep: dict, plan_speed: float) -> None:
+        """One rank's iteration report (a member of the current generation)."""
+        compute, planned = rep.get("compute") or 0.0, rep.get("planned") or 0.0
+        if compute <= 0 or planned <= 0:
+            return
+        rank, it = rep["rank"], rep["it"]
+        tracker = self.trackers.setdefault(rank, SpeedTracker())
+        shift = tracker.update(math.log(planned * plan_speed / compute), it)
+        if shift is not None:
+            if self.sup.phase == "running":
+                self._shift(rank, shift.speed, shift.since, it)
+            else:
+                self._pending.append((rank, shift, it))
+
+    def probe(self, rep: dict) -> None:
+        """A probe of a GPU's speed: an excluded one on standby, or a member its plan gives no
+        compute (all its work moved to its peers), whose iterations time nothing."""
+        sup, rank = self.sup, rep["rank"]
+        if rank in sup.rejoins.wanted or sup.phase != "running":
+            return
+        seen = self.probes.setdefault(rank, [])
+        seen.append(rep["speed"])
+        del seen[:-HEALTHY_PROBES]
+        if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
+            return
+        speed = statistics.median(seen)
+        if rank in self.excluded:
+            if speed >= 1 - SpeedTracker.min_change:
+                self._price_return(rank)
+        elif rank in sup.gen.members:
+            plan_speed = sup.base_plan.spec.gpus[rank].speed
+            if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
+                self.probes.pop(rank)
+                self._shift(rank, speed, sup.completed, sup.completed)
+
+    # -- deciding ------------------------------------------------------------------------------
+
+    def tick(self, iteration: int) -> None:
+        """An iteration was completed (the run is `running`)."""
+        for rank, shift, it in self._pending:
+            self._shift(rank, shift.speed, shift.since, it)
+        self._pending.clear()
+        for d in self.ladder.tick(iteration):
+            self._act(d)
+
+    def _shift(self, rank: int, speed: float, since: int, iteration: int) -> None:
+        sup = self.sup
+        g = sup.plan.spec.gpus[rank]
+        where = f"rank {rank} GPU (dp={g.dp}, pp={g.pp})"
+        if speed >= 1 - SpeedTracker.min_change:
+            sup._note("slow", f"{where} is back to full speed since iteration {since} (seen at {iteration})",
+                      rank=rank, speed=round(speed, 3), since=since, seen=iteration)
+        else:
+            sup._note("slow", f"{where} runs at speed {speed:.2f} since iteration {since} (seen at {iteration})",
+                      rank=rank, speed=round(speed, 3), since=since, seen=iteration)
+        plan_speed = sup.base_plan.spec.gpus[rank].speed
+        if abs(speed - plan_speed) < SpeedTracker.min_change * plan_speed:
+            d = self.ladder.close(rank, iteration, "back to the speed the plan assumes")
+            if d is not None:
+                self._log(d)
+            return
+        self._open(rank, speed, since, iteration)
+
+    def _open(self, rank: int, speed: float, since: int, iteration: int) -> None:
+        d = self.ladder.open(rank, speed, since, self._options(rank, speed), iteration)
+        if d.verdict == "switch":
+            self._act(d)  # (logs it)
+        else:
+            self._log(d)
+
+    def _options(self, rank: int, speed: float) -> list[Option]:
+        from schedc.replan import replan
+
+        sup = self.sup
+        base = sup.base_plan
+        g = base.spec.gpus[rank]
+        x = min(1.0, max(0.05, round(speed, 2)))
+        options = [Option("keep", retimed_period(base, {rank: x}))]
+
+        def priced(action, event):
+            try:
+                plan = replan(base, event, deadline=sup.options.replan_deadline, solver=sup._replan_solver())
+            except Exception:  # e.g. excluding the last GPU of a stage: not an option
+                return None
+            return Option(action, plan.metrics.iteration_time, plan)
+
+        if x >= 1 - SpeedTracker.min_change:
+            if g.speed < 1.0:
+                options.append(priced("restore", f"recover gpu(dp={g.dp}, pp={g.pp})"))
+        else:
+            options.append(priced("rebalance", f"slow gpu(dp={g.dp}, pp={g.pp}) speed = {x}"))
+            options.append(priced("exclude", f"fail gpu(dp={g.dp}, pp={g.pp})"))
+        return [o for o in options if o is not None]
+
+    def _price_return(self, rank: int) -> None:
+        """An excluded GPU probes healthy: what would taking it back save?"""
+        from schedc.replan import replan
+
+        sup = self.sup
+        g = sup.plan.spec.gpus[rank]
+        try:
+            plan = replan(sup.base_plan, f"recover gpu(dp={g.dp}, pp={g.pp})", deadline=sup.options.replan_deadline,
+                          solver=sup._replan_solver())
+        except Exception:
+            return
+        options = [Option("keep", sup.base_plan.metrics.iteration_time), Option("restore", plan.metrics.iteration_time,
+                                                                                 plan)]
+        sup._note("slow", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) probes healthy again (speed "
+                          f"{statistics.median(self.probes[rank]):.2f})", rank=rank)
+        d = self.ladder.open(rank, 1.0, sup.completed, options, sup.completed)
+        if d.verdict == "switch":
+            self._act(d)
+        else:
+            self._log(d)
+
+    def _act(self, d: Decision) -> None:
+        sup = self.sup
+        if sup.options.fail_slow == "detect":
+            self._log(replace(d, verdict="ignore", reason=f"{d.reason}; not switched: --fail-slow detect"))
+            return
+        if d.rank in self.excluded and d.action == "restore":
+            self._log(d)
+            self.excluded.discard(d.rank)
+            self.probes.pop(d.rank, None)
+            sup.rejoins.request(d.rank, f"healthy again ({d.reason})")
+            return
+        refused = sup._switch(d.plan, kind=d.action, reason=d.reason, ranks=[d.rank])
+        if refused is None:
+            self._log(d)
+            if d.rank in self.trackers:
+                self.trackers[d.rank].expect(1.0 if d.action == "restore" else d.speed)
+            if d.action == "exclude":
+                self.excluded.add(d.rank)
+                self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
+        else:
+            self._log(replace(d, verdict="ignore", reason=f"{d.reason}; no switch: {refused}"))
+
+    def _log(self, d: Decision) -> None:
+        self.decisions.append(d.to_json())
+        verdict = {"ignore": "ignore", "wait": "wait", "switch": d.action, "blip": "blip"}[d.verdict]
+        self.sup._note("decision", f"decision for rank {d.rank}: {verdict}: {d.reason}", decision=d.to_json())
+
+    # -- membership changes ------------------------------------------------------------------------
+
+    def after_recovery(self) -> None:
+        """A failure changed the plan: price again every GPU whose speed differs from it."""
+        sup = self.sup
+        for rank, tracker in self.trackers.items():
+            if rank in sup.gen.members:
+                self.ladder.cancel(rank)
+                plan_speed = sup.base_plan.spec.gpus[rank].speed
+                if abs(tracker.speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
+                    self._open(rank, tracker.speed, sup.completed, sup.completed)
+
+    def joined(self, rank: int) -> None:
+        """A GPU (re)joined: its speed is learned afresh."""
+        self.trackers.pop(rank, None)
+        self.probes.pop(rank, None)
+        self.excluded.discard(rank)
+        self.ladder.cancel(rank)
+
+    def lost(self, rank: int) -> None:
+        self.joined(rank)
