@@ -61,7 +61,7 @@ def test_injections_parse_to_their_moment_and_targets(spec, text, moment, action
     ("at iteration 3 during O 1: fail rank 1", "E560", 25, "no microbatch"),
     ("at 3: fail rank 1", "E560", 4, "needs a unit"),
     ("at iteration 3: kill rank 1", "E560", 17, "cannot inject `kill`"),
-    ("at iteration 3: slow gpu(dp=0, pp=0) speed = 0.5", "E560", 17, "cannot inject `slow`"),
+    ("at iteration 3: freeze gpu(dp=0, pp=0)", "E560", 17, "cannot inject `freeze`"),
     ("at iteration 3: fail gpu(dp=1 pp=0)", "E102", 31, "unexpected `pp`"),
     ("at iteration 3: fail gpu(dp=5, pp=0)", "E207", 17, "no GPU (dp=5, pp=0)"),
     ("at iteration 3: fail node 9", "E207", 17, "no node 9"),
@@ -130,6 +130,22 @@ def test_silence_is_declared_at_the_bound():
     (s,) = d.check(3.01, running=True)
     assert s.rank == 1 and s.fence and "no heartbeat for 3.0 s" in s.cause
     assert d.check(9.0, running=True) == []  # declared once
+
+
+def test_time_the_supervisor_did_not_look_is_not_held_against_the_workers():
+    d = _detector()
+    for r in (0, 1):
+        d.watch(r, 0.0)
+        d.beat(r, "1 0 0 0 run", 0.0)
+    assert d.check(1.0, running=True) == []
+    # The supervisor's loop (or the store) stalled for 5 s: no beat could be read meanwhile.
+    d.beat(0, "2 0 0 1 run", 6.0)  # rank 0's first beat after the stall arrived; rank 1's not yet
+    assert d.check(6.0, running=True) == []
+    assert d.check(7.0, running=True) == []
+    d.beat(0, "3 0 0 2 run", 8.0)
+    assert d.check(8.0, running=True) == []
+    (s,) = d.check(8.01, running=True)  # rank 1: silent for 3 s of the supervisor's watching
+    assert s.rank == 1 and "no heartbeat for 3.0 s" in s.cause
 
 
 def test_a_worker_that_never_beats_gets_the_startup_timeout():

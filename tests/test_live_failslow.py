@@ -1,0 +1,114 @@
+"""Fail-slow and rejoin with real processes: a slowed GPU is found and rebalanced around, a
+repaired GPU catches up and comes back, and the weights stay those of single-process training."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from live_support import check_exact, compiled
+from schedc.live import train
+
+pytestmark = pytest.mark.e2e
+
+
+def _kinds(result) -> list[str]:
+    return [s.kind for s in result.switches]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_slowed_gpu_is_found_and_rebalanced_exactly(tmp_path, optimizer):
+    # Computed ops; GPU (1, 0) spins 10x longer from iteration 10 (after the detector's warm-up)
+    # to 29: found, and a plan that moves work off it; every switch is exact.
+    out = compiled(tmp_path, optimizer=optimizer, microbatches=4)
+    iterations = 50
+    result = train(out, iterations=iterations, want_weights=True,
+                   inject=["at iteration 10: slow gpu(dp=1, pp=0) speed = 0.1 until iteration 30"])
+    slow = [e for e in result.events if e["kind"] == "slow" and e.get("rank") == 2]
+    assert slow and slow[0]["speed"] < 0.5 and 9 <= slow[0]["since"] <= 12, result.events
+    kinds = _kinds(result)
+    assert kinds and kinds[0] in ("rebalance", "exclude"), [e["message"] for e in result.events]
+    assert all(d["reason"] for d in result.decisions)
+    check_exact(out, result, iterations)
+
+
+def test_a_slow_link_is_not_a_slow_gpu(tmp_path):
+    # Every message rank 2 sends arrives 30 ms late: its peers wait, but nobody computes slower.
+    out = compiled(tmp_path, microbatches=4)
+    result = train(out, iterations=24, emulate=True,
+                   inject=["at iteration 3: slow link gpu(dp=1, pp=0) delay = 30ms until iteration 20"])
+    assert [e for e in result.events if e["kind"] == "slow"] == []
+    assert result.switches == []
+    slowed = [r.end - r.start for r in result.iterations[5:18]]
+    plain = [r.end - r.start for r in result.iterations[20:]]
+    assert min(slowed) > max(plain)  # the link delay was real
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_failed_gpu_rejoins_by_catching_up_and_training_stays_exact(tmp_path, optimizer):
+    out = compiled(tmp_path, optimizer=optimizer)
+    iterations = 24
+    result = train(out, iterations=iterations, want_weights=True,
+                   inject=["at iteration 2 during B: fail gpu(dp=1, pp=0)", "at iteration 5: recover gpu(dp=1, pp=0)"])
+    (rec,) = result.recoveries
+    assert rec.failed == [2]
+    (sw,) = result.switches
+    assert sw.kind == "rejoin" and sw.ranks == [2] and sw.catch_up_bytes > 0 and sw.start_at < iterations
+    assert result.generations[-1].members == [0, 1, 2, 3]
+    check_exact(out, result, iterations)
+
+
+def test_a_rejoin_during_another_failures_recovery(tmp_path):
+    # GPU (1, 0) fails, is asked back, and while it catches up another GPU of its pipeline fails:
+    # the session is cancelled, the run recovers, then the rejoin completes; exact throughout.
+    out = compiled(tmp_path, optimizer="adam", pp=3)
+    iterations = 30
+    result = train(out, iterations=iterations, want_weights=True,
+                   inject=["at iteration 2 during F: fail gpu(dp=1, pp=0)", "at iteration 5: recover gpu(dp=1, pp=0)",
+                           "at iteration 6 during B: fail gpu(dp=1, pp=2)"])
+    assert [r.failed for r in result.recoveries] == [[3], [5]]
+    assert "rejoin" in _kinds(result)
+    assert 3 in result.generations[-1].members and 5 not in result.generations[-1].members
+    check_exact(out, result, iterations)
+
+
+def test_schedc_rejoin_asks_a_running_job_to_take_a_gpu_back(tmp_path):
+    from schedc.runtime.launcher import free_port
+
+    out = compiled(tmp_path, forward="20ms")
+    port = free_port()
+    lines: list[str] = []
+    box = {}
+
+    def run():
+        box["result"] = train(out, iterations=40, emulate=True, store_port=port, on_line=lines.append,
+                              inject=["at iteration 2: fail gpu(dp=1, pp=0)"])
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any("generation 1" in ln for ln in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", f"127.0.0.1:{port}",
+                               "recover gpu(dp=1, pp=0)"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "asked the run" in done.stdout
+    finally:
+        t.join(timeout=120)
+    result = box["result"]
+    assert "rejoin" in _kinds(result), lines
+    assert result.generations[-1].members == [0, 1, 2, 3]
+
+
+def test_schedc_rejoin_with_a_bad_event_or_no_run_is_a_diagnostic(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", "127.0.0.1:1", "fail gpu(dp=1, pp=0)"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "recover gpu" in bad.stderr and "Traceback" not in bad.stderr
+    gone = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", "127.0.0.1:1", "--timeout", "1",
+                           "recover gpu(dp=1, pp=0)"], capture_output=True, text=True, timeout=60)
+    assert gone.returncode != 0 and "cannot reach the run's store" in gone.stderr and "Traceback" not in gone.stderr

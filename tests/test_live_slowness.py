@@ -1,0 +1,153 @@
+"""Fail-slow without processes: the change-point detector on synthetic and recorded traces,
+the ladder's decisions for given costs, and the store's blobs. No timing: numbers in, verdicts out."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from schedc.live.changepoint import SpeedTracker
+from schedc.live.mitigate import Ladder, Option
+
+DATA = Path(__file__).parent / "data"
+
+
+def _trace(speeds, noise=0.03, seed=0, spikes=0.0):
+    """Log speeds y = log(speed) + noise; `spikes`: chance of a one-iteration 0.6x hiccup."""
+    rnd = random.Random(seed)
+    out = []
+    for s in speeds:
+        y = math.log(s) + rnd.gauss(0, noise)
+        if rnd.random() < spikes:
+            y += math.log(0.6)
+        out.append(y)
+    return out
+
+
+def _shifts(ys, **kw):
+    t = SpeedTracker(**kw)
+    return [(s.speed, s.since, s.confirmed_at) for it, y in enumerate(ys) if (s := t.update(y, it))]
+
+
+@pytest.mark.parametrize("slow", [0.5, 0.8, 0.3])
+def test_a_slowdown_and_its_end_are_found_with_their_start(slow):
+    ys = _trace([1.0] * 60 + [slow] * 40 + [1.0] * 40)
+    (down, up) = _shifts(ys)
+    assert down[0] == pytest.approx(slow, abs=0.05) and abs(down[1] - 60) <= 1 and 60 < down[2] <= 68
+    assert up[0] == pytest.approx(1.0, abs=0.05) and abs(up[1] - 100) <= 1 and 100 < up[2] <= 108
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_and_single_slow_iterations_raise_no_alarm_in_500_iterations(seed):
+    ys = _trace([1.0] * 500, noise=0.05, seed=seed, spikes=0.03)
+    assert _shifts(ys) == []
+
+
+@pytest.mark.parametrize("length", [1, 2])
+def test_a_blip_shorter_than_the_confirmation_is_not_reported(length):
+    ys = _trace([1.0] * 50 + [0.5] * length + [1.0] * 50, seed=3)
+    assert _shifts(ys) == []
+
+
+def test_a_change_under_the_threshold_is_not_reported():
+    ys = _trace([1.0] * 60 + [0.93] * 100, noise=0.02, seed=4)
+    assert _shifts(ys) == []
+
+
+def test_after_a_switch_the_tracker_reports_changes_from_the_new_expectation():
+    t = SpeedTracker()
+    ys = _trace([1.0] * 40 + [0.5] * 60 + [1.0] * 30, seed=5)
+    found = []
+    for it, y in enumerate(ys):
+        s = t.update(y, it)
+        if s is not None:
+            found.append(s)
+            if len(found) == 1:
+                t.expect(0.5)  # the supervisor rebalanced for 0.5: still 0.5 is no news
+    assert [round(s.speed, 1) for s in found] == [0.5, 1.0] and abs(found[1].since - 100) <= 1
+    assert t.speed == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_recorded_trace_of_an_emulated_run():
+    """Log speeds of four ranks of a 4x4 emulated job on this machine (bench/live_slowness.py's
+    'slow 0.5' case: rank 5 at 0.5 from iteration 30 to 69), with the machine's own noise."""
+    rec = json.loads((DATA / "slow_trace.json").read_text())
+    found = {r: _shifts(ys) for r, ys in rec["ranks"].items()}
+    slow = str(rec["slow_rank"])
+    assert all(found[r] == [] for r in found if r != slow)
+    (down, up) = found[slow]
+    assert down[0] == pytest.approx(0.5, abs=0.08) and abs(down[1] - rec["from"]) <= 2
+    assert up[0] >= 0.9 and abs(up[1] - rec["until"]) <= 2
+
+
+# -- the ladder -------------------------------------------------------------------------------------
+
+def _options(keep, rebalance, exclude=None):
+    out = [Option("keep", keep), Option("rebalance", rebalance, plan="R")]
+    if exclude is not None:
+        out.append(Option("exclude", exclude, plan="X"))
+    return out
+
+
+def test_a_small_gain_is_ignored():
+    d = Ladder(cost_s=1.0).open(3, 0.9, 10, _options(100_000, 99_000), iteration=12)
+    assert d.verdict == "ignore" and "not worth a switch" in d.reason and d.gain_us == 1000
+
+
+def test_keep_when_the_current_plan_is_best():
+    d = Ladder(cost_s=1.0).open(3, 0.7, 10, _options(100_000, 120_000, 130_000), iteration=12)
+    assert d.verdict == "ignore" and d.action == "keep"
+
+
+def test_ski_rental_waits_until_the_time_lost_pays_for_a_switch():
+    ladder = Ladder(cost_s=0.5)
+    # Rebalancing saves 50 ms per iteration: a switch (0.5 s) is paid by 10 iterations of loss.
+    d = ladder.open(3, 0.5, since=10, options=_options(150_000, 100_000, 120_000), iteration=14)
+    assert d.verdict == "wait" and d.action == "rebalance" and "6 more iterations" in d.reason
+    assert ladder.tick(19) == []
+    (s,) = ladder.tick(20)
+    assert s.verdict == "switch" and s.action == "rebalance" and s.plan == "R"
+    assert s.lost_s == pytest.approx(0.5) and s.gain_us == 50_000
+    assert ladder.tick(40) == []  # decided once
+
+
+def test_exclude_wins_when_it_is_the_faster_plan():
+    ladder = Ladder(cost_s=0.1)
+    d = ladder.open(3, 0.1, since=0, options=_options(500_000, 200_000, 150_000), iteration=5)
+    assert d.verdict == "switch" and d.action == "exclude" and d.plan == "X"
+
+
+def test_a_slowdown_that_ends_before_paying_is_a_blip():
+    ladder = Ladder(cost_s=2.0)
+    ladder.open(3, 0.5, since=10, options=_options(150_000, 100_000), iteration=12)
+    b = ladder.close(3, iteration=20, why="back to full speed")
+    assert b.verdict == "blip" and b.lost_s == pytest.approx(0.5) and "less than a switch" in b.reason
+    assert ladder.close(3, iteration=21, why="again") is None and ladder.tick(100) == []
+
+
+def test_a_measured_switch_cost_is_used_next():
+    ladder = Ladder(cost_s=0.3)
+    ladder.measured(1.2)
+    d = ladder.open(1, 0.5, since=0, options=_options(200_000, 100_000), iteration=1)
+    assert d.cost_s == 1.2 and d.verdict == "wait"
+    assert ladder.tick(11) == [] and ladder.tick(12)[0].verdict == "switch"
+
+
+# -- blobs through the store -----------------------------------------------------------------------
+
+def test_blobs_over_the_store_limit_go_in_chunks():
+    from schedc.live import membership
+    from schedc.live.membership import JobStore
+
+    job = JobStore.serve()
+    big = bytes(range(256)) * (membership.BLOB_CHUNK // 256 * 2 + 3)  # 2 chunks and a bit
+    assert job.blob("cu/1/state") is None
+    job.put_blob("cu/1/state", big)
+    job.put_blob("cu/1/empty", b"")
+    assert job.blob("cu/1/state") == big and job.blob("cu/1/empty") == b""
+    job.drop_blob("cu/1/state")
+    assert job.blob("cu/1/state") is None and not job.store.check(["cu/1/state/0"])
