@@ -44,16 +44,7 @@ if __package__ in (None, ""):
 import schedc  # noqa: E402
 from schedc.live import train  # noqa: E402
 
-SPEC = """
-# 16 GPUs: 4 pipelines of 4 stages (node n = pipeline n), 8 microbatches per pipeline.
-# Op costs of tens of milliseconds keep the per-message overhead of 16 processes on
-# 2 cores small beside compute.
-cluster { dp = 4  pp = 4  gpus_per_node = 4  gpu { memory = 40GiB }  link { latency = 100us  bandwidth = 25GB/s } }
-stages { all { forward = 20ms  backward_input = 20ms  backward_weight = 15ms  optimizer = 5ms
-               activation = 1GiB  stash = 256MiB  static = 12GiB  send = 16MiB } }
-train { microbatches = 8  iterations = 16 }
-schedule { solver = cpsat  time_limit = 2s }
-"""
+SPEC = (Path(__file__).resolve().parents[1] / "specs" / "emulate-4x4.sched").read_text()
 
 FAULT_AT = 7  # the iteration the faults hit
 SCENARIOS = {

@@ -1,0 +1,272 @@
+"""Fail-slow and rejoin benchmark: the 16-GPU job of bench/live_recovery.py (4 pipelines x 4
+stages, --emulate) with one GPU slowed for a window of iterations, and a GPU failing and
+coming back; plus catch-up against model size with real tensors (2 x 2, compute mode).
+
+Reported:
+
+* **detection**: the iteration the slowdown was confirmed at, against the one it began
+  (iterations and seconds), and false alarms (speed changes reported) over a long run with
+  no injected slowdown, only this machine's own noise;
+* **throughput** over the slow window: no slowdown / slowed, detected but not acted on
+  (``--fail-slow detect``) / slowed and mitigated (``--fail-slow act``), and the share of
+  the slowdown's cost that mitigation saved: (unmitigated - mitigated) / (unmitigated - none),
+  in wall time over the window;
+* **rejoin**: catch-up time and bytes, the survivors' stall at the switch, the period
+  before the failure, without the GPU and after it is back, each against the simulator;
+* **catch-up against model size** (real weights and Adam state through the store);
+* a plot of useful throughput over wall time per slow case, with the injected window and
+  the supervisor's decisions marked.
+
+    python bench/live_slowness.py [-o DIR] [--quiet-iterations N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import schedc  # noqa: E402
+from live_recovery import SPEC, fmt, useful_throughput  # noqa: E402
+from schedc.live import train  # noqa: E402
+
+SLOW_GPU = "gpu(dp=1, pp=1)"  # rank 5
+SLOW_RANK = 5
+FROM, UNTIL = 30, 70  # the slow window: iterations FROM .. UNTIL-1
+ITERATIONS = 100
+WIDTHS = (256, 1024, 2048)  # catch-up: hidden width of the 2 x 2 MLP (Adam)
+
+
+def run(out: Path, iterations: int, inject: list[str], fail_slow: str = "act") -> dict:
+    t = time.time()
+    result = train(out, emulate=True, iterations=iterations, inject=inject, fail_slow=fail_slow)
+    doc = result.to_json()
+    doc["bench_wall_s"] = time.time() - t
+    return doc
+
+
+def ends(doc: dict) -> dict[int, float]:
+    """Iteration -> the end of its last run."""
+    return {r["iteration"]: r["end"] for r in doc["iterations"]}
+
+
+def window_s(doc: dict) -> float:
+    """Wall time of the slow window: from the end of iteration FROM-1 to the end of UNTIL-1."""
+    e = ends(doc)
+    return e[UNTIL - 1] - e[FROM - 1]
+
+
+def slow_events(doc: dict) -> list[dict]:
+    return [e for e in doc["events"] if e["kind"] == "slow" and "speed" in e]
+
+
+def detection(doc: dict) -> dict:
+    """When the slowdown was confirmed, in iterations and seconds after the window began."""
+    found = [e for e in slow_events(doc) if e["speed"] < 0.88 and e["rank"] == SLOW_RANK]
+    if not found:
+        return {"delay_iterations": None, "delay_s": None, "since": None}
+    first = found[0]
+    start = {r["iteration"]: r["start"] for r in doc["iterations"]}[FROM]
+    return {"delay_iterations": first["seen"] - FROM + 1, "delay_s": first["t"] - start,
+            "since": first["since"], "speed": first["speed"]}
+
+
+def steady(doc: dict, lo: int, hi: int) -> float:
+    """Median gap between successive iteration ends in [lo, hi)."""
+    e = ends(doc)
+    return statistics.median(e[i] - e[i - 1] for i in range(lo + 1, hi) if i in e and i - 1 in e)
+
+
+def plot(docs: dict[str, dict], title: str) -> str:
+    """Useful throughput over wall time (from the window's start), the window shaded, decisions marked."""
+    w, h, ml, mr, mt, mb = 760, 380, 60, 170, 40, 45
+    t0 = {k: {r["iteration"]: r["start"] for r in d["iterations"]}[FROM] for k, d in docs.items()}
+    pts = {k: useful_throughput([(r["end"], r["iteration"]) for r in d["iterations"]], t0[k]) for k, d in docs.items()}
+    xs = [x for p in pts.values() for x, _ in p]
+    ys = [y for p in pts.values() for _, y in p]
+    x0, x1, y1 = min(xs), max(xs), max(ys) * 1.2
+
+    def px(x):
+        return ml + (x - x0) / (x1 - x0) * (w - ml - mr)
+
+    def py(y):
+        return h - mb - y / y1 * (h - mt - mb)
+
+    colours = {"no slowdown": "#2ca02c", "unmitigated": "#ff7f0e", "mitigated": "#1f77b4"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+           'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{(ml + w - mr) / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>']
+    if "unmitigated" in docs:  # the slow window, as the unmitigated run lived it
+        d = docs["unmitigated"]
+        st = {r["iteration"]: r["start"] for r in d["iterations"]}
+        a, b = 0.0, st[UNTIL] - t0["unmitigated"]
+        out.append(f'<rect x="{px(a):.1f}" y="{mt}" width="{px(b) - px(a):.1f}" height="{h - mt - mb}" '
+                   'fill="#f4e6d7"/>')
+        out.append(f'<text x="{px(a) + 4:.1f}" y="{mt + 12}" fill="#a0522d">GPU slowed (unmitigated run)</text>')
+    out += [f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="black"/>',
+            f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="black"/>',
+            f'<text x="{(ml + w - mr) / 2}" y="{h - 10}" text-anchor="middle">seconds since the slowdown began '
+            f'(iteration {FROM})</text>',
+            f'<text x="14" y="{(mt + h - mb) / 2}" text-anchor="middle" transform="rotate(-90 14 '
+            f'{(mt + h - mb) / 2})">useful iterations per second</text>']
+    for i in range(5):
+        y = y1 * i / 4
+        out.append(f'<line x1="{ml - 4}" y1="{py(y):.1f}" x2="{w - mr}" y2="{py(y):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{ml - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.2f}</text>')
+        x = x0 + (x1 - x0) * i / 4
+        out.append(f'<text x="{px(x):.1f}" y="{h - mb + 16}" text-anchor="middle">{x:.0f}</text>')
+    for i, (k, p) in enumerate(pts.items()):
+        c = colours.get(k, "#555")
+        out.append(f'<polyline points="{" ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in p)}" fill="none" '
+                   f'stroke="{c}" stroke-width="2"/>')
+        ly = mt + 18 * i
+        out.append(f'<line x1="{w - mr + 10}" y1="{ly}" x2="{w - mr + 30}" y2="{ly}" stroke="{c}" stroke-width="2"/>')
+        out.append(f'<text x="{w - mr + 35}" y="{ly + 4}">{k}</text>')
+    marks = []  # the mitigated run's detections and switches
+    if "mitigated" in docs:
+        d = docs["mitigated"]
+        for e in slow_events(d):
+            marks.append((e["t"] - t0["mitigated"], f"seen {e['speed']:.2f}", "#9467bd"))
+        for s in d["switches"]:
+            marks.append((s["t_decide"] - t0["mitigated"], s["kind"], "#d62728"))
+    for j, (x, label, c) in enumerate(sorted(marks)):
+        if x0 <= x <= x1:
+            out.append(f'<line x1="{px(x):.1f}" y1="{mt + 16}" x2="{px(x):.1f}" y2="{h - mb}" stroke="{c}" '
+                       'stroke-dasharray="4 3"/>')
+            out.append(f'<text x="{px(x) + 3:.1f}" y="{mt + 30 + 13 * (j % 4)}" fill="{c}" font-size="11">'
+                       f'{label}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def slow_cases(out: Path, quick: bool) -> tuple[list[dict], dict]:
+    iterations = 80 if quick else ITERATIONS
+    none = run(out, iterations, [])
+    rows, docs_all = [], {"no slowdown": none}
+    for speed in (0.5, 0.8):
+        inject = [f"at iteration {FROM}: slow {SLOW_GPU} speed = {speed} until iteration {UNTIL}"]
+        un = run(out, iterations, inject, fail_slow="detect")
+        mi = run(out, iterations, inject, fail_slow="act")
+        w_none, w_un, w_mi = window_s(none), window_s(un), window_s(mi)
+        share = (w_un - w_mi) / (w_un - w_none) if w_un > w_none else None
+        det = detection(mi)
+        rows.append({"speed": speed, "detect": det, "detect_unmitigated": detection(un),
+                     "window_s": {"none": w_none, "unmitigated": w_un, "mitigated": w_mi},
+                     "throughput": {k: (UNTIL - FROM) / v for k, v in
+                                    (("none", w_none), ("unmitigated", w_un), ("mitigated", w_mi))},
+                     "share_mitigated": share,
+                     "switches": [{k: s[k] for k in ("kind", "start_at", "predicted_before_us", "predicted_after_us",
+                                                    "stall_s")} for s in mi["switches"]],
+                     "decisions": [{k: d[k] for k in ("verdict", "action", "speed", "gain_us", "reason")}
+                                   for d in mi["decisions"]],
+                     "false_alarms": [e["message"] for e in slow_events(mi) if e["rank"] != SLOW_RANK]})
+        docs = {"no slowdown": none, "unmitigated": un, "mitigated": mi}
+        (out.parent / f"slow-{speed}.svg").write_text(
+            plot(docs, f"16 GPUs (4 x 4, emulated): GPU (1, 1) at speed {speed} for iterations {FROM}-{UNTIL - 1}"))
+        docs_all[f"slow {speed} unmitigated"] = un
+        docs_all[f"slow {speed} mitigated"] = mi
+        print(f"slow {speed}: detected after {det['delay_iterations']} iteration(s) "
+              f"({fmt(det['delay_s'])} s); window {w_none:.2f} / {w_un:.2f} / {w_mi:.2f} s "
+              f"(none / unmitigated / mitigated); share mitigated {fmt(share)}", flush=True)
+    return rows, docs_all
+
+
+def quiet(out: Path, iterations: int) -> dict:
+    doc = run(out, iterations, [], fail_slow="detect")
+    alarms = slow_events(doc)
+    speeds = [s for r in doc["iterations"] for s in r["speeds"].values()]
+    print(f"quiet run: {iterations} iterations, {len(alarms)} false alarm(s); measured speed p1/p50/p99 "
+          f"{_pct(speeds, 1):.3f}/{_pct(speeds, 50):.3f}/{_pct(speeds, 99):.3f}", flush=True)
+    return {"iterations": iterations, "false_alarms": [e["message"] for e in alarms],
+            "speed_p1": _pct(speeds, 1), "speed_p50": _pct(speeds, 50), "speed_p99": _pct(speeds, 99),
+            "decisions": len(doc["decisions"]), "switches": len(doc["switches"])}
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p / 100))]
+
+
+def rejoin(out: Path, quick: bool) -> dict:
+    iterations = 50 if quick else 60
+    inject = [f"at iteration 10: fail {SLOW_GPU}", f"at iteration 25: recover {SLOW_GPU}"]
+    doc = run(out, iterations, inject)
+    (sw,) = [s for s in doc["switches"] if s["kind"] == "rejoin"]
+    (rec,) = doc["recoveries"]
+    gen_fail = rec["to_generation"]
+    res = {"catch_up_s": sw["catch_up_s"], "catch_up_bytes": sw["catch_up_bytes"], "stall_s": sw["stall_s"],
+           "switch_at": sw["start_at"], "announce_to_first_s": sw["t_first"] - sw["t_announce"],
+           "period_before_s": steady(doc, 2, 10), "predicted_before_s": rec["predicted_before_us"] / 1e6,
+           "period_without_s": steady(doc, rec["resumed_at"] + 2, sw["start_at"]),
+           "predicted_without_s": rec["predicted_after_us"] / 1e6,
+           "period_after_s": steady(doc, sw["start_at"] + 2, iterations),
+           "predicted_after_s": sw["predicted_after_us"] / 1e6, "generation_without": gen_fail}
+    print(f"rejoin: caught up in {fmt(res['catch_up_s'])} s, survivors' stall {fmt(res['stall_s'])} s; period "
+          f"{res['period_before_s']:.3f} ({res['predicted_before_s']:.3f}) -> {res['period_without_s']:.3f} "
+          f"({res['predicted_without_s']:.3f}) -> {res['period_after_s']:.3f} ({res['predicted_after_s']:.3f}) s",
+          flush=True)
+    return res
+
+
+def catch_up_by_size(root: Path, quick: bool) -> list[dict]:
+    rows = []
+    for width in WIDTHS[:2] if quick else WIDTHS:
+        spec = f"""
+model "m" {{ source = "catchup_models:build_{width}"  data = "schedc.models.mlp:batch" }}
+cluster {{ dp = 2  pp = 2  gpus_per_node = 2  gpu {{ memory = 8GiB }}  link {{ latency = 50us  bandwidth = 1GB/s }} }}
+stages {{ all {{ forward = 2ms  backward_input = 2ms  backward_weight = 1ms  optimizer = 0.5ms
+               activation = 4MiB  stash = 1MiB  static = 16MiB  send = 64KiB }} }}
+train {{ microbatches = 3  optimizer = adam  lr = 0.001  iterations = 30 }}
+schedule {{ solver = greedy }}
+"""
+        out = root / f"w{width}"
+        schedc.compile(spec).write(out)
+        t = time.time()
+        result = train(out, iterations=30, inject=["at iteration 4: fail gpu(dp=1, pp=0)",
+                                                   "at iteration 10: recover gpu(dp=1, pp=0)"])
+        doc = result.to_json()
+        (sw,) = [s for s in doc["switches"] if s["kind"] == "rejoin"]
+        row = {"width": width, "stage_bytes": sw["catch_up_bytes"], "catch_up_s": sw["catch_up_s"],
+               "stall_s": sw["stall_s"], "run_s": time.time() - t}
+        rows.append(row)
+        print(f"catch-up, width {width}: {sw['catch_up_bytes'] / 2**20:.1f} MiB in {fmt(sw['catch_up_s'])} s, "
+              f"survivors' stall {fmt(sw['stall_s'])} s", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-o", "--out", default="bench-out/live-slowness")
+    ap.add_argument("--quiet-iterations", type=int, default=500)
+    ap.add_argument("--quick", action="store_true", help="fewer iterations and sizes (a smoke run)")
+    args = ap.parse_args(argv)
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / "plan"
+    schedc.compile(SPEC).write(out)
+    report = {"spec": SPEC, "slow_rank": SLOW_RANK, "window": [FROM, UNTIL]}
+    report["slow"], docs = slow_cases(out, args.quick)
+    trace = {"slow_rank": SLOW_RANK, "from": FROM, "until": UNTIL, "ranks": {}}
+    import math
+    for r in docs["slow 0.5 unmitigated"]["iterations"]:
+        for rank, s in r["speeds"].items():
+            if int(rank) in (SLOW_RANK, 4, 6, 9):
+                trace["ranks"].setdefault(rank, []).append(round(math.log(s), 5))
+    (root / "slow_trace.json").write_text(json.dumps(trace))
+    report["rejoin"] = rejoin(out, args.quick)
+    report["catch_up"] = catch_up_by_size(root, args.quick)
+    report["quiet"] = quiet(out, 100 if args.quick else args.quiet_iterations)
+    (root / "report.json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {root / 'report.json'}, {root / 'slow-0.5.svg'}, {root / 'slow-0.8.svg'}, {root / 'slow_trace.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
