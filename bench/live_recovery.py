@@ -40,8 +40,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import schedc  # noqa: E402
+from svgchart import Chart  # noqa: E402
 from schedc.live import train  # noqa: E402
 
 SPEC = (Path(__file__).resolve().parents[1] / "specs" / "emulate-4x4.sched").read_text()
@@ -127,47 +129,18 @@ def useful_throughput(series: list[tuple[float, int]], t0: float) -> list[tuple[
 
 def plot(series: dict[str, list[tuple[float, int]]], fault: dict[str, float], title: str) -> str:
     """Useful throughput over time since the fault, one line per method; the fault at 0."""
-    w, h, ml, mr, mt, mb = 720, 360, 60, 150, 40, 45
     pts = {m: useful_throughput(s, fault.get(m, 0.0)) for m, s in series.items()}
     xs = [x for p in pts.values() for x, _ in p]
     ys = [y for p in pts.values() for _, y in p]
-    x0, x1 = min(xs + [0.0]), max(xs)
-    y1 = max(ys) * 1.15
-
-    def px(x):
-        return ml + (x - x0) / (x1 - x0) * (w - ml - mr)
-
-    def py(y):
-        return h - mb - y / y1 * (h - mt - mb)
-
+    chart = Chart(min(xs + [0.0]), max(xs), max(ys) * 1.15, title=title, xlabel="seconds since the fault",
+                  ylabel=f"useful iterations per second ({WINDOW:g} s window)")
+    chart.marker(0.0, "fault", "#d62728")
     colours = {"reroute": "#1f77b4", "drop-pipeline": "#ff7f0e", "restart": "#2ca02c"}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-           'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{(ml + w - mr) / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>',
-           f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="black"/>',
-           f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="black"/>',
-           f'<text x="{(ml + w - mr) / 2}" y="{h - 10}" text-anchor="middle">seconds since the fault</text>',
-           f'<text x="14" y="{(mt + h - mb) / 2}" text-anchor="middle" transform="rotate(-90 14 '
-           f'{(mt + h - mb) / 2})">useful iterations per second ({WINDOW:g} s window)</text>',
-           f'<line x1="{px(0):.1f}" y1="{mt}" x2="{px(0):.1f}" y2="{h - mb}" stroke="#d62728" stroke-dasharray="4 3"/>',
-           f'<text x="{px(0) + 4:.1f}" y="{mt + 12}" fill="#d62728">fault</text>']
-    for i in range(5):
-        y = y1 * i / 4
-        out.append(f'<line x1="{ml - 4}" y1="{py(y):.1f}" x2="{w - mr}" y2="{py(y):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{ml - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.2f}</text>')
-        x = x0 + (x1 - x0) * i / 4
-        out.append(f'<text x="{px(x):.1f}" y="{h - mb + 16}" text-anchor="middle">{x:.1f}</text>')
-    for i, (m, p) in enumerate(pts.items()):
-        c = colours.get(m, "#555")
-        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in p)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
-        ly = mt + 18 * i
-        out.append(f'<line x1="{w - mr + 10}" y1="{ly}" x2="{w - mr + 30}" y2="{ly}" stroke="{c}" stroke-width="2"/>')
-        out.append(f'<text x="{w - mr + 35}" y="{ly + 4}">{m}</text>')
-    out.append(f'<text x="{w - mr + 10}" y="{mt + 18 * len(pts) + 10}" font-size="10">an iteration run</text>')
-    out.append(f'<text x="{w - mr + 10}" y="{mt + 18 * len(pts) + 22}" font-size="10">again counts 0</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    for m, p in pts.items():
+        chart.line(p, m, colours.get(m, "#555"))
+    chart.note("an iteration run")
+    chart.note("again counts 0")
+    return chart.svg()
 
 
 def fmt(x, digits=2) -> str:

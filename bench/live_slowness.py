@@ -35,6 +35,7 @@ if __package__ in (None, ""):
 
 import schedc  # noqa: E402
 from live_recovery import SPEC, fmt, useful_throughput  # noqa: E402
+from svgchart import Chart  # noqa: E402
 from schedc.live import train  # noqa: E402
 
 SLOW_GPU = "gpu(dp=1, pp=1)"  # rank 5
@@ -86,64 +87,25 @@ def steady(doc: dict, lo: int, hi: int) -> float:
 
 def plot(docs: dict[str, dict], title: str) -> str:
     """Useful throughput over wall time (from the window's start), the window shaded, decisions marked."""
-    w, h, ml, mr, mt, mb = 760, 380, 60, 170, 40, 45
     t0 = {k: {r["iteration"]: r["start"] for r in d["iterations"]}[FROM] for k, d in docs.items()}
     pts = {k: useful_throughput([(r["end"], r["iteration"]) for r in d["iterations"]], t0[k]) for k, d in docs.items()}
     xs = [x for p in pts.values() for x, _ in p]
     ys = [y for p in pts.values() for _, y in p]
-    x0, x1, y1 = min(xs), max(xs), max(ys) * 1.2
-
-    def px(x):
-        return ml + (x - x0) / (x1 - x0) * (w - ml - mr)
-
-    def py(y):
-        return h - mb - y / y1 * (h - mt - mb)
-
-    colours = {"no slowdown": "#2ca02c", "unmitigated": "#ff7f0e", "mitigated": "#1f77b4"}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-           'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{(ml + w - mr) / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>']
+    chart = Chart(min(xs), max(xs), max(ys) * 1.2, title=title, width=760, height=380, legend_width=170, x_digits=0,
+                  xlabel=f"seconds since the slowdown began (iteration {FROM})", ylabel="useful iterations per second")
     if "unmitigated" in docs:  # the slow window, as the unmitigated run lived it
-        d = docs["unmitigated"]
-        st = {r["iteration"]: r["start"] for r in d["iterations"]}
-        a, b = 0.0, st[UNTIL] - t0["unmitigated"]
-        out.append(f'<rect x="{px(a):.1f}" y="{mt}" width="{px(b) - px(a):.1f}" height="{h - mt - mb}" '
-                   'fill="#f4e6d7"/>')
-        out.append(f'<text x="{px(a) + 4:.1f}" y="{mt + 12}" fill="#a0522d">GPU slowed (unmitigated run)</text>')
-    out += [f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="black"/>',
-            f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="black"/>',
-            f'<text x="{(ml + w - mr) / 2}" y="{h - 10}" text-anchor="middle">seconds since the slowdown began '
-            f'(iteration {FROM})</text>',
-            f'<text x="14" y="{(mt + h - mb) / 2}" text-anchor="middle" transform="rotate(-90 14 '
-            f'{(mt + h - mb) / 2})">useful iterations per second</text>']
-    for i in range(5):
-        y = y1 * i / 4
-        out.append(f'<line x1="{ml - 4}" y1="{py(y):.1f}" x2="{w - mr}" y2="{py(y):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{ml - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.2f}</text>')
-        x = x0 + (x1 - x0) * i / 4
-        out.append(f'<text x="{px(x):.1f}" y="{h - mb + 16}" text-anchor="middle">{x:.0f}</text>')
-    for i, (k, p) in enumerate(pts.items()):
-        c = colours.get(k, "#555")
-        out.append(f'<polyline points="{" ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in p)}" fill="none" '
-                   f'stroke="{c}" stroke-width="2"/>')
-        ly = mt + 18 * i
-        out.append(f'<line x1="{w - mr + 10}" y1="{ly}" x2="{w - mr + 30}" y2="{ly}" stroke="{c}" stroke-width="2"/>')
-        out.append(f'<text x="{w - mr + 35}" y="{ly + 4}">{k}</text>')
-    marks = []  # the mitigated run's detections and switches
-    if "mitigated" in docs:
+        start = {r["iteration"]: r["start"] for r in docs["unmitigated"]["iterations"]}
+        chart.band(0.0, start[UNTIL] - t0["unmitigated"], "GPU slowed (unmitigated run)", "#f4e6d7", "#a0522d")
+    colours = {"no slowdown": "#2ca02c", "unmitigated": "#ff7f0e", "mitigated": "#1f77b4"}
+    for k, p in pts.items():
+        chart.line(p, k, colours.get(k, "#555"))
+    if "mitigated" in docs:  # the mitigated run's detections and switches
         d = docs["mitigated"]
-        for e in slow_events(d):
-            marks.append((e["t"] - t0["mitigated"], f"seen {e['speed']:.2f}", "#9467bd"))
-        for s in d["switches"]:
-            marks.append((s["t_decide"] - t0["mitigated"], s["kind"], "#d62728"))
-    for j, (x, label, c) in enumerate(sorted(marks)):
-        if x0 <= x <= x1:
-            out.append(f'<line x1="{px(x):.1f}" y1="{mt + 16}" x2="{px(x):.1f}" y2="{h - mb}" stroke="{c}" '
-                       'stroke-dasharray="4 3"/>')
-            out.append(f'<text x="{px(x) + 3:.1f}" y="{mt + 30 + 13 * (j % 4)}" fill="{c}" font-size="11">'
-                       f'{label}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+        marks = [(e["t"] - t0["mitigated"], f"seen {e['speed']:.2f}", "#9467bd") for e in slow_events(d)]
+        marks += [(s["t_decide"] - t0["mitigated"], s["kind"], "#d62728") for s in d["switches"]]
+        for j, (x, label, colour) in enumerate(sorted(marks)):
+            chart.marker(x, label, colour, row=1 + j % 4)
+    return chart.svg()
 
 
 def slow_cases(out: Path, quick: bool) -> tuple[list[dict], dict]:
@@ -243,7 +205,7 @@ schedule {{ solver = greedy }}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-o", "--out", default="bench-out/live-slowness")
+    ap.add_argument("-o", "--out", default="bench/results/live-slowness", help="where results go")
     ap.add_argument("--quiet-iterations", type=int, default=500)
     ap.add_argument("--quick", action="store_true", help="fewer iterations and sizes (a smoke run)")
     args = ap.parse_args(argv)
