@@ -37,7 +37,7 @@ def events(dp: int, pp: int) -> dict[str, list[str]]:
     return {
         "fail 1": [f"fail gpu(dp=1, pp={pp // 2})"],
         "slow 0.6": [f"slow gpu(dp=0, pp={pp - 1}) speed = 0.6"],
-        "fail 2": [f"fail gpu(dp=1, pp=1)", f"fail gpu(dp={dp - 1}, pp={pp - 2})"],
+        "fail 2": ["fail gpu(dp=1, pp=1)", f"fail gpu(dp={dp - 1}, pp={pp - 2})"],
         "fail node": ["fail node 1"],
     }
 

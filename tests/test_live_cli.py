@@ -48,6 +48,12 @@ def _descendants_of_session(sid: int) -> list[str]:
     (["train", "{out}", "--recovery", "restart"], "E555", "give --checkpoint-every K"),
     (["train", "{out}", "--resume"], "E556", "no complete checkpoint"),
     (["agent", "--store", "nowhere", "--host", "1"], "E557", "is not HOST:PORT"),
+    (["agent", "--store", "127.0.0.1:99999", "--host", "1"], "E557", "is not HOST:PORT"),
+    (["rejoin", "--store", "127.0.0.1:1", "--timeout", "nan", "recover gpu(dp=1, pp=0)"], "E557",
+     "--timeout must be a positive number"),
+    (["rejoin", "--store", "127.0.0.1:1", "--timeout", "-1", "recover gpu(dp=1, pp=0)"], "E557",
+     "--timeout must be a positive number"),
+    (["rejoin", "--store", "127.0.0.1:1", "fail gpu(dp=1, pp=0)"], "E557", "is not one `recover gpu"),
 ])
 def test_bad_input_is_a_diagnostic_not_a_traceback(tmp_path, args, code, words):
     out = compiled(tmp_path)
@@ -56,6 +62,15 @@ def test_bad_input_is_a_diagnostic_not_a_traceback(tmp_path, args, code, words):
     assert f"error[{code}]" in proc.stderr and words in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (out / "live").exists()  # nothing ran
+
+
+def test_a_busy_store_port_is_a_diagnostic(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        proc = _schedc("train", str(compiled(tmp_path)), "--store-port", str(busy.getsockname()[1]))
+    assert proc.returncode == 1 and "error[E557]" in proc.stderr and "cannot serve the run's store" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_a_fresh_run_does_not_write_among_an_earlier_runs_checkpoints(tmp_path):

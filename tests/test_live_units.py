@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import schedc
@@ -43,6 +43,9 @@ def spec():
     ("at 250 ms: fail rank 1", Moment("time", seconds=0.25), "kill", (1,)),
     # A node's failed GPU has no process: only its live ranks are signalled.
     ("at iteration 1: fail node 1", Moment("iteration", 1), "kill", (3, 4)),
+    ("at iteration 1: slow gpu(dp=0, pp=0) speed = 0.5 until iteration 3", Moment("iteration", 1), "slow", (0,)),
+    ("at iteration 1: slow link rank 1 delay = 20ms", Moment("iteration", 1), "slow_link", (1,)),
+    ("at iteration 2: recover gpu(dp=1, pp=2)", Moment("iteration", 2), "rejoin", (5,)),
 ])
 def test_injections_parse_to_their_moment_and_targets(spec, text, moment, action, ranks):
     (inj,) = parse_injections([text], spec, iterations=5)
@@ -69,6 +72,12 @@ def test_injections_parse_to_their_moment_and_targets(spec, text, moment, action
     ("at iteration 5: fail rank 0", "E562", 14, "never reached"),
     ("at iteration 1 during B 3: fail rank 0", "E562", 25, "no microbatch 3"),
     ("at recovery 0: fail rank 0", "E560", 13, ">= 1"),
+    ("at recovery 1: recover gpu(dp=1, pp=2)", "E560", 16, "`recover` starts at the start of an iteration"),
+    ("at iteration 0: recover gpu(dp=1, pp=2)", "E560", 17, "after the first, or at a time"),
+    ("at iteration 3: recover gpu(dp=0, pp=0)", "E561", 17, "never fails in this run"),
+    ("at iteration 3: slow gpu(dp=0, pp=0) speed = 0.5 until iteration 2", "E562", 66, "is not after iteration 3"),
+    ("at iteration 2 during B: slow gpu(dp=0, pp=0) speed = 0.5", "E560", 16, "not during an op"),
+    ("at iteration 1: slow gpu(dp=0, pp=0) speed = 0", "E206", 46, "must be in (0, 1]"),
 ])
 def test_bad_injections_point_at_the_mistake(spec, text, code, where, words):
     with pytest.raises(SpecError) as exc:

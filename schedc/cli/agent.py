@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+from schedc.cli.store import connect
 from schedc.diagnostics import RunError, error
 
 
@@ -23,18 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from schedc.live.agent import Agent
-    from schedc.live.membership import JobStore
 
-    host, _, port = args.store.rpartition(":")
-    if not host or not port.isdigit():
-        raise RunError([error("E557", f"--store `{args.store}` is not HOST:PORT", hint="e.g. --store 10.0.0.1:29500")])
     if args.host < 1:
         raise RunError([error("E557", f"--host must be 1 or more (host 0 runs the supervisor), got {args.host}")])
-    try:
-        job = JobStore.connect(host, int(port), timeout=args.timeout)
-    except RuntimeError as exc:
-        raise RunError([error("E557", f"cannot reach the run's store at {args.store}: {str(exc).splitlines()[0]}",
-                              hint="start `schedc train OUT --hosts N` first and use the address it prints")])
+    job = connect(args.store, args.timeout,
+                  hint="start `schedc train OUT --hosts N` first and use the address it prints")
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         Agent(job, args.host).serve()

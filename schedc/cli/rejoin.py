@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from schedc.cli.store import connect
 from schedc.diagnostics import RunError, error
 
 
@@ -24,20 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from schedc.events import parse_events
-    from schedc.live.membership import JobStore
 
     events = parse_events(args.event)  # a SpecError with a caret when it is not an event
     if len(events) != 1 or events[0].kind != "recover_gpu":
         raise RunError([error("E557", f"`{args.event}` is not one `recover gpu(dp=D, pp=S)`",
                               hint='e.g. schedc rejoin --store 10.0.0.1:29500 "recover gpu(dp=1, pp=2)"')])
-    host, _, port = args.store.rpartition(":")
-    if not host or not port.isdigit():
-        raise RunError([error("E557", f"--store `{args.store}` is not HOST:PORT", hint="e.g. --store 10.0.0.1:29500")])
-    try:
-        job = JobStore.connect(host, int(port), timeout=args.timeout)
-    except RuntimeError as exc:
-        raise RunError([error("E557", f"cannot reach the run's store at {args.store}: {str(exc).splitlines()[0]}",
-                              hint="is `schedc train` running? use the address it listens on")])
+    job = connect(args.store, args.timeout, hint="is `schedc train` running? use the store address on its first line")
+    (ev,) = events
+    dp, pp = job.config()["cluster"]
+    if not (0 <= ev.dp < dp and 0 <= ev.pp < pp):
+        raise RunError([error("E557", f"the run has no GPU (dp={ev.dp}, pp={ev.pp}): its cluster is dp {dp} x pp {pp}",
+                              hint=f"dp is 0..{dp - 1}, pp is 0..{pp - 1}")])
     job.report({"kind": "rejoin", "event": args.event, "t": time.time()})
     print(f"asked the run at {args.store} to take back: {args.event}")
     return 0

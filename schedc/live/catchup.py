@@ -27,7 +27,6 @@ the run has recovered.
 from __future__ import annotations
 
 import io
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -56,8 +55,7 @@ class Donor:
         self.job = job
         self.side = side
         self.session: int | None = None
-        self.joiner: int | None = None
-        self.sent = 0  # bytes stored so far in this session
+        self._keys: list[str] = []  # what this session stored
 
     def boundary(self, rt, directive: dict | None) -> None:
         """Start (or stop) donating as this rank's directive says; the state is that after
@@ -65,8 +63,10 @@ class Donor:
         wanted = directive.get("session") if directive and directive.get("role") == "donate" else None
         if wanted == self.session:
             return
-        self.session, self.sent = wanted, 0
-        self.joiner = directive.get("joiner") if wanted is not None else None
+        if self.session is not None:  # the session ended (joined, or cancelled): free what it stored
+            keys, self._keys = self._keys, []
+            self.side().submit(lambda: [self.job.drop_blob(k) for k in keys])  # after the stores queued
+        self.session = wanted
         rt.keep_step_grad = wanted is not None
         if wanted is None:
             return
@@ -81,13 +81,8 @@ class Donor:
 
     def _store(self, key: str, obj) -> None:
         job = self.job
-
-        def put() -> None:
-            blob = _dump(obj)
-            job.put_blob(key, blob)
-            self.sent += len(blob)
-
-        self.side().submit(put)
+        self._keys.append(key)
+        self.side().submit(lambda: job.put_blob(key, _dump(obj)))
 
 
 class Joiner:
@@ -97,14 +92,13 @@ class Joiner:
         self.job = job
         self.session: int | None = None
         self.steps: int | None = None  # steps applied (None: no state loaded yet in this session)
-        self.started = 0.0
         self.received = 0  # bytes
 
     def follow(self, rt, directive: dict | None) -> bool:
         """Catch up as far as the donor has gone; True when something was applied."""
         wanted = directive.get("session") if directive and directive.get("role") == "join" else None
         if wanted != self.session:
-            self.session, self.steps, self.received, self.started = wanted, None, 0, time.monotonic()
+            self.session, self.steps, self.received = wanted, None, 0
         if self.session is None:
             return False
         progressed = False

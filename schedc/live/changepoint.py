@@ -141,10 +141,6 @@ class SpeedTracker:
         """The last speed reported (1.0 until a change)."""
         return self._reported
 
-    @property
-    def baseline_known(self) -> bool:
-        return self._baseline is not None
-
 
 def _logsumexp(xs: list[float]) -> float:
     m = max(xs)

@@ -95,11 +95,6 @@ class Injection:
     def signal_name(self) -> str:
         return "SIGKILL" if self.action == "kill" else "SIGSTOP"
 
-    @property
-    def signals(self) -> bool:
-        """Carried out by a signal from the target's agent (the others act otherwise)."""
-        return self.action in ("kill", "stop")
-
     def active(self, iteration: int) -> bool:
         """slow, slow_link: in effect during `iteration`."""
         return self.moment.iteration <= iteration and (self.until is None or iteration < self.until)
@@ -302,11 +297,14 @@ def parse_injection(text: str, index: int) -> _Parsed:
             raise SpecError([problem], sources)
         event_end = m.start()
     spans["event"] = _span(file, start + 1, event_end - start)
-    if action in ("slow", "rejoin", "stop", "kill") and not (moment.kind == "time" or moment.phase == "start"
-                                                            or action in ("kill", "stop")):
+    if action in ("slow", "rejoin") and not (moment.kind == "time" or moment.phase == "start"):
         raise SpecError([error("E560", f"`{word}` starts at an iteration's start or at a time, not during an op",
                                spans.get("phase"), label="remove this",
                                hint=f"write `at iteration I: {word} ...`")], sources)
+    if action == "rejoin" and (moment.kind == "recovery" or (moment.kind == "iteration" and moment.iteration == 0)):
+        raise SpecError([error("E560", "`recover` starts at the start of an iteration after the first, or at a time",
+                               spans["event"], hint="write `at iteration I: recover gpu(...)` with I >= 1, or "
+                                                    "`at 2.5s: recover gpu(...)`")], sources)
     if action == "slow" and moment.kind != "iteration":
         raise SpecError([error("E560", "`slow` starts at an iteration's start", spans["event"],
                                hint="write `at iteration I: slow ...` (and `until iteration B`)")], sources)

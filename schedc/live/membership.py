@@ -102,7 +102,8 @@ class JobStore:
         # which /etc/hosts does not list: a reverse DNS query, and a resolver that drops it
         # stalls every store operation of the job for 5 s (measured). An IPv4 socket of our
         # own, handed over, keeps clients' addresses plain.
-        listener = socket.create_server((host, port), family=socket.AF_INET, backlog=1024, reuse_port=False)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # IPv4 unless host is IPv6 only
+        listener = socket.create_server((host, port), family=family, backlog=1024)
         store = dist.TCPStore(host, listener.getsockname()[1], is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=timeout), master_listen_fd=listener.detach())
         job = cls(store, host, store.port)

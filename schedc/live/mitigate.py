@@ -116,6 +116,12 @@ class Ladder:
     def cancel(self, rank: int) -> None:
         self._open.pop(rank, None)
 
+    def cancel_all(self) -> list[int]:
+        """Drop every open episode (their plans were priced against a plan that changed); their ranks."""
+        ranks = sorted(self._open)
+        self._open.clear()
+        return ranks
+
     def measured(self, cost_s: float) -> None:
         """A switch was made and cost this much: the next decisions use it."""
         self.cost_s = cost_s

@@ -87,15 +87,32 @@ class Rejoins:
         ready = self.ready(completed)
         if not ready or sup.phase != "running":
             return
+        from schedc.diagnostics import SchedcError
         from schedc.replan import replan
 
         gpus = sup.plan.spec.gpus
         events = [f"recover gpu(dp={gpus[r].dp}, pp={gpus[r].pp})" for r in ready]
-        plan = replan(sup.base_plan, events, deadline=sup.options.replan_deadline, solver=sup._replan_solver())
+        try:
+            plan = replan(sup.base_plan, events, deadline=sup.options.replan_deadline, solver=sup._replan_solver())
+        except SchedcError as exc:  # e.g. no plan with it fits: it stays out
+            self._give_up(ready, f"no plan takes it back: {exc.diagnostics[0].message}")
+            return
         for r in ready:
             self.sessions[r]["caught"] = time.time()
         reason = "; ".join(f"{e}: {self.wanted.get(r, 'asked for')}" for e, r in zip(events, ready))
-        sup._switch(plan, kind="rejoin", reason=reason, ranks=ready)
+        refused = sup._switch(plan, kind="rejoin", reason=reason, ranks=ready)
+        if refused is not None:
+            self._give_up(ready, refused)
+
+    def _give_up(self, ranks: list[int], why: str) -> None:
+        """These joiners cannot come back in this run: say why once, end their sessions."""
+        for rank in ranks:
+            self.sup._note("rejoin", f"rank {rank} stays out: {why}", rank=rank)
+            self.wanted.pop(rank, None)
+            s = self.sessions.pop(rank, None)
+            self.sup.job.direct(rank, None)
+            if s is not None:
+                self.sup.job.direct(s["donor"], None)
 
     def catch_up_figures(self, ranks: list[int]) -> tuple[float | None, int | None]:
         """(seconds from the session's start to caught up, bytes received), for the switch record."""

@@ -56,6 +56,7 @@ class Slowness:
         # measured at 0.4-0.5 periods in bench/live_slowness.py.
         self.ladder = Ladder(cost_s=max(0.1, period))
         self._pending: list[tuple[int, object, int]] = []  # shifts seen while not running
+        self._quiet_until: dict[int, int] = {}  # rank -> iteration before which its probes are not priced
 
     # -- measuring -----------------------------------------------------------------------------
 
@@ -77,7 +78,7 @@ class Slowness:
         """A probe of a GPU's speed: an excluded one on standby, or a member its plan gives no
         compute (all its work moved to its peers), whose iterations time nothing."""
         sup, rank = self.sup, rep["rank"]
-        if rank in sup.rejoins.wanted or sup.phase != "running":
+        if rank in sup.rejoins.wanted or sup.phase != "running" or sup.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
         seen.append(rep["speed"])
@@ -173,6 +174,9 @@ class Slowness:
             self._act(d)
         else:
             self._log(d)
+            if d.verdict == "ignore":  # not worth it now: price it again after 10 iterations, not every probe
+                self.probes.pop(rank, None)
+                self._quiet_until[rank] = sup.completed + 10
 
     def _act(self, d: Decision) -> None:
         sup = self.sup
@@ -203,12 +207,14 @@ class Slowness:
 
     # -- membership changes ------------------------------------------------------------------------
 
-    def after_recovery(self) -> None:
-        """A failure changed the plan: price again every GPU whose speed differs from it."""
+    def after_plan_change(self) -> None:
+        """A failure or a switch changed the plan: every open episode was priced against the old
+        one; price again every member whose measured speed differs from what the new plan assumes
+        (an excluded GPU's return is priced again from its next probes)."""
         sup = self.sup
+        self.ladder.cancel_all()
         for rank, tracker in self.trackers.items():
             if rank in sup.gen.members:
-                self.ladder.cancel(rank)
                 plan_speed = sup.base_plan.spec.gpus[rank].speed
                 if abs(tracker.speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
                     self._open(rank, tracker.speed, sup.completed, sup.completed)

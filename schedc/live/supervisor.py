@@ -47,7 +47,7 @@ from typing import Callable, Literal
 from schedc.diagnostics import Diagnostic, RunError, SchedcError, error
 from schedc.live import checkpoint
 from schedc.live.agent import Agent
-from schedc.live.detect import Detector, Suspect
+from schedc.live.detect import Beat, Detector, Suspect
 from schedc.live.inject import Injection, parse_injections
 from schedc.live.membership import Generation, JobStore
 from schedc.live.rejoin import Rejoins
@@ -187,6 +187,7 @@ class Supervisor:
         self.switches: list[Switch] = []
         self._switch_rec: Switch | None = None  # the planned switch under way
         self._switch_from: tuple[int, ...] = ()  # the members of the generation it switches from
+        self._leaving: set[int] = set()  # members of that generation that are not in the next
         self.rejoins = Rejoins(self)
         self.slowness = Slowness(self)
 
@@ -256,7 +257,7 @@ class Supervisor:
         removed = checkpoint.clean_partials(self.ckpt_root)
         try:
             self.job = JobStore.serve(opts.store_host, opts.store_port)
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:  # a busy port, an address not of this machine
             raise RunError([error("E557", f"cannot serve the run's store on {opts.store_host}:{opts.store_port}: "
                                           f"{str(exc).strip().splitlines()[0]}",
                                   hint="choose a free --store-port, and a --store-host address of this machine")])
@@ -266,6 +267,8 @@ class Supervisor:
             "checkpoint_dir": str(self.ckpt_root.resolve()), "want_weights": opts.want_weights,
             "injections": [i.to_json() for i in self.injections],
             "coords": {str(g.rank): [g.dp, g.pp] for g in self.plan.spec.gpus},  # every GPU, live or not
+            "probe": opts.fail_slow == "act",
+            "cluster": [self.plan.spec.cluster.dp, self.plan.spec.cluster.pp],  # GPUs with no ops to time measure their speed by probes
         })
         self.local = Agent(self.job, 0)
         self.local.register()
@@ -341,7 +344,7 @@ class Supervisor:
             self._last_beats = now
             for rank, text in self.job.heartbeats(self.detector.watching()).items():
                 self.detector.beat(rank, text, now)
-            for s in self.detector.check(now, running=self.phase == "running"):
+            for s in self.detector.check(now, running=self.phase in ("running", "switching")):
                 self._suspect(s)
             if self.detector.stalled_waiting:
                 self._fail([error("E554", "the job is stuck: every rank waits for another and none has "
@@ -449,8 +452,12 @@ class Supervisor:
         self.generation_records[-1].t_ready = now
         first = self._training_started is None
         recovered = self.phase == "recovering"
+        switched = self.phase == "switching"
         self.phase = "running"
         self.base_plan = self.plan
+        for r in self._leaving - set(self.gen.members):
+            self.detector.forget(r)  # left at the switch: on standby now
+        self._leaving = set()
         self.detector.restart_progress(now)
         self._unexplained = None
         for rank in self.rejoins.wanted.keys() & set(self.gen.members):
@@ -463,8 +470,8 @@ class Supervisor:
                                    f"switched at iteration {start}, {now - sw.t_announce:.2f} s after the "
                                    "announcement", generation=self.gen.number, switch=sw.kind)
         self.rejoins.resume()
-        if recovered:
-            self.slowness.after_recovery()
+        if recovered or switched:
+            self.slowness.after_plan_change()
         if first:
             self._training_started = now
             self._note("running", f"generation {self.gen.number}: {len(self.gen.members)} ranks running from "
@@ -514,8 +521,7 @@ class Supervisor:
     def _switch_margin(self) -> int:
         """Iterations between announcing a planned switch and its start: SWITCH_MARGIN, plus what
         a heartbeat's staleness (the furthest rank may be further) spans at the measured pace, so
-        that no member is past the start when it reads of the switch (at its next boundary). A
-        member that is past it anyway leaves by the abort path: rolled back, still exact."""
+        that no member is past the start when it reads of the switch (at its next boundary)."""
         ends = [r.end for r in self.history[-6:]]
         gaps = [b - a for a, b in zip(ends, ends[1:]) if b > a]
         period = statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
@@ -546,7 +552,7 @@ class Supervisor:
             return
         self.job.set_progress(it)
         for inj in self.injections:  # `at iteration I: recover gpu(...)` as iteration I starts
-            if inj.action == "rejoin" and inj.moment.kind == "iteration" and inj.moment.iteration == it + 1 \
+            if inj.action == "rejoin" and inj.moment.kind == "iteration" and inj.moment.iteration <= it + 1 \
                     and inj.index not in self._fired:
                 self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks)}
                 self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
@@ -561,10 +567,15 @@ class Supervisor:
             (ev,) = parse_events(text)
             if ev.kind != "recover_gpu":
                 raise ValueError
-            rank = self.plan.spec.cluster.rank_of(ev.dp, ev.pp)
         except Exception:
             self._note("warning", f"warning: ignored a rejoin request that is not `recover gpu(dp=D, pp=S)`: {text!r}")
             return
+        cluster = self.plan.spec.cluster
+        if not (0 <= ev.dp < cluster.dp and 0 <= ev.pp < cluster.pp):
+            self._note("warning", f"warning: ignored a rejoin request for GPU (dp={ev.dp}, pp={ev.pp}): the cluster "
+                                  f"has dp 0..{cluster.dp - 1} and pp 0..{cluster.pp - 1}")
+            return
+        rank = cluster.rank_of(ev.dp, ev.pp)
         self.rejoins.request(rank, reason)
 
     def _complete(self) -> bool:
@@ -638,6 +649,7 @@ class Supervisor:
         failed = sorted(suspects)
         for r in failed:
             self.detector.forget(r)
+            self.rejoins.lost(r)  # a joiner that died is no longer wanted back (a new request can ask)
         self.dead.update(failed)
         if self.phase == "switching":  # the switch is off: plan from the last plan that ran
             self._note("switch", f"the switch to generation {self.gen.number} is abandoned: a failure came first")
@@ -821,8 +833,13 @@ class Supervisor:
         for r in members:
             if r not in self.detector.watching():
                 self.detector.watch(r, now)
-        for r in self.detector.watching() - set(members):
-            self.detector.forget(r)  # excluded (on standby) or gone: no longer a member to watch
+        leaving = self.detector.watching() - set(members)
+        if start_at is None:
+            self._leaving = set()
+            for r in leaving:
+                self.detector.forget(r)  # excluded (on standby) or gone: no longer a member to watch
+        else:  # they run the old plan until `start_at`: still watched (an exit is a failure) until then
+            self._leaving = leaving
         self._gen_speeds[number] = {g.rank: g.speed for g in plan.spec.gpus if g.live}
         plan_dir = None if number == 0 else str(self.out / "live" / f"gen-{number:04d}")
         self.generation_records.append(GenerationRecord(number, members, reason, restore, plan.metrics.iteration_time,
@@ -834,7 +851,9 @@ class Supervisor:
         """Announce a planned switch to `plan` a little ahead; None, or why it was not made."""
         if self.phase != "running":
             return f"the run is {self.phase}"
-        beats = [self.detector.last_beat(r) for r in self.gen.members]
+        # Where the members are now (read after the planning that led here, which took time).
+        fresh = self.job.heartbeats(self.gen.members)
+        beats = [Beat.parse(fresh[r]) if r in fresh else self.detector.last_beat(r) for r in self.gen.members]
         furthest = max([b.iteration for b in beats if b is not None] + [self.completed])
         start_at = furthest + self._switch_margin()
         if start_at >= self.iterations:

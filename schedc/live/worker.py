@@ -172,7 +172,9 @@ class LiveWorker:
         transport = None
         try:
             self._fire(self.trigger.at_recovery(gen.number))
-            if gen.start_at is not None and self.rt.steps_done < gen.start_at:
+            directive = self.heartbeat.directive or self.job.directive(self.rank)
+            joiner = bool(directive and directive.get("role") == "join")
+            if gen.start_at is not None and joiner and self.rt.steps_done < gen.start_at:
                 self._catch_up_to(gen)  # a joiner: replay the donor's steps up to the switch
             self.job.join(gen.number, self.rank)
             self._wait_joined(gen)
@@ -206,8 +208,8 @@ class LiveWorker:
                 self.job.report({"kind": "iter", "rank": self.rank, "gen": gen.number, "it": it, "t0": t0,
                                  "t1": time.time(), "loss": self.rt.iteration_loss, "steps": self.rt.steps_done,
                                  "compute": self._compute, "planned": self._planned})
-                if (self._planned == 0) != self._probing.is_set():  # no compute to time: probe instead
-                    self._probing.set() if self._planned == 0 else self._probing.clear()
+                if self.config.get("probe") and (self._planned == 0) != self._probing.is_set():
+                    self._probing.set() if self._planned == 0 else self._probing.clear()  # nothing timed: probe
                 self.donor.after_step(self.rt)
                 self._maybe_checkpoint(gen)
             transport.flush()
@@ -245,7 +247,8 @@ class LiveWorker:
             self._build(Manifest.from_json(gen.manifest))
         self.trigger = Trigger([Injection.from_json(j) for j in gen.injections if self.rank in j["ranks"]])
         reported = None
-        self._probing.set()
+        if self.config.get("probe"):
+            self._probing.set()
         try:
             while not self.heartbeat.stopped and self.heartbeat.latest <= gen.number:
                 if self.joiner.follow(self.rt, self.heartbeat.directive) and self.joiner.steps != reported:
@@ -284,10 +287,18 @@ class LiveWorker:
         return min(1.0, self._probe_base / (time.perf_counter() - started))
 
     def _probe_op(self) -> None:
+        """One forward of this rank's stage that changes nothing: no autograd, eval mode (no
+        BatchNorm statistics updated, no dropout drawn from the random state)."""
         import torch
 
-        with torch.no_grad():
-            self.rt.module(self._probe_input)
+        module = self.rt.module
+        training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                module(self._probe_input)
+        finally:
+            module.train(training)
 
     def _catch_up_to(self, gen: Generation) -> None:
         """Replay the donor's steps until this rank has `gen.start_at` of them (or the switch is aborted)."""
@@ -326,7 +337,8 @@ class LiveWorker:
 
             stage = self.rt.stage
             sample = self.rt.batch(0, 0, 0)[0]
-            self._probe_input = sample if stage == 0 else torch.randn(self.rt.shapes[stage - 1][0])
+            noise = torch.Generator().manual_seed(0)  # its own generator: the run's random state is untouched
+            self._probe_input = sample if stage == 0 else torch.randn(self.rt.shapes[stage - 1][0], generator=noise)
             times = []
             for _ in range(3):
                 t = time.perf_counter()
