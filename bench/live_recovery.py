@@ -40,10 +40,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import schedc  # noqa: E402
-from svgchart import Chart  # noqa: E402
+from bench.svgchart import Chart  # noqa: E402
 from schedc.live import train  # noqa: E402
 
 SPEC = (Path(__file__).resolve().parents[1] / "specs" / "emulate-4x4.sched").read_text()

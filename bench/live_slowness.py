@@ -31,11 +31,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import schedc  # noqa: E402
-from live_recovery import SPEC, fmt, useful_throughput  # noqa: E402
-from svgchart import Chart  # noqa: E402
+from bench.live_recovery import SPEC, fmt, useful_throughput  # noqa: E402
+from bench.svgchart import Chart  # noqa: E402
 from schedc.live import train  # noqa: E402
 
 SLOW_GPU = "gpu(dp=1, pp=1)"  # rank 5
@@ -181,7 +180,7 @@ def catch_up_by_size(root: Path, quick: bool) -> list[dict]:
     rows = []
     for width in WIDTHS[:2] if quick else WIDTHS:
         spec = f"""
-model "m" {{ source = "catchup_models:build_{width}"  data = "schedc.models.mlp:batch" }}
+model "m" {{ source = "bench.catchup_models:build_{width}"  data = "schedc.models.mlp:batch" }}
 cluster {{ dp = 2  pp = 2  gpus_per_node = 2  gpu {{ memory = 8GiB }}  link {{ latency = 50us  bandwidth = 1GB/s }} }}
 stages {{ all {{ forward = 2ms  backward_input = 2ms  backward_weight = 1ms  optimizer = 0.5ms
                activation = 4MiB  stash = 1MiB  static = 16MiB  send = 64KiB }} }}
