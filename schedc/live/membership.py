@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,8 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import torch.distributed as dist
+
+from schedc.runtime.rendezvous import serve_store
 
 #: Seconds a worker goes on without reaching the store before it exits: its supervisor is gone.
 ORPHAN_TIMEOUT = 10.0
@@ -97,15 +98,7 @@ class JobStore:
     @classmethod
     def serve(cls, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> "JobStore":
         """Host the store (the supervisor); port 0 picks a free one."""
-        # The store's server names every client that connects by its address, on its one
-        # thread. Listening on IPv6 (its default) makes a local client "::ffff:127.0.0.1",
-        # which /etc/hosts does not list: a reverse DNS query, and a resolver that drops it
-        # stalls every store operation of the job for 5 s (measured). An IPv4 socket of our
-        # own, handed over, keeps clients' addresses plain.
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # IPv4 unless host is IPv6 only
-        listener = socket.create_server((host, port), family=family, backlog=1024)
-        store = dist.TCPStore(host, listener.getsockname()[1], is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout), master_listen_fd=listener.detach())
+        store = serve_store(host, port, timeout)  # (see schedc.runtime.rendezvous: why not torch's default)
         job = cls(store, host, store.port)
         job.store.set("abort", "-1")
         job.store.set("gen", "-1")

@@ -17,11 +17,11 @@ import io
 import math
 import multiprocessing as mp
 import os
-import queue as queue_mod
 import signal
 import socket
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
 from typing import Callable
 
@@ -102,18 +102,24 @@ class Launch:
         self.timeout = timeout
         self.want_weights = want_weights and not emulate
         ctx = forkserver_context()
-        self.queue = ctx.Queue()
-        init = f"tcp://127.0.0.1:{free_port()}"
+        from schedc.runtime.rendezvous import serve_store
+
+        self.store = serve_store("127.0.0.1", 0, timeout)  # the ranks meet here (kept alive by this object)
+        init = f"127.0.0.1:{self.store.port}"
         options = dict(iterations=self.iterations, emulate=emulate, timeout=timeout,
                        want_weights=self.want_weights)
         from schedc.runtime.worker import child_main
 
         self.processes: dict[int, mp.Process] = {}
+        self._pipes: list = []  # one per rank, read here (a killed rank breaks only its own)
         for dist_rank, rank in enumerate(self.manifest.live_ranks):
+            reader, writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=child_main, name=f"schedc-rank-{rank}",
-                            args=(str(self.out_dir), dist_rank, init, options, self.queue))
+                            args=(str(self.out_dir), dist_rank, init, options, writer))
             p.start()
+            writer.close()  # the child has it: its end of file is the rank's exit
             self.processes[rank] = p
+            self._pipes.append(reader)
         self.started = time.monotonic()
 
     def wait(self, progress: Callable[[IterationReport], None] | None = None) -> RunResult:
@@ -150,11 +156,8 @@ class Launch:
                 errors[m.live_ranks[msg[1]]] = msg[2]
 
         while True:
-            try:
-                handle(self.queue.get(timeout=0.05))
+            if self._receive(handle, timeout=0.05):
                 continue
-            except queue_mod.Empty:
-                pass
             alive = [r for r, p in self.processes.items() if p.exitcode is None]
             if not alive:
                 break
@@ -171,11 +174,8 @@ class Launch:
                 break
         for p in self.processes.values():
             p.join()
-        while True:  # reports that raced with the exits
-            try:
-                handle(self.queue.get_nowait())
-            except queue_mod.Empty:
-                break
+        while self._receive(handle, timeout=0):  # reports that raced with the exits
+            pass
         self._raise_if_failed(errors)
         if len(done) != self.iterations:
             raise RunError([error("E533", f"the run ended after {len(done)} of {self.iterations} iterations "
@@ -184,6 +184,20 @@ class Launch:
         if self.want_weights:
             state = _merge_weights(weights, m)
         return RunResult(m, done, state, time.monotonic() - self.started)
+
+    def _receive(self, handle: Callable[[tuple], None], timeout: float) -> bool:
+        """Hand every report that arrives within `timeout` to `handle`; whether any did."""
+        got = False
+        for conn in wait_connections(self._pipes, timeout) if self._pipes else ():
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):  # the rank exited (or died mid-message): nothing more from it
+                self._pipes.remove(conn)
+                conn.close()
+                continue
+            handle(msg)
+            got = True
+        return got
 
     def kill(self) -> None:
         for p in self.processes.values():

@@ -20,6 +20,7 @@ from typing import Callable
 
 from schedc.diagnostics import RunError, SchedcError, error
 from schedc.runtime.manifest import Manifest, load_manifest
+from schedc.runtime.rendezvous import connect_store
 
 Report = Callable[[tuple], None]
 
@@ -54,8 +55,14 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
     manifest = load_manifest(out_dir)
     rank = manifest.live_ranks[dist_rank]
     program = load_program(out_dir, manifest, rank)
-    dist.init_process_group("gloo", init_method=init_method, rank=dist_rank,
-                            world_size=len(manifest.live_ranks), timeout=timedelta(seconds=timeout))
+    world = len(manifest.live_ranks)
+    if "://" in init_method:  # torchrun's env://
+        dist.init_process_group("gloo", init_method=init_method, rank=dist_rank, world_size=world,
+                                timeout=timedelta(seconds=timeout))
+    else:  # `schedc run`: the launcher serves the store at host:port (schedc.runtime.rendezvous)
+        dist.init_process_group("gloo", store=connect_store(init_method, timeout), rank=dist_rank,
+                                world_size=world, timeout=timedelta(seconds=timeout))
+    finished = False
     try:
         rt = Runtime(manifest, rank, Transport.over_default_group(manifest, rank, timeout), emulate=emulate)
         for it in range(iterations):
@@ -68,33 +75,36 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
             buf = io.BytesIO()
             torch.save(rt.state_dict(), buf)
             report(("weights", rank, buf.getvalue()))
+        finished = True
     finally:
-        try:
-            dist.destroy_process_group()
-        except Exception:  # a peer may already be gone; the run's error is what matters
-            pass
+        # Only after a clean run: with a peer dead, tearing the group down can block on it, and
+        # the error must reach the launcher first (the process exits right after reporting it).
+        if finished:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
 
 
-def child_main(out_dir: str, dist_rank: int, init_method: str, options: dict, queue) -> None:
-    """Entry of a process started by `schedc run`: errors go to the queue as diagnostics."""
+def child_main(out_dir: str, dist_rank: int, init_method: str, options: dict, conn) -> None:
+    """Entry of a process started by `schedc run`: reports, and errors as diagnostics, go to the
+    launcher over this rank's own pipe `conn` (a queue shared by all ranks would be wedged for
+    every rank if one were killed while writing to it)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        run_rank(Path(out_dir), dist_rank, init_method, report=queue.put, **options)
+        run_rank(Path(out_dir), dist_rank, init_method, report=conn.send, **options)
     except SchedcError as exc:
-        queue.put(("error", dist_rank, [d.to_json() for d in exc.diagnostics]))
-        queue.close()
-        queue.join_thread()
+        conn.send(("error", dist_rank, [d.to_json() for d in exc.diagnostics]))
+        conn.close()
         os._exit(1)
     except BaseException as exc:  # a bug or a broken model: still a diagnostic, with the frame
         where = traceback.extract_tb(exc.__traceback__)[-1]
         msg = f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
-        queue.put(("error", dist_rank, [{"code": "E590", "message": f"schedule rank "
+        conn.send(("error", dist_rank, [{"code": "E590", "message": f"schedule rank "
                                          f"{_schedule_rank(out_dir, dist_rank)} failed: {msg}"}]))
-        queue.close()
-        queue.join_thread()
+        conn.close()
         os._exit(1)
-    queue.close()
-    queue.join_thread()
+    conn.close()
 
 
 def _schedule_rank(out_dir: str, dist_rank: int) -> int | str:
@@ -135,6 +145,7 @@ def torchrun_main(out_dir: Path) -> int:
                  timeout=float(os.environ.get("SCHEDC_TIMEOUT", "60")),
                  want_weights=False, report=report)
     except SchedcError as exc:
-        print(exc.render(), file=sys.stderr)
-        return 1
+        print(exc.render(), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # no interpreter teardown: the process group, its peer gone, could block it
     return 0
