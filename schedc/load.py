@@ -44,7 +44,7 @@ def load(path_or_text: str | os.PathLike | bytes, *, name: str | None = None) ->
 
 def looks_like_text(s: str) -> bool:
     """True when the string is spec text rather than a path (see the module docstring)."""
-    return "\n" in s or "{" in s
+    return "\n" in s or "{" in s or "\x00" in s  # (no path holds a NUL byte)
 
 
 def load_text(text: str, *, name: str = "<spec>") -> Spec:
@@ -68,8 +68,8 @@ def read_spec_bytes(path: str, file: str | None = None) -> bytes:
                                hint="give the path of a spec file inside it")]) from None
     except PermissionError:
         raise SpecError([error("E100", f"cannot read `{file}`: permission denied")]) from None
-    except OSError as exc:
-        raise SpecError([error("E100", f"cannot read `{file}`: {exc.strerror or exc}")]) from None
+    except (OSError, ValueError) as exc:  # ValueError: a path no system accepts
+        raise SpecError([error("E100", f"cannot read `{file}`: {getattr(exc, 'strerror', None) or exc}")]) from None
     if len(data) > MAX_SPEC_BYTES:
         raise _too_large(file, len(data))
     return data

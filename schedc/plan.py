@@ -17,6 +17,7 @@ place, so a failure leaves nothing half-written.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -60,7 +61,7 @@ class Plan:
         from schedc.schedule_io import write_schedule
 
         out = Path(dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        check_output_dir(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             write_schedule(tmp / "schedule.json", self.schedule, self.metrics)
@@ -84,6 +85,23 @@ class Plan:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return out
+
+
+def check_output_dir(out: Path) -> None:
+    """E558 unless `out` is (or can be made) a directory schedc can write into: before a compile,
+    not after its solve."""
+    from schedc.diagnostics import RunError, error
+
+    if out.exists() and not out.is_dir():
+        raise RunError([error("E558", f"cannot write the plan to `{out}`: it is a file, not a directory",
+                              hint="give -o a directory (it is created if missing)")])
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        probe.rmdir()
+    except OSError as exc:
+        raise RunError([error("E558", f"cannot write the plan to `{out}`: {exc.strerror or exc}",
+                              hint="give -o a directory you can write to")]) from None
 
 
 def read_plan(dir: str | os.PathLike) -> Plan:
@@ -145,6 +163,12 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
     >>> plan = compile("specs/example.sched", solver="1f1b")  # doctest: +SKIP
     >>> plan.metrics.iteration_time  # doctest: +SKIP
     """
+    if time_limit is not None and not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit)
+                                       and time_limit > 0):
+        from schedc.diagnostics import RunError, error
+
+        raise RunError([error("E206", f"the time limit must be a positive number of seconds, got {time_limit}",
+                              hint="e.g. --time-limit 2 (or leave it out: the spec's `schedule.time_limit`)")])
     spec = _load(spec)
     try:
         return _compile(spec, solver, time_limit, seed)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import schedc
 import schedc.cli as cli
 from schedc.diagnostics import SpecError
 from schedc.plan import Plan, compile
@@ -121,3 +122,30 @@ def test_summary_shows_the_proven_bound(spec_path, tmp_path, run_cli, capsys):
     assert bound and f"{bound / 1000:.3f} ms" in line
     assert f"{plan.metrics.iteration_time / bound:.3f}x" in line
     assert "proven bound" not in summary_table(compile(spec_path, solver="1f1b").metrics)
+
+
+@pytest.mark.parametrize("where, words", [
+    ("file", "it is a file, not a directory"),
+    ("under-a-file", "cannot write the plan to"),
+])
+def test_an_output_that_cannot_be_a_directory_is_a_diagnostic_before_the_solve(spec_path, tmp_path, run_cli,
+                                                                                 capsys, where, words):
+    afile = tmp_path / "taken"
+    afile.write_text("keep me")
+    out = afile if where == "file" else afile / "sub"
+    assert run_cli(["compile", str(spec_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error[E558]" in err and words in err and "E000" not in err
+    assert afile.read_text() == "keep me" and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("limit", ["-1", "0", "nan"])
+def test_a_time_limit_that_is_not_positive_is_refused(spec_path, tmp_path, run_cli, capsys, limit):
+    assert run_cli(["compile", str(spec_path), "-o", str(tmp_path / "o"), "--time-limit", limit]) == 1
+    assert "error[E206]" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_a_nul_byte_is_spec_text_with_a_diagnostic_not_a_path():
+    with pytest.raises(SpecError) as exc:
+        schedc.load("\x00")
+    assert exc.value.codes == ["E101"]

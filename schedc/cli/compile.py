@@ -16,9 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedc.cli.simulate import summary_table
-    from schedc.plan import compile
+    from pathlib import Path
 
+    from schedc.cli.simulate import summary_table
+    from schedc.plan import check_output_dir, compile
+
+    check_output_dir(Path(args.out))  # before the solve, not after it
     plan = compile(args.spec, solver=args.solver, time_limit=args.time_limit, seed=args.seed)
     out = plan.write(args.out)
     files = sorted(p.name for p in out.iterdir() if p.is_file())
