@@ -7,6 +7,7 @@ from pathlib import Path
 
 import schedc
 from schedc.runtime import load_manifest, reference_train
+from test_runtime_support import max_weight_diff
 
 TOLERANCE = 1e-5  # max abs weight difference from single-process training (float32)
 LOSS_TOLERANCE = 1e-6
@@ -36,15 +37,10 @@ def compiled(tmp_path: Path, **kw) -> Path:
     return out
 
 
-def max_diff(a: dict, b: dict) -> float:
-    assert list(a) == list(b), f"keys differ: {sorted(set(a) ^ set(b))}"
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
 def check_exact(out: Path, result, iterations: int) -> float:
     """The run's weights and every iteration's loss against single-process training; the max weight diff."""
     ref, ref_losses = reference_train(load_manifest(out), iterations)
-    diff = max_diff(result.state_dict, ref)
+    diff = max_weight_diff(result.state_dict, ref)
     assert diff <= TOLERANCE, f"max abs weight difference {diff:.3g}"
     assert [r.iteration for r in result.iterations] == list(range(iterations))
     for got, want in zip(result.losses, ref_losses):

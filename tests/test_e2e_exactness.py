@@ -18,7 +18,7 @@ from schedc.codegen import write_programs
 from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
 from schedc.runtime import launch, load_manifest, reference_train
-from test_runtime_support import max_weight_diff, schedule_for, spec_for
+from test_runtime_support import max_weight_diff, report_precision, schedule_for, spec_for
 
 pytestmark = pytest.mark.e2e
 
@@ -125,10 +125,4 @@ def test_cli_saves_the_whole_model(tmp_path, capsys):
 
 def test_report_precision_reached():
     """Runs last in this file: prints the worst difference seen (pytest -s shows it)."""
-    if not REACHED:
-        pytest.skip("no exactness case ran")
-    worst = max(d for _, d in REACHED)
-    print(f"\nexactness: {len(REACHED)} cases, max abs weight difference {worst:.3g}")
-    for case, diff in REACHED:
-        print(f"  {case:60s} {diff:.3g}")
-    assert worst <= TOLERANCE
+    report_precision(REACHED, "exactness", TOLERANCE)

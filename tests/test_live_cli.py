@@ -15,8 +15,9 @@ import pytest
 
 import schedc
 from live_data import STUCK_MARKER
-from live_support import check_exact, compiled, max_diff
+from live_support import check_exact, compiled
 from schedc.live import TrainError, train
+from test_runtime_support import max_weight_diff
 
 pytestmark = pytest.mark.e2e
 TESTS = Path(__file__).parent
@@ -115,7 +116,7 @@ def test_train_prints_progress_saves_weights_and_a_log(tmp_path):
     from schedc.runtime import load_manifest, reference_train
 
     ref, _ = reference_train(load_manifest(out), 4)
-    assert max_diff(torch.load(tmp_path / "w.pt", weights_only=True), ref) <= 1e-5
+    assert max_weight_diff(torch.load(tmp_path / "w.pt", weights_only=True), ref) <= 1e-5
 
 
 def test_ctrl_c_stops_every_worker_and_leaves_nothing_half_written(tmp_path):
@@ -199,7 +200,7 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
     from schedc.runtime import load_manifest, reference_train
 
     ref, _ = reference_train(load_manifest(out), 4)
-    assert max_diff(torch.load(tmp_path / "w.pt", weights_only=True), ref) <= 1e-5
+    assert max_weight_diff(torch.load(tmp_path / "w.pt", weights_only=True), ref) <= 1e-5
 
 
 def test_a_timed_injection_fires_by_the_clock(tmp_path):

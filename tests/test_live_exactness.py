@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from live_support import check_exact, compiled
 from schedc.live import train
+from test_runtime_support import max_weight_diff, report_precision
 
 pytestmark = pytest.mark.e2e
 
@@ -129,9 +130,8 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path):
     from schedc.runtime import load_manifest, reference_train
 
     ref, _ = reference_train(load_manifest(out), 6)
-    from live_support import max_diff
 
-    assert max_diff(result.state_dict, ref) <= 1e-5
+    assert max_weight_diff(result.state_dict, ref) <= 1e-5
 
 
 @pytest.mark.parametrize("method", ["drop-pipeline", "restart"])
@@ -178,10 +178,4 @@ def test_random_injections_keep_training_exact(tmp_path_factory, data):
 
 def test_report_precision_reached():
     """Runs last in this file: prints the worst difference seen (pytest -s shows it)."""
-    if not REACHED:
-        pytest.skip("no live exactness case ran")
-    worst = max(d for _, d in REACHED)
-    print(f"\nlive exactness: {len(REACHED)} runs, max abs weight difference {worst:.3g}")
-    for case, diff in REACHED:
-        print(f"  {case:70s} {diff:.3g}")
-    assert worst <= 1e-5
+    report_precision(REACHED, "live exactness", 1e-5)

@@ -88,6 +88,20 @@ def max_weight_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def report_precision(reached: list[tuple[str, float]], what: str, tolerance: float) -> None:
+    """The last test of an exactness file: print every case's difference (pytest -s shows them),
+    and check the worst against `tolerance`."""
+    import pytest
+
+    if not reached:
+        pytest.skip(f"no {what} case ran")
+    worst = max(d for _, d in reached)
+    print(f"\n{what}: {len(reached)} cases, max abs weight difference {worst:.3g}")
+    for case, diff in reached:
+        print(f"  {case:70s} {diff:.3g}")
+    assert worst <= tolerance
+
+
 def batch_that_kills_its_rank(iteration: int, dp: int, microbatch: int):
     """`model.data` for the killed-peer test: the MLP's data, but the process asking for
     microbatch (1, 0) of iteration 1 kills itself with SIGKILL, as a crashed GPU host would."""
