@@ -130,7 +130,6 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path):
     from schedc.runtime import load_manifest, reference_train
 
     ref, _ = reference_train(load_manifest(out), 6)
-
     assert max_weight_diff(result.state_dict, ref) <= 1e-5
 
 
