@@ -43,6 +43,13 @@ def retimed_period(plan, speeds: dict[int, float]) -> int:
     return steady_period(run_programs(inst, programs, STEADY_ITERATIONS).iteration_end)
 
 
+def measured_speed(rep: dict, plan_speed: float) -> float | None:
+    """A rank's speed in one iteration from its report: planned x the plan's speed for it /
+    measured compute (None when it computed nothing)."""
+    compute, planned = rep.get("compute") or 0.0, rep.get("planned") or 0.0
+    return planned * plan_speed / compute if compute > 0 and planned > 0 else None
+
+
 class Slowness:
     def __init__(self, sup: "Supervisor"):
         self.sup = sup
@@ -62,12 +69,12 @@ class Slowness:
 
     def observe(self, rep: dict, plan_speed: float) -> None:
         """One rank's iteration report (a member of the current generation)."""
-        compute, planned = rep.get("compute") or 0.0, rep.get("planned") or 0.0
-        if compute <= 0 or planned <= 0:
+        speed = measured_speed(rep, plan_speed)
+        if speed is None:
             return
         rank, it = rep["rank"], rep["it"]
         tracker = self.trackers.setdefault(rank, SpeedTracker())
-        shift = tracker.update(math.log(planned * plan_speed / compute), it)
+        shift = tracker.update(math.log(speed), it)
         if shift is not None:
             if self.sup.phase == "running":
                 self._shift(rank, shift.speed, shift.since, it)

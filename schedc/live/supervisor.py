@@ -52,7 +52,7 @@ from schedc.live.inject import Injection, parse_injections
 from schedc.live.membership import Generation, JobStore
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
-from schedc.live.slowness import Slowness
+from schedc.live.slowness import Slowness, measured_speed
 from schedc.live.worker import EXIT_ERROR
 from schedc.plan import Plan, read_plan
 
@@ -500,8 +500,8 @@ class Supervisor:
         end = max(r["t1"] for r in reps.values()) - self.t0
         old = self.iteration_records.get(it)
         plan_speeds = self._gen_speeds.get(gen, {})
-        speeds = {r: round(rep["planned"] * plan_speeds.get(r, 1.0) / rep["compute"], 4)
-                  for r, rep in sorted(reps.items()) if (rep.get("compute") or 0) > 0 and (rep.get("planned") or 0) > 0}
+        measured = {r: measured_speed(rep, plan_speeds.get(r, 1.0)) for r, rep in sorted(reps.items())}
+        speeds = {r: round(v, 4) for r, v in measured.items() if v is not None}
         record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4),
                                  runs=(old.runs + 1) if old else 1, speeds=speeds)
         self.iteration_records[it] = record

@@ -138,7 +138,8 @@ class LiveWorker:
 
     def run(self) -> None:
         self.heartbeat.start()
-        threading.Thread(target=self._probe_loop, name="schedc-probe", daemon=True).start()
+        if self.config.get("probe"):  # (--fail-slow act only)
+            threading.Thread(target=self._probe_loop, name="schedc-probe", daemon=True).start()
         self.job.report({"kind": "started", "rank": self.rank, "pid": os.getpid(), "host": self.host})
         number = self._next_generation(after=-1)
         while number is not None:
@@ -332,7 +333,7 @@ class LiveWorker:
         self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config["emulate"], observer=self,
                           reduce_loss=True)
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
-        if not self.config["emulate"]:  # the healthy time of one probe (see `_probe`)
+        if self.config.get("probe") and not self.config["emulate"]:  # the healthy time of one probe (`_probe`)
             import torch
 
             stage = self.rt.stage
