@@ -19,7 +19,7 @@ import jinja2
 
 from schedc import __version__
 from schedc.diagnostics import RunError, error
-from schedc.runtime.manifest import DEFAULT_SOURCE, MANIFEST_NAME, Manifest
+from schedc.runtime.manifest import DEFAULT_SOURCE, MANIFEST_NAME, Manifest, model_args_of
 from schedc.schedule import Schedule, ScheduledOp
 from schedc.spec import Spec
 
@@ -181,6 +181,7 @@ def _manifest(spec: Spec, schedule: Schedule, live: list[int], metrics: Mapping 
         optimizer=spec.train.optimizer, lr=spec.train.lr, iterations=spec.train.iterations,
         decouple_backward=inst.decouple_backward, stagger_optimizer=inst.stagger_optimizer,
         metrics=_jsonable(metrics or {}),
+        model_args=model_args_of(model),
     )
 
 

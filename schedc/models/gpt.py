@@ -1,8 +1,14 @@
-"""A tiny GPT-style decoder: embedding, `n_layer` transformer blocks, head.
+"""A GPT-style decoder: embedding, transformer blocks, head; next-token loss on synthetic tokens.
 
-Layers are ``[Embedding, Block, ..., Block, Head]`` (``n_layer + 2``), so a
-partition slices them like the ``layers[a:b]`` of a spec. Sized to train on
-a CPU in milliseconds; cross-entropy next-token loss on synthetic tokens.
+Called with no arguments (a spec without a `model` block), it is tiny, to
+train on a CPU in milliseconds: ``[Embedding, Block x 4, Head]``, 6 layers.
+Called by schedc for a spec whose `model` block gives ``layers``,
+``hidden``, ``heads``, ``seq_len`` and ``vocab``, it is that model, and its
+list has exactly ``layers`` entries, counted as the cost model counts them:
+the embedding runs in the first entry and the head in the last, so a
+`partition` slices the same layers for the cost model, `schedc profile` and
+the generated programs. `batch` likewise takes ``seq_len``, ``vocab`` and
+``microbatch_size`` from the block.
 """
 
 from __future__ import annotations
@@ -77,18 +83,29 @@ class NextTokenLoss(nn.Module):
 
 
 def build(n_layer: int = N_LAYER, d_model: int = D_MODEL, n_head: int = N_HEAD,
-          vocab: int = VOCAB, seq_len: int = SEQ_LEN) -> tuple[nn.Sequential, nn.Module]:
-    """``[Embedding, Block x n_layer, Head]`` and the next-token loss; seeds itself."""
+          vocab: int = VOCAB, seq_len: int = SEQ_LEN, *, layers: int | None = None,
+          hidden: int | None = None, heads: int | None = None) -> tuple[nn.Sequential, nn.Module]:
+    """The layers and the next-token loss; seeds itself. Without `layers`:
+    ``[Embedding, Block x n_layer, Head]``. With `layers` (a spec's model block): `layers`
+    entries, the first holding the embedding, the last the head (see the module's doc)."""
+    d_model = hidden or d_model
+    n_head = heads or n_head
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        layers = [Embedding(vocab, seq_len, d_model)]
-        layers += [Block(d_model, n_head) for _ in range(n_layer)]
-        layers.append(Head(d_model, vocab))
-    return nn.Sequential(*layers), NextTokenLoss()
+        if layers is None:
+            parts = [Embedding(vocab, seq_len, d_model)]
+            parts += [Block(d_model, n_head) for _ in range(n_layer)]
+            parts.append(Head(d_model, vocab))
+        else:
+            parts = [Block(d_model, n_head) for _ in range(layers)]
+            parts[0] = nn.Sequential(Embedding(vocab, seq_len, d_model), parts[0])
+            parts[-1] = nn.Sequential(parts[-1], Head(d_model, vocab))
+    return nn.Sequential(*parts), NextTokenLoss()
 
 
-def batch(iteration: int, dp: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(iteration: int, dp: int, microbatch: int, *, seq_len: int = SEQ_LEN, vocab: int = VOCAB,
+          microbatch_size: int = MICROBATCH_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """Random tokens for (iteration, dp, microbatch); the target is the input shifted by one."""
     g = torch.Generator().manual_seed(1 + (iteration << 40) + (dp << 20) + microbatch)
-    tokens = torch.randint(0, VOCAB, (MICROBATCH_SIZE, SEQ_LEN + 1), generator=g)
+    tokens = torch.randint(0, vocab, (microbatch_size, seq_len + 1), generator=g)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -45,6 +45,9 @@ class Manifest:
     decouple_backward: bool
     stagger_optimizer: bool
     metrics: dict[str, Any] = field(default_factory=dict)
+    # The architecture a spec's `model` block gives (layers, hidden, heads, seq_len, vocab,
+    # microbatch_size): passed to `source` and `data` as the keyword arguments they declare.
+    model_args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def world(self) -> int:
@@ -112,11 +115,51 @@ def load_callable(ref: str, what: str) -> Callable:
     return obj
 
 
+def call_with_model_args(fn: Callable, model_args: dict[str, Any], *args):
+    """``fn(*args, **kw)`` where `kw` holds the entries of `model_args` that `fn` names as a
+    parameter (all of them if it takes ``**kwargs``): a `model.source` or `model.data` that
+    declares ``hidden`` gets the spec's ``model.hidden``; one that declares nothing gets nothing."""
+    return fn(*args, **{k: v for k, v in model_args.items() if _accepts(fn, k)})
+
+
+def model_args_of(model) -> dict[str, Any]:
+    """The architecture fields a `ModelSpec` sets, as `Manifest.model_args`."""
+    if model is None:
+        return {}
+    names = ("layers", "hidden", "heads", "seq_len", "vocab", "microbatch_size")
+    return {k: getattr(model, k) for k in names if getattr(model, k, None) is not None}
+
+
+_ACCEPTED: dict[int, tuple[Callable, frozenset[str] | None]] = {}
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    cached = _ACCEPTED.get(id(fn))
+    if cached is None or cached[0] is not fn:
+        import inspect
+
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: pass nothing
+            params = ()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            names = None
+        else:
+            names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        cached = _ACCEPTED[id(fn)] = (fn, names)
+    return cached[1] is None or name in cached[1]
+
+
 def data_ref(manifest: Manifest) -> str:
     """`model.data`, or the `batch` function beside `model.source` when data is absent."""
-    if manifest.data:
-        return manifest.data
-    module = manifest.source.partition(":")[0]
+    return data_ref_of(manifest.source, manifest.data)
+
+
+def data_ref_of(source: str, data: str | None) -> str:
+    """`data`, or the `batch` function beside `source` when `data` is None."""
+    if data:
+        return data
+    module = source.partition(":")[0]
     return f"{module}:batch"
 
 
@@ -130,21 +173,28 @@ def even_partition(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
 
 def build_model(manifest: Manifest):
     """Call `model.source`: (list of layers, loss_fn, partition), with the partition checked."""
+    return build_layers(manifest.source, manifest.model_args, manifest.partition, manifest.pp)
+
+
+def build_layers(source: str, model_args: dict[str, Any], partition, pp: int):
+    """Call `source` (with the model arguments it declares): (list of layers, loss_fn,
+    partition), the partition the given one or the even split by layer count, checked."""
     from torch import nn
 
-    result = load_callable(manifest.source, "model.source")()
+    result = call_with_model_args(load_callable(source, "model.source"), model_args)
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise RunError([error("E512", f"model.source `{manifest.source}` must return (layers, loss_fn)")])
+        raise RunError([error("E512", f"model.source `{source}` must return (layers, loss_fn)")])
     layers, loss_fn = result
     layers = list(layers.children()) if isinstance(layers, nn.Sequential) else list(layers)
     if not all(isinstance(layer, nn.Module) for layer in layers):
-        raise RunError([error("E512", f"model.source `{manifest.source}` returned layers that are not nn.Modules")])
-    partition = manifest.partition or even_partition(len(layers), manifest.pp)
-    if partition[-1][1] > len(layers) or len(partition) != manifest.pp:
+        raise RunError([error("E512", f"model.source `{source}` returned layers that are not nn.Modules")])
+    partition = partition or even_partition(len(layers), pp)
+    if partition[-1][1] > len(layers) or len(partition) != pp:
         raise RunError([error("E513", f"the partition {list(map(list, partition))} does not fit the "
-                                      f"{len(layers)} layers of `{manifest.source}` over {manifest.pp} stages",
+                                      f"{len(layers)} layers of `{source}` over {pp} stages",
                               hint="the partition slices the list `model.source` returns; make them agree "
-                                   "(schedc.models.* are tiny CPU models: mlp has 7 layers, gpt 6)")])
+                                   "(schedc.models.* are tiny CPU models unless a model block sizes them: "
+                                   "mlp has 7 layers, gpt 6)")])
     return layers, loss_fn, partition
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from schedc.runtime.manifest import Manifest, build_model, data_ref, load_callable
+from schedc.runtime.manifest import Manifest, build_model, call_with_model_args, data_ref, load_callable
 from schedc.runtime.runtime import _make_optimizer
 
 
@@ -27,7 +27,7 @@ def reference_train(manifest: Manifest, iterations: int) -> tuple[dict, list[flo
         total = 0.0
         for d in range(manifest.dp):
             for m in range(manifest.microbatches):
-                x, y = batch(it, d, m)
+                x, y = call_with_model_args(batch, manifest.model_args, it, d, m)
                 loss = loss_fn(model(x), y) / n
                 loss.backward()
                 total += float(loss.detach())

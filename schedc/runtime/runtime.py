@@ -29,22 +29,35 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from schedc.diagnostics import RunError, error
-from schedc.runtime.manifest import Manifest, build_model, data_ref, load_callable, stage_layer_keys
+from schedc.runtime.channels import ACTIVATION, GRADIENT, ReceiveOrder
+from schedc.runtime.manifest import (Manifest, build_model, call_with_model_args, data_ref, load_callable,
+                                     stage_layer_keys)
+from schedc.runtime.stagework import StageWork
 
-ACTIVATION, GRADIENT = 0, 1
 # Tags repeat after this many iterations. Messages only pass between neighbouring stages,
 # and a rank cannot finish iteration k+1 before its neighbours have sent it their part of
 # k+1, so neighbours are never more than one iteration apart: 16 is ample, and keeps tags
 # below 2**31 for up to 16*2*D*M*S < 2**31 (e.g. D = M = 256, S = 64).
 _TAG_ITERATIONS = 16
 EMULATED_MESSAGE = 16  # floats sent per boundary message in --emulate mode (no model to size it)
+
+
+class Message(NamedTuple):
+    """One boundary message: the activation (`kind` ACTIVATION) or input gradient (GRADIENT)
+    of microbatch (d, mb) across the boundary after stage `boundary`, in `iteration`."""
+
+    iteration: int
+    kind: int
+    d: int
+    mb: int
+    boundary: int
 
 
 def message_tag(iteration: int, kind: int, d: int, m: int, boundary: int, manifest: Manifest) -> int:
@@ -61,7 +74,15 @@ class Interrupted(Exception):
 
 
 class Transport:
-    """Point to point and stage collectives over gloo process groups, with timeouts.
+    """Point to point and stage collectives over gloo or NCCL process groups, with timeouts.
+
+    Tensors travel on `wire` (the CPU for gloo, the GPU for NCCL): a gloo transport of
+    a rank that computes on a GPU copies what it sends to the CPU and what it receives
+    back to `device`. Messages are matched by tag (gloo), or, when `order` is given,
+    by their place in the sender's program (`schedc.runtime.channels`), as NCCL,
+    which has no tags, needs; `channels` are then the groups activations and
+    gradients travel over (one each, so that a send blocked in one direction never
+    holds up a receive in the other).
 
     `world` spans the live ranks (its rank i is ``manifest.live_ranks[i]``);
     `stage` spans the live ranks of this rank's stage in rank order (None when
@@ -73,13 +94,21 @@ class Transport:
     """
 
     def __init__(self, manifest: Manifest, rank: int, timeout: float, *, world, stage,
-                 interrupted: Callable[[], bool] | None = None):
+                 interrupted: Callable[[], bool] | None = None, device: str | torch.device = "cpu",
+                 wire: str | torch.device = "cpu", order: ReceiveOrder | None = None, channels=None):
         self.manifest = manifest
         self.rank = rank
         self.timeout = timeout
         self.world = world
         self.stage = stage
         self.interrupted = interrupted
+        self.device = torch.device(device)
+        self.wire = torch.device(wire)
+        self.host_waits = self.wire.type == "cpu"  # NCCL waits only order the GPU's streams
+        self.order = order
+        self.channels = channels or (world, world)
+        self._posted: dict[tuple[int, int], tuple[int, int]] = {}  # (src, kind) -> next (iteration, index)
+        self._early: dict[tuple[int, Message], tuple[object, torch.Tensor]] = {}
         self.waiting: str | None = None  # what this rank is blocked on now (read by a heartbeat thread)
         # Sends of this iteration and the one before. gloo completes a send only once the peer
         # has posted its receive, and reports it complete only after `wait`; a peer has received
@@ -94,19 +123,28 @@ class Transport:
         self._late: _LateSends | None = None
 
     @classmethod
-    def over_default_group(cls, manifest: Manifest, rank: int, timeout: float) -> "Transport":
+    def over_default_group(cls, manifest: Manifest, rank: int, timeout: float, *, device: str = "cpu",
+                           backend: str = "gloo", order: ReceiveOrder | None = None) -> "Transport":
         """A transport over `torch.distributed`'s default group (`schedc run`, torchrun)."""
-        # Every rank creates every stage's group, in stage order: new_group is collective.
-        groups = [dist.new_group([manifest.dist_rank(r) for r in ranks], backend="gloo",
+        # Every rank creates every group, in the same order: new_group is collective.
+        groups = [dist.new_group([manifest.dist_rank(r) for r in ranks], backend=backend,
                                  timeout=timedelta(seconds=timeout))
                   for ranks in manifest.stage_groups]
+        channels = None
+        if backend == "nccl":
+            channels = (dist.group.WORLD, dist.new_group(backend="nccl", timeout=timedelta(seconds=timeout)))
         stage = manifest.coords[rank][1]
         mine = groups[stage] if len(manifest.stage_groups[stage]) > 1 else None
-        return cls(manifest, rank, timeout, world=dist.group.WORLD, stage=mine)
+        wire = device if backend == "nccl" else "cpu"
+        return cls(manifest, rank, timeout, world=dist.group.WORLD, stage=mine, device=device, wire=wire,
+                   order=order, channels=channels)
 
-    def send(self, tensor: torch.Tensor, to: int, tag: int, what: str) -> None:
+    def send(self, tensor: torch.Tensor, to: int, msg: Message, what: str) -> None:
+        tensor = tensor.to(self.wire).contiguous()
+        group, tag = self._route(msg)
+
         def post():
-            return self._post(lambda: self.world.send([tensor.contiguous()], self.manifest.dist_rank(to), tag),
+            return self._post(lambda: group.send([tensor], self.manifest.dist_rank(to), tag),
                               f"{what} to rank {to}", peer=to)
 
         if self.send_delay > 0:
@@ -116,24 +154,57 @@ class Transport:
             return
         self._pending.append((post(), what))
 
-    def recv(self, shape, dtype, frm: int, tag: int, what: str) -> torch.Tensor:
-        buf = torch.empty(shape, dtype=dtype)
+    def recv(self, shape, dtype, frm: int, msg: Message, what: str) -> torch.Tensor:
         what = f"{what} from rank {frm}"
         self._check_interrupted(what)
-        work = self._post(lambda: self.world.recv([buf], self.manifest.dist_rank(frm), tag), what, peer=frm)
+        if self.order is None:
+            buf = torch.empty(shape, dtype=dtype, device=self.wire)
+            group, tag = self._route(msg)
+            work = self._post(lambda: group.recv([buf], self.manifest.dist_rank(frm), tag), what, peer=frm)
+        else:
+            work, buf = self._recv_in_order(shape, dtype, frm, msg, what)
         self._wait(work, what, peer=frm)
-        return buf
+        return buf.to(self.device)
+
+    def _route(self, msg: Message) -> tuple[object, int]:
+        """The group a message travels over and its tag (with `order`: the tag is the kind)."""
+        if self.order is None:
+            return self.world, message_tag(*msg, self.manifest)
+        return self.channels[msg.kind], msg.kind
+
+    def _recv_in_order(self, shape, dtype, frm: int, msg: Message, what: str):
+        """Post receives from `frm` in the order `frm` sends, up to and including `msg`: the
+        ones before it (sent earlier, wanted later) wait in `_early` for their turn."""
+        channel = (frm, msg.kind)
+        key = (frm, msg)
+        if key not in self._early:
+            sequence = self.order.sent_to_me(frm, msg.kind)
+            want = (msg.iteration, self.order.index(frm, msg.kind, msg.d, msg.mb, what))
+            it, i = self._posted.get(channel, (msg.iteration, 0))
+            group, tag = self._route(msg)
+            while (it, i) <= want:
+                d, mb = sequence[i]
+                early = Message(it, msg.kind, d, mb, msg.boundary)
+                buf = torch.empty(shape, dtype=dtype, device=self.wire)
+                work = self._post(lambda: group.recv([buf], self.manifest.dist_rank(frm), tag), what, peer=frm)
+                self._early[(frm, early)] = (work, buf)
+                it, i = (it, i + 1) if i + 1 < len(sequence) else (it + 1, 0)
+            self._posted[channel] = (it, i)
+        return self._early.pop(key)
 
     def all_reduce_stage(self, stage: int, tensor: torch.Tensor) -> None:
         if self.stage is not None:
             ranks = self.manifest.stage_groups[stage]
             what = f"the gradient all-reduce of stage {stage} with ranks {list(ranks)}"
             self._check_interrupted(what)
-            self._wait(self._post(lambda: self.stage.allreduce([tensor]), what), what)
+            onwire = tensor.to(self.wire)
+            self._wait(self._post(lambda: self.stage.allreduce([onwire]), what), what)
+            if onwire is not tensor:
+                tensor.copy_(onwire)
 
     def barrier(self, what: str) -> None:
         self._check_interrupted(what)
-        self._wait(self._post(lambda: self.world.allreduce([torch.zeros(1)]), what), what)
+        self._wait(self._post(lambda: self.world.allreduce([torch.zeros(1, device=self.wire)]), what), what)
 
     def all_reduce_min(self, tensor: torch.Tensor, what: str) -> None:
         """Element-wise minimum of `tensor` over every live rank, in place."""
@@ -162,10 +233,11 @@ class Transport:
         """Drop the process groups and unfinished sends: their connections close, so a peer
         blocked on this rank stops waiting (used when a live run's generation is aborted)."""
         self._pending_before, self._pending = [], []
+        self._early.clear()
         if self._late is not None:
             self._late.stop()
             self._late = None
-        self.world = self.stage = None
+        self.world = self.stage = self.channels = None  # the last references: the groups go
 
     def _check_interrupted(self, what: str) -> None:
         if self.interrupted is not None and self.interrupted():
@@ -181,7 +253,9 @@ class Transport:
     def _wait(self, work, what: str, peer: int | None = None) -> None:
         self.waiting = what
         try:
-            ok = work.wait(timedelta(seconds=self.timeout))
+            # NCCL: wait() orders this rank's compute stream after the transfer and returns at
+            # once (the process group's watchdog ends a transfer that outlives its timeout).
+            ok = work.wait(timedelta(seconds=self.timeout)) if self.host_waits else work.wait()
         except RuntimeError as exc:
             raise self._lost(exc, what, peer) from None
         finally:
@@ -268,12 +342,17 @@ def _short_reason(exc: BaseException) -> str:
 
 @dataclass
 class _Stash:
-    """What backward needs of one microbatch at this stage, from F until W frees it."""
+    """What one microbatch holds at this stage: from F to B its input, output and (through the
+    output) autograd graph; from B to W only what W needs (`weight_grads`, the stash)."""
 
     inp: torch.Tensor | None
-    out: torch.Tensor
+    out: torch.Tensor | None
     grad_out: torch.Tensor | None = None
     backward_done: bool = False
+    weight_grads: list = field(default_factory=list)
+
+    def keep_only_weight_grads(self) -> None:
+        self.inp = self.out = self.grad_out = None
 
 
 class OpObserver(Protocol):
@@ -305,10 +384,13 @@ class Runtime:
     rank: int
     transport: Transport
     emulate: bool = False
+    device: str = "cpu"
     observer: OpObserver | None = None
     iteration: int = 0
     steps_done: int = 0
-    loss_sum: float = 0.0  # this iteration's sum of (loss / D*M) over the microbatches ending here
+    # this iteration's sum of (loss / D*M) over the microbatches ending here (`loss_sum`); a tensor
+    # on the rank's device, so that a GPU rank does not wait for its GPU after every microbatch
+    _loss: torch.Tensor | float = 0.0
     # With `reduce_loss`, the last stage also sums `loss_sum` over its GPUs in its optimizer op,
     # before stepping, so each of them knows the iteration's whole loss (`iteration_loss`) once
     # the stage has stepped: a live run knows the loss of an iteration even if another last-stage
@@ -332,13 +414,15 @@ class Runtime:
             self.module = None
             self.shapes = [((EMULATED_MESSAGE,), torch.float32)] * self.manifest.pp
             return
-        layers, self.loss_fn, partition = build_model(self.manifest)
-        self.batch: Callable = load_callable(data_ref(self.manifest), "model.data")
-        self.shapes = _boundary_shapes(layers, partition, self.batch(0, 0, 0)[0])
+        layers, loss_fn, partition = build_model(self.manifest)
+        data = load_callable(data_ref(self.manifest), "model.data")
+        self.data = lambda it, d, mb: call_with_model_args(data, self.manifest.model_args, it, d, mb)
+        self.shapes = _boundary_shapes(layers, partition, self.data(0, 0, 0)[0])
         a, b = partition[self.stage]
-        self.module = nn.Sequential(*layers[a:b])
+        self.work = StageWork(layers[a:b], loss_fn if self.last else None,
+                              global_microbatches=self.manifest.global_microbatches, device=self.device)
+        self.module, self.params = self.work.module, self.work.params
         self.state_keys = stage_layer_keys(layers, partition, self.stage)
-        self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = _make_optimizer(self.manifest.optimizer, self.params, self.manifest.lr)
         for p in self.params:
             p.grad = torch.zeros_like(p)
@@ -353,7 +437,7 @@ class Runtime:
         inp = None
         if recv_from is not None:
             shape, dtype = self.shapes[stage - 1]
-            inp = self.transport.recv(shape, dtype, recv_from, self._tag(ACTIVATION, d, mb, stage - 1),
+            inp = self.transport.recv(shape, dtype, recv_from, self._message(ACTIVATION, d, mb, stage - 1),
                                       f"the activation of {op}")
         ready = time.perf_counter()
         if self.observer is not None:
@@ -362,35 +446,36 @@ class Runtime:
             self.run_emulated(us, ready)
             out = torch.zeros(self.shapes[stage][0])
         else:
+            received = inp is not None
             if inp is None:
                 inp = self.batch(self.iteration, d, mb)[0]
-            elif inp.is_floating_point():
-                inp.requires_grad_(True)
-            out = self.module(inp)
+            target = self.batch(self.iteration, d, mb)[1] if self.last else None
+            out = self.work.forward(inp, target, received=received)
             if self.last:
-                target = self.batch(self.iteration, d, mb)[1]
-                out = self.loss_fn(out, target) / self.manifest.global_microbatches
-                self.loss_sum += float(out.detach())
+                self._loss = self._loss + out.detach()
             self.slow_down(ready)
         if send_to is not None:
-            self.transport.send(out.detach(), send_to, self._tag(ACTIVATION, d, mb, stage), f"the activation of {op}")
+            self.transport.send(out.detach(), send_to, self._message(ACTIVATION, d, mb, stage),
+                                f"the activation of {op}")
         self._stash[(d, mb)] = _Stash(inp=inp, out=out)
         if self.observer is not None:
             self.observer.op_done("F", d, mb, us)
 
     def backward_input(self, *, d: int, stage: int, mb: int, recv_from: int | None, send_to: int | None,
                        us: int = 0) -> None:
-        """B(d, mb, stage), decoupled: gradient w.r.t. the stage input only; keeps the graph for W."""
+        """B(d, mb, stage), decoupled: the gradient w.r.t. the stage input (and those of parameters
+        outside linear layers); frees the graph, keeping only what W needs (`schedc.runtime.weightgrad`)."""
         st = self._backward_start(d, stage, mb, recv_from, "B")
         ready = time.perf_counter()
         grad_in = None
         if self.emulate:
             grad_in = self._emulated_backward(us, ready, stage, send_to)
         else:
-            if send_to is not None and st.inp is not None and st.inp.requires_grad:
-                (grad_in,) = torch.autograd.grad(st.out, st.inp, st.grad_out, retain_graph=True)
+            grad_in, st.weight_grads = self.work.backward(st.out, st.inp, st.grad_out, wants_input=send_to is not None,
+                                                          defer_weights=True)
             self.slow_down(ready)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
+        st.keep_only_weight_grads()
         st.backward_done = True
         if self.observer is not None:
             self.observer.op_done("B", d, mb, us)
@@ -407,8 +492,7 @@ class Runtime:
         if self.emulate:
             self.run_emulated(us, ready)
         else:
-            if self.params:
-                torch.autograd.backward(st.out, st.grad_out, inputs=self.params)
+            self.work.weight(st.weight_grads)
             self.slow_down(ready)
         if self.observer is not None:
             self.observer.op_done("W", d, mb, us)
@@ -422,11 +506,8 @@ class Runtime:
         if self.emulate:
             grad_in = self._emulated_backward(us, ready, stage, send_to)
         else:
-            wants_input = send_to is not None and st.inp is not None and st.inp.requires_grad
-            inputs = ([st.inp] if wants_input else []) + self.params
-            if inputs:
-                torch.autograd.backward(st.out, st.grad_out, inputs=inputs)
-            grad_in = st.inp.grad if wants_input else None
+            grad_in, _ = self.work.backward(st.out, st.inp, st.grad_out, wants_input=send_to is not None,
+                                            defer_weights=False)
             self.slow_down(ready)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         del self._stash[(d, mb)]
@@ -455,7 +536,7 @@ class Runtime:
         if not self.manifest.stagger_optimizer:
             self.transport.barrier(f"every rank to finish its backward work of iteration {self.iteration}")
         if self.reduce_loss and self.last and not self.emulate:
-            total = torch.tensor([self.loss_sum], dtype=torch.float64)
+            total = torch.tensor([self.loss_sum], dtype=torch.float64, device=self.device)
             self.transport.all_reduce_stage(self.stage, total)
             self.iteration_loss = float(total[0])
         if self.emulate:
@@ -502,13 +583,25 @@ class Runtime:
     def begin_iteration(self, iteration: int) -> None:
         self.transport.begin_iteration()
         self.iteration = iteration
-        self.loss_sum = 0.0
+        self._loss = 0.0
         self.iteration_loss = None
+
+    @property
+    def loss_sum(self) -> float:
+        """This iteration's sum of loss/(D*M) over the microbatches that ended at this rank."""
+        return float(self._loss)
+
+    def batch(self, iteration: int, d: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Microbatch (d, mb) of `iteration` from `model.data`, on this rank's device."""
+        x, y = self.data(iteration, d, mb)
+        return x.to(self.device), y.to(self.device)
 
     def abandon_iteration(self) -> None:
         """Forget the interrupted iteration's work: stashes, accumulated gradients, loss."""
         self._stash.clear()
-        self.loss_sum = 0.0
+        if not self.emulate:
+            self.work.forget()
+        self._loss = 0.0
         if not self.emulate:
             for p in self.params:
                 p.grad.zero_()
@@ -559,7 +652,7 @@ class Runtime:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This stage's weights under the keys of the full nn.Sequential of `model.source`."""
         local = self.module.state_dict()
-        return {full: local[key].detach().clone() for key, full in self.state_keys}
+        return {full: local[key].detach().to("cpu", copy=True) for key, full in self.state_keys}
 
     # -- helpers ------------------------------------------------------------------
 
@@ -578,8 +671,8 @@ class Runtime:
             raise RunError([error("E540", f"rank {self.rank} holds stage {self.stage} but its program runs {op}",
                                   hint="the program does not follow a verified schedule; recompile")])
 
-    def _tag(self, kind: int, d: int, mb: int, boundary: int) -> int:
-        return message_tag(self.iteration, kind, d, mb, boundary, self.manifest)
+    def _message(self, kind: int, d: int, mb: int, boundary: int) -> Message:
+        return Message(self.iteration, kind, d, mb, boundary)
 
     def _backward_start(self, d: int, stage: int, mb: int, recv_from: int | None, kind: str) -> _Stash:
         op = f"d{d}:{stage}{kind}{mb}"
@@ -590,7 +683,7 @@ class Runtime:
                                   hint="the program does not follow a verified schedule; recompile")])
         if recv_from is not None:
             shape, dtype = self.shapes[stage]
-            st.grad_out = self.transport.recv(shape, dtype, recv_from, self._tag(GRADIENT, d, mb, stage),
+            st.grad_out = self.transport.recv(shape, dtype, recv_from, self._message(GRADIENT, d, mb, stage),
                                               f"the output gradient of {op}")
         if self.observer is not None:
             self.observer.op_ready("B", d, mb)
@@ -601,8 +694,8 @@ class Runtime:
             return
         if grad_in is None:  # the input does not depend on anything trainable: send zeros
             shape, dtype = self.shapes[stage - 1]
-            grad_in = torch.zeros(shape, dtype=dtype)
-        self.transport.send(grad_in.detach(), send_to, self._tag(GRADIENT, d, mb, stage - 1),
+            grad_in = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.transport.send(grad_in.detach(), send_to, self._message(GRADIENT, d, mb, stage - 1),
                             f"the input gradient of d{d}:{stage}{kind}{mb}")
 
 
