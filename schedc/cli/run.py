@@ -1,4 +1,4 @@
-"""`schedc run OUT`: run compiled per-rank programs locally (CPU, gloo) (design.md §8).
+"""`schedc run OUT`: run compiled per-rank programs locally (CPU with gloo, or GPUs).
 
 Starts every live rank of ``OUT/programs.json`` as a local process
 (`schedc.runtime.launcher.launch`), prints one line per finished iteration
@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(keys of model.source's full nn.Sequential)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds a rank waits for a peer before failing (default 60)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default); cuda: local rank i on GPU i mod the GPU count; cuda:N: all on GPU N")
+    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+                        help="auto (default): nccl when every rank has a GPU of its own, else gloo")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
 
 
@@ -47,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"iteration {rep.iteration}: {rep.end - rep.start:.4f} s{loss}", flush=True)
 
     result = launch(Path(args.out), iterations=args.iterations, emulate=args.emulate,
-                    timeout=args.timeout, want_weights=bool(args.save_weights), progress=progress)
+                    timeout=args.timeout, want_weights=bool(args.save_weights), progress=progress,
+                    device=args.device, backend=args.backend)
     if args.save_weights:
         import torch
 
@@ -65,11 +70,14 @@ def run(args: argparse.Namespace) -> int:
         "predicted_iteration_time_s": None if predicted is None else predicted / 1e6,
         "wall_s": result.wall_s,
         "weights": args.save_weights,
+        "devices": list(result.placement.devices) if result.placement else None,
+        "backend": result.placement.backend if result.placement else None,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        line = f"{len(result.iterations)} iterations on {len(result.manifest.live_ranks)} ranks in " \
+        where = result.placement.describe() if result.placement else f"{len(result.manifest.live_ranks)} ranks"
+        line = f"{len(result.iterations)} iterations on {where} in " \
                f"{result.wall_s:.2f} s; steady iteration time {result.iteration_time() * 1e3:.2f} ms"
         if predicted is not None:
             line += f" (schedule: {predicted / 1e3:.2f} ms)"

@@ -27,6 +27,7 @@ from typing import Callable
 
 from schedc.diagnostics import Diagnostic, RunError, error
 from schedc.runtime.manifest import Manifest, load_manifest
+from schedc.runtime.placement import Placement
 
 _CONTEXT = None
 
@@ -68,6 +69,7 @@ class RunResult:
     iterations: list[IterationReport]
     state_dict: dict | None = None
     wall_s: float = 0.0
+    placement: "Placement | None" = None
 
     @property
     def losses(self) -> list[float]:
@@ -93,7 +95,8 @@ class Launch:
     """
 
     def __init__(self, out_dir: Path | str, *, iterations: int | None = None, emulate: bool = False,
-                 timeout: float = 60.0, want_weights: bool = False):
+                 timeout: float = 60.0, want_weights: bool = False, device: str = "cpu", backend: str = "auto",
+                 ordered: bool = False):
         self.out_dir = Path(out_dir)
         self.manifest = load_manifest(self.out_dir)
         self.iterations = self.manifest.iterations if iterations is None else iterations
@@ -101,13 +104,17 @@ class Launch:
             raise RunError([error("E524", f"--iterations must be at least 1, got {self.iterations}")])
         self.timeout = timeout
         self.want_weights = want_weights and not emulate
+        from schedc.runtime.placement import place
+
+        self.placement = place(device, backend, len(self.manifest.live_ranks))
         ctx = forkserver_context()
         from schedc.runtime.rendezvous import serve_store
 
         self.store = serve_store("127.0.0.1", 0, timeout)  # the ranks meet here (kept alive by this object)
         init = f"127.0.0.1:{self.store.port}"
         options = dict(iterations=self.iterations, emulate=emulate, timeout=timeout,
-                       want_weights=self.want_weights)
+                       want_weights=self.want_weights, backend=self.placement.backend,
+                       ordered=ordered or self.placement.ordered)
         from schedc.runtime.worker import child_main
 
         self.processes: dict[int, mp.Process] = {}
@@ -115,7 +122,8 @@ class Launch:
         for dist_rank, rank in enumerate(self.manifest.live_ranks):
             reader, writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=child_main, name=f"schedc-rank-{rank}",
-                            args=(str(self.out_dir), dist_rank, init, options, writer))
+                            args=(str(self.out_dir), dist_rank, init,
+                                  {**options, "device": self.placement.devices[dist_rank]}, writer))
             p.start()
             writer.close()  # the child has it: its end of file is the rank's exit
             self.processes[rank] = p
@@ -183,7 +191,7 @@ class Launch:
         state = None
         if self.want_weights:
             state = _merge_weights(weights, m)
-        return RunResult(m, done, state, time.monotonic() - self.started)
+        return RunResult(m, done, state, time.monotonic() - self.started, self.placement)
 
     def _receive(self, handle: Callable[[tuple], None], timeout: float) -> bool:
         """Hand every report that arrives within `timeout` to `handle`; whether any did."""
@@ -241,13 +249,18 @@ def _merge_weights(weights: dict[int, bytes], manifest: Manifest) -> dict:
 
 def launch(out_dir: Path | str, *, iterations: int | None = None, emulate: bool = False,
            timeout: float = 60.0, want_weights: bool = False,
-           progress: Callable[[IterationReport], None] | None = None) -> RunResult:
+           progress: Callable[[IterationReport], None] | None = None, device: str = "cpu",
+           backend: str = "auto", ordered: bool = False) -> RunResult:
     """Run the compiled programs in `out_dir` on local processes; raise `RunError` if any rank fails.
+
+    `device` and `backend` as in `schedc.runtime.placement`; `ordered` matches messages by the
+    sender's program order even over gloo (as NCCL must; a check of that protocol on the CPU).
 
     >>> result = launch("out", iterations=2, want_weights=True)   # doctest: +SKIP
     >>> result.losses, sorted(result.state_dict)[:2]              # doctest: +SKIP
     """
-    run = Launch(out_dir, iterations=iterations, emulate=emulate, timeout=timeout, want_weights=want_weights)
+    run = Launch(out_dir, iterations=iterations, emulate=emulate, timeout=timeout, want_weights=want_weights,
+                 device=device, backend=backend, ordered=ordered)
     try:
         return run.wait(progress)
     finally:

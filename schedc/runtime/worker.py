@@ -39,8 +39,12 @@ def load_program(out_dir: Path, manifest: Manifest, rank: int):
 
 
 def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int, emulate: bool,
-             timeout: float, want_weights: bool, report: Report) -> None:
+             timeout: float, want_weights: bool, report: Report, device: str = "cpu",
+             backend: str = "gloo", ordered: bool = False) -> None:
     """Run every iteration of one rank's program; report progress, then (optionally) weights.
+
+    `device` is where this rank computes, `backend` how it talks (`schedc.runtime.placement`);
+    with `ordered` (always with NCCL) messages are matched by the sender's program order.
 
     Reports are tuples: ``("iter", rank, iteration, t_start, t_end, loss_sum)`` after each
     iteration (times from `time.monotonic`, shared by processes of one machine) and
@@ -56,21 +60,33 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
     rank = manifest.live_ranks[dist_rank]
     program = load_program(out_dir, manifest, rank)
     world = len(manifest.live_ranks)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    order = None
+    if ordered or backend == "nccl":
+        from schedc.runtime.channels import load_receive_order
+
+        order = load_receive_order(out_dir, rank)
     if "://" in init_method:  # torchrun's env://
-        dist.init_process_group("gloo", init_method=init_method, rank=dist_rank, world_size=world,
+        dist.init_process_group(backend, init_method=init_method, rank=dist_rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
     else:  # `schedc run`: the launcher serves the store at host:port (schedc.runtime.rendezvous)
-        dist.init_process_group("gloo", store=connect_store(init_method, timeout), rank=dist_rank,
+        dist.init_process_group(backend, store=connect_store(init_method, timeout), rank=dist_rank,
                                 world_size=world, timeout=timedelta(seconds=timeout))
     finished = False
     try:
-        rt = Runtime(manifest, rank, Transport.over_default_group(manifest, rank, timeout), emulate=emulate)
+        transport = Transport.over_default_group(manifest, rank, timeout, device=device, backend=backend, order=order)
+        rt = Runtime(manifest, rank, transport, emulate=emulate, device=device)
+        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
         for it in range(iterations):
             rt.begin_iteration(it)
             t0 = time.monotonic()
             program.iteration(rt)
-            report(("iter", rank, it, t0, time.monotonic(), rt.loss_sum))
+            loss = rt.loss_sum  # on a GPU: waits for this rank's work of the iteration
+            sync()
+            report(("iter", rank, it, t0, time.monotonic(), loss))
         rt.transport.flush()
+        sync()
         if want_weights and not emulate and rank == manifest.stage_groups[rt.stage][0]:
             buf = io.BytesIO()
             torch.save(rt.state_dict(), buf)
@@ -107,6 +123,20 @@ def child_main(out_dir: str, dist_rank: int, init_method: str, options: dict, co
     conn.close()
 
 
+def _torchrun_placement() -> tuple[str, str]:
+    """(device, backend) of this torchrun process from SCHEDC_DEVICE / SCHEDC_BACKEND / LOCAL_RANK."""
+    device = os.environ.get("SCHEDC_DEVICE", "cpu")
+    backend = os.environ.get("SCHEDC_BACKEND", "auto")
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    if backend == "auto":
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend not in ("gloo", "nccl") or (backend == "nccl" and device == "cpu"):
+        raise RunError([error("E581", f"SCHEDC_BACKEND={backend} with SCHEDC_DEVICE={device}",
+                              hint="use gloo on the CPU; gloo or nccl on cuda")])
+    return device, backend
+
+
 def _schedule_rank(out_dir: str, dist_rank: int) -> int | str:
     try:
         return load_manifest(out_dir).live_ranks[dist_rank]
@@ -119,6 +149,8 @@ def torchrun_main(out_dir: Path) -> int:
 
     SCHEDC_ITERATIONS, SCHEDC_EMULATE=1 and SCHEDC_TIMEOUT (seconds) override
     the manifest's iteration count, real compute and the 60 s default timeout.
+    SCHEDC_DEVICE=cuda puts each rank on the GPU of its LOCAL_RANK (NCCL unless
+    SCHEDC_BACKEND=gloo); the default is the CPU with gloo.
     """
     manifest = load_manifest(out_dir)
     dist_rank = int(os.environ.get("RANK", "0"))
@@ -139,11 +171,12 @@ def torchrun_main(out_dir: Path) -> int:
             print(f"rank {rank}: iteration {it} took {t1 - t0:.4f} s{part}", flush=True)
 
     try:
+        device, backend = _torchrun_placement()
         run_rank(out_dir, dist_rank, "env://",
                  iterations=int(os.environ.get("SCHEDC_ITERATIONS", manifest.iterations)),
                  emulate=os.environ.get("SCHEDC_EMULATE", "") == "1",
                  timeout=float(os.environ.get("SCHEDC_TIMEOUT", "60")),
-                 want_weights=False, report=report)
+                 want_weights=False, report=report, device=device, backend=backend)
     except SchedcError as exc:
         print(exc.render(), file=sys.stderr, flush=True)
         sys.stdout.flush()
