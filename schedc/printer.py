@@ -29,7 +29,7 @@ def print_spec(spec: Spec, *, header: str | None = None) -> str:
         out += _model(spec) + [""]
     out += _cluster(spec) + [""]
     if spec.costs == "explicit":
-        out += _stages(spec.stages) + [""]
+        out += stages_block(spec.stages) + [""]
     if spec.partition is not None:
         out.append("partition {")
         out += [f"    stage {s} = layers[{a}:{b}]" for s, (a, b) in enumerate(spec.partition)]
@@ -78,7 +78,8 @@ def _cluster(spec: Spec) -> list[str]:
             "}"]
 
 
-def _stages(stages: tuple[StageCosts, ...]) -> list[str]:
+def stages_block(stages: tuple[StageCosts, ...]) -> list[str]:
+    """A `stages { stage N { ... } }` block, every key of every stage, as lines."""
     lines = ["stages {"]
     for st in stages:
         times = "  ".join(f"{k} = {format_time(getattr(st, k))}" for k in STAGE_KEYS if k not in STAGE_SIZE_KEYS)

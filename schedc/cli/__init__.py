@@ -26,11 +26,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("schedc.cli.check", "parse and validate a spec; print what it means"),
     "compile": ("schedc.cli.compile", "compile a spec into a verified schedule, exports and per-rank programs"),
     "simulate": ("schedc.cli.simulate", "re-verify and re-simulate a schedule.json"),
-    "run": ("schedc.cli.run", "run compiled per-rank programs locally (CPU, gloo)"),
+    "run": ("schedc.cli.run", "run compiled per-rank programs locally (CPU with gloo, or GPUs)"),
     "train": ("schedc.cli.train", "train a compiled plan with live workers that survive failures"),
     "agent": ("schedc.cli.agent", "run the agent of one more host of `schedc train --hosts N`"),
     "rejoin": ("schedc.cli.rejoin", "ask a running `schedc train` to take a repaired GPU back"),
     "bench": ("schedc.cli.bench", "compare schedc's planner with the baselines"),
+    "profile": ("schedc.cli.profile", "time a model's stages and measure their memory; print a stages block"),
 }
 
 
