@@ -198,7 +198,7 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
     received = s > 0
     with torch.no_grad():
         sample_out = work.module(inp)
-    grad_out = None if loss_fn is not None else torch.randn_like(sample_out)
+    grad_template = None if loss_fn is not None else torch.randn_like(sample_out)
     times: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "BW", "O")}
     activation = stash = 0
     for round_ in range(warmup + repeats):
@@ -211,10 +211,12 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
             out = work.forward(x, target, received=received)
             f_us = clock.stop(t)
         held_f = memory.held(base, [x, out])
+        # A fresh output gradient per microbatch, as a rank receives one: W may keep it.
+        grad_out = None if grad_template is None else grad_template.clone()
         t = clock.start()
-        _, entries = work.backward(out, x, grad_out, wants_input=received, defer_weights=True)
+        grad_in, entries = work.backward(out, x, grad_out, wants_input=received, defer_weights=True)
         b_us = clock.stop(t)
-        del out, x
+        del out, x, grad_out, grad_in  # grad_in is sent upstream: a message, not the stash
         held_b = memory.held_entries(base, entries)
         t = clock.start()
         work.weight(entries)
@@ -224,7 +226,7 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
         x = inp.detach().clone() if received else inp
         out = work.forward(x, target, received=received)
         t = clock.start()
-        work.backward(out, x, grad_out, wants_input=received, defer_weights=False)
+        work.backward(out, x, grad_template, wants_input=received, defer_weights=False)
         bw_us = clock.stop(t)
         del out, x
         # The optimizer step as the runtime applies it (gradients in place, then step, then zero).

@@ -173,6 +173,9 @@ def test_write_stages_block_appends_when_there_is_none():
 
 
 def _schedc(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    import os
+
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "schedc", *args], capture_output=True, text=True,
                           input=input, env=env, timeout=120, cwd=str(Path(__file__).parent))

@@ -107,7 +107,10 @@ class Launch:
         from schedc.runtime.placement import place
 
         self.placement = place(device, backend, len(self.manifest.live_ranks))
-        ctx = forkserver_context()
+        # CUDA cannot be used in a process forked from one that touched it: GPU ranks start
+        # fresh ("spawn", a torch import each); CPU ranks fork from the warm forkserver.
+        on_gpu = any(d != "cpu" for d in self.placement.devices)
+        ctx = mp.get_context("spawn") if on_gpu else forkserver_context()
         from schedc.runtime.rendezvous import serve_store
 
         self.store = serve_store("127.0.0.1", 0, timeout)  # the ranks meet here (kept alive by this object)
