@@ -7,7 +7,7 @@ For 16, 32 and 64 GPUs (explicit costs; 16 microbatches at 16 GPUs, 32 at
 node failed), calls `schedc.replan` `--calls` times per deadline on a plan
 compiled beforehand (`warm_up()` done, as a launcher would) and prints the
 median, p95 and max wall time, and the new plan's iteration time against
-the lower bound (design.md §5) and against `cpsat_bound.period_lower_bound`.
+the lower bound (docs/architecture.md, the simulator) and against `cpsat_bound.period_lower_bound`.
 The specs are `schedc bench`'s explicit-cost scenario.
 """
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     warm_up()
     if not args.json:
-        print("| GPUs | event | deadline s | median s | p95 s | max s | plan / LB (§5) | plan / proven bound | status |")
+        print("| GPUs | event | deadline s | median s | p95 s | max s | plan / LB (work) | plan / proven bound | status |")
         print("|---|---|---|---|---|---|---|---|---|")
     for dp, pp, mb in SHAPES:
         base = compile(schedc.load(spec_text(dp, pp, mb), name=f"{dp}x{pp}x{mb}"), time_limit=1.0)

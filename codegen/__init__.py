@@ -1,4 +1,4 @@
-"""Code generation: per-rank PyTorch programs from a verified schedule (design.md §8).
+"""Code generation: per-rank PyTorch programs from a verified schedule.
 
 `write_programs(spec, schedule, out_dir, metrics=...)` is the entry point used
 by `Plan.write` and `schedc compile -o OUT`.

@@ -1,4 +1,4 @@
-"""Per-rank PyTorch programs from a verified schedule (design.md §8).
+"""Per-rank PyTorch programs from a verified schedule.
 
 The logic lives here; the templates (`templates/*.py.j2`) only loop over
 lines computed below. For each live rank the program is its ops in schedule
@@ -19,7 +19,7 @@ import jinja2
 
 from schedc import __version__
 from schedc.diagnostics import RunError, error
-from schedc.runtime.manifest import DEFAULT_SOURCE, MANIFEST_NAME, Manifest, model_args_of
+from schedc.runtime.manifest import DEFAULT_SOURCE, MANIFEST_NAME, Manifest, model_args_of, spec_folder
 from schedc.schedule import Schedule, ScheduledOp
 from schedc.spec import Spec
 
@@ -182,6 +182,7 @@ def _manifest(spec: Spec, schedule: Schedule, live: list[int], metrics: Mapping 
         decouple_backward=inst.decouple_backward, stagger_optimizer=inst.stagger_optimizer,
         metrics=_jsonable(metrics or {}),
         model_args=model_args_of(model),
+        spec_dir=spec_folder(spec.source_name),
     )
 
 

@@ -1,4 +1,4 @@
-"""Diagnostics: what went wrong, where, and how to fix it (design.md §8).
+"""Diagnostics: what went wrong, where, and how to fix it.
 
 Every user-facing error in schedc is a list of `Diagnostic`s carried by a
 `SchedcError` subclass. Rendering follows the rustc style the design asks
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 
@@ -105,7 +106,7 @@ class InfeasibleError(SchedcError):
 
 
 class VerificationError(SchedcError):
-    """A schedule breaks a rule of design.md §4 (E4xx)."""
+    """A schedule breaks a rule of docs/architecture.md, "the meaning of a schedule" (E4xx)."""
 
 
 class RunError(SchedcError):
@@ -118,17 +119,55 @@ def error(code: str, message: str, span: Span | None = None, *, label: str = "",
                       notes=tuple(notes), detail=detail)
 
 
+def exception_site(exc: BaseException, *, outside_schedc: bool = False) -> str:
+    """Where an exception from user code was raised, for a one-line diagnostic: the deepest frame
+    outside torch and schedc (the user's model), and the library frame it failed in, e.g.
+    ``mymodel.py:12 (in torch's linear.py:134)``. '' without a traceback, and with
+    `outside_schedc` when the error rose in schedc's own code (the caller says where instead)."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    if not frames:
+        return ""
+    def library(f) -> str | None:
+        parts = f.filename.replace(os.sep, "/").split("/")
+        for lib in ("torch", "schedc"):
+            if lib in parts[:-1]:
+                return lib
+        return None
+    last = frames[-1]
+    own = [f for f in frames if library(f) is None and not f.filename.startswith("<")]
+    name = lambda f: f"{os.path.basename(f.filename)}:{f.lineno}"
+    if own and own[-1] is not last and library(last):
+        return f"{name(own[-1])} (in {library(last)}'s {name(last)})"
+    if outside_schedc and library(last) == "schedc":
+        return ""
+    return name(last)
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`did you mean `x`?` for the closest choice, or '' when nothing is close."""
     match = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
     return f"did you mean `{match[0]}`?" if match else ""
 
 
+#: A source line longer than this is shown as a window around the span, not whole.
+EXCERPT_WIDTH = 100
+#: Diagnostics of one code shown in full; the rest are counted ("and 49,990 more like this").
+SHOWN_PER_CODE = 10
+
+
+@lru_cache(maxsize=8)
+def _lines(text: str) -> list[str]:
+    return text.splitlines()  # once per source, not once per diagnostic
+
+
 def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
     text = sources.get(span.file)
     if text is None:
         return []
-    lines = text.splitlines()
+    lines = _lines(text)
     if not 1 <= span.line <= len(lines):
         return []
     src = lines[span.line - 1].expandtabs(1)
@@ -140,6 +179,14 @@ def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
     else:
         length = max(len(src.rstrip()) - start, 1)
     length = max(1, min(length, max(len(src) - start, 1)))
+    if len(src) > EXCERPT_WIDTH:  # a window of the line around the span
+        left = max(0, min(start - EXCERPT_WIDTH // 3, len(src) - EXCERPT_WIDTH))
+        shown = src[left:left + EXCERPT_WIDTH]
+        prefix = "..." if left > 0 else ""
+        suffix = "..." if left + EXCERPT_WIDTH < len(src) else ""
+        start = start - left + len(prefix)
+        length = max(1, min(length, EXCERPT_WIDTH - (start - len(prefix))))
+        src = prefix + shown + suffix
     out = [f"{gutter} |", f"{span.line} | {src}", f"{gutter} | {' ' * start}{'^' * length}"]
     if label:
         out[-1] += f" {label}"
@@ -165,9 +212,27 @@ def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
     return "\n".join(out)
 
 
+def shown(diagnostics: Sequence[Diagnostic], per_code: int = SHOWN_PER_CODE
+          ) -> tuple[list[Diagnostic], dict[str, int]]:
+    """The diagnostics to show (the first `per_code` of each code, in order) and how many of
+    each code were left out: a spec repeating one mistake 50,000 times gets ten, and a count."""
+    seen: dict[str, int] = {}
+    out, omitted = [], {}
+    for d in diagnostics:
+        seen[d.code] = seen.get(d.code, 0) + 1
+        if seen[d.code] <= per_code:
+            out.append(d)
+        else:
+            omitted[d.code] = omitted.get(d.code, 0) + 1
+    return out, omitted
+
+
 def render_all(diagnostics: Sequence[Diagnostic], sources: dict[str, str] | None = None) -> str:
-    body = "\n\n".join(render(d, sources) for d in diagnostics)
+    first, omitted = shown(diagnostics)
+    parts = [render(d, sources) for d in first]
+    parts += [f"... and {n:,} more like this ({code})" for code, n in omitted.items()]
+    body = "\n\n".join(parts)
     n = len(diagnostics)
     if n > 1:
-        body += f"\n\n{n} errors"
+        body += f"\n\n{n:,} errors"
     return body

@@ -1,4 +1,4 @@
-"""Replan events: what happened to the cluster, applied to a `Spec` (design.md §8).
+"""Replan events: what happened to the cluster, applied to a `Spec`.
 
 An event is a statement of the `failures` block or `recover gpu(dp=D, pp=S)`
 (the GPU is back at full speed), as text or as a `Failure`:

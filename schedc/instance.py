@@ -1,7 +1,7 @@
 """The scheduling problem every solver, the verifier and the simulator share.
 
 An `Instance` holds exactly what `schedule.json` holds besides the ops
-(design.md §6): shape, options, memory limit, link, per-stage costs and the
+(docs/schedule-format.md): shape, options, memory limit, link, per-stage costs and the
 GPUs with their state and speed. It is made from a `Spec` by `from_spec`, or
 read back from a schedule file, so a hand-edited `schedule.json` can be
 verified and simulated without the spec it came from.
@@ -83,7 +83,7 @@ class Instance:
         raise ValueError(f"unknown op kind {kind!r}")
 
     def duration(self, kind: OpKind, pp: int, rank: int) -> int:
-        """Duration of an op of stage `pp` on GPU `rank`, at that GPU's speed (§4.4)."""
+        """Duration of an op of stage `pp` on GPU `rank`, at that GPU's speed."""
         return scaled_duration(self.base_duration(kind, pp), self.gpus[rank].speed)
 
     def boundary_transfer(self, pp: int) -> int:
@@ -91,14 +91,14 @@ class Instance:
 
         Stage `pp`'s `send` is its output activation; the gradient that B of
         stage `pp + 1` sends back has the same size, so both directions of
-        that boundary take this long (§3: latency + send / bandwidth).
+        that boundary take this long (latency + send / bandwidth).
         """
         return self.link.transfer_time(self.stages[pp].send)
 
     # -- bounds ------------------------------------------------------------
 
     def stage_lower_bound(self, pp: int) -> float:
-        """(D*M*(f+b+w) + n*o) / sum(speeds) over the live GPUs of stage pp (§5)."""
+        """(D*M*(f+b+w) + n*o) / sum(speeds) over the live GPUs of stage pp."""
         live = self.live_gpus(pp)
         if not live:
             return float("inf")
@@ -109,7 +109,7 @@ class Instance:
 
     @cached_property
     def lower_bound(self) -> float:
-        """No schedule's iteration time can be below this (§5)."""
+        """No schedule's iteration time can be below this."""
         return max(self.stage_lower_bound(s) for s in range(self.pp))
 
     def without_failures(self) -> "Instance":
@@ -117,7 +117,7 @@ class Instance:
 
 
 def from_spec(spec: Spec) -> Instance:
-    """The scheduling problem a spec describes (the `expand` step of design.md §2)."""
+    """The scheduling problem a spec describes (the `expand` step of docs/architecture.md's data flow)."""
     return Instance(
         dp=spec.cluster.dp,
         pp=spec.cluster.pp,

@@ -1,4 +1,4 @@
-"""`schedc.load(path_or_text) -> Spec`: read, parse and validate a spec (design.md §8).
+"""`schedc.load(path_or_text) -> Spec`: read, parse and validate a spec.
 
 Path or text? A `pathlib.Path` is always a path. A `str` is spec *text* when
 it contains a newline or a `{` (no spec fits on one line without a block,
@@ -40,6 +40,19 @@ def load(path_or_text: str | os.PathLike | bytes, *, name: str | None = None) ->
         file = name or str(path)
         return load_text(decode_spec(read_spec_bytes(path, file), file), name=file)
     return load_text(path_or_text, name=name or "<spec>")
+
+
+def load_argument(arg: str) -> tuple[Spec, str]:
+    """A command line's SPEC: a path, or `-` for standard input (shown as `<stdin>`).
+    Returns the spec and the text it was read from."""
+    import sys
+
+    if arg == "-":
+        name, data = "<stdin>", sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
+    else:
+        name, data = arg, read_spec_bytes(arg)
+    text = decode_spec(data, name)
+    return load_text(text, name=name), text
 
 
 def looks_like_text(s: str) -> bool:

@@ -1,4 +1,4 @@
-"""The op graph of an instance: every op, its dependencies, who may run it (design.md §4).
+"""The op graph of an instance: every op, its dependencies, who may run it (docs/architecture.md, the meaning of a schedule).
 
 For each microbatch (d, m) and stage s there is an F, a B and (with
 `decouple_backward`) a W; each live GPU has one O. Dependencies carry the
@@ -40,7 +40,7 @@ def last_backward_kind(instance: Instance) -> str:
 
 
 def data_deps(instance: Instance, op: OpId) -> tuple[Dep, ...]:
-    """Dependencies of an F, B or W op on other F/B/W ops of the same microbatch (§4.3)."""
+    """Dependencies of an F, B or W op on other F/B/W ops of the same microbatch."""
     d, m, s = op.dp, op.mb, op.pp
     last = instance.pp - 1
     if op.kind == "F":
@@ -55,7 +55,7 @@ def data_deps(instance: Instance, op: OpId) -> tuple[Dep, ...]:
 
 
 def optimizer_waits_for(instance: Instance, pp: int) -> tuple[int, ...]:
-    """Stages whose every W (or B) must end before an O of stage `pp` may start (§4.6)."""
+    """Stages whose every W (or B) must end before an O of stage `pp` may start."""
     return (pp,) if instance.stagger_optimizer else tuple(range(instance.pp))
 
 

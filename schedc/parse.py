@@ -1,6 +1,6 @@
 """Spec text -> a plain tree of blocks, assignments and statements with spans (E1xx).
 
-This is the first pass of design.md §2. It knows the shape of the language
+This is the first pass of docs/architecture.md's data flow. It knows the shape of the language
 (grammar/schedc.lark), not its meaning: `schedc.validate` turns the tree into
 a `Spec`. Syntax errors are reported as `SpecError`s with friendly messages
 ("unclosed `{`", "missing `=`", ...) pointing inside the input; only the
@@ -14,6 +14,7 @@ first syntax error is reported, since what follows it is guesswork.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -23,7 +24,7 @@ from typing import Literal, Union
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
-from schedc.diagnostics import Diagnostic, Span, SpecError, error
+from schedc.diagnostics import Diagnostic, Span, SpecError, did_you_mean, error
 
 ValueKind = Literal["number", "string", "word", "bool", "slice"]
 
@@ -121,20 +122,87 @@ def display_text(text: str) -> str:
     return text.translate({c: " " for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)})
 
 
+#: Brackets nest at most this deep. The language needs 2 (`cluster { gpu { ... } }`); deeper
+#: text is refused before lark builds a tree deeper than Python's recursion can follow.
+MAX_NESTING = 32
+#: Numbers are read when 1e-30 <= |x| < 1e30 (or 0), judged from their text before they are
+#: expanded: `1e30000000` must not cost a 30-million-digit integer to refuse.
+MAX_ORDER = 30
+
+#: Units a number may carry (see docs/spec-language.md); a space before one is a common slip.
+_UNITS = frozenset({"ns", "us", "ms", "s", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB",
+                    "B/s", "KB/s", "MB/s", "GB/s", "TB/s", "FLOPS", "KFLOPS", "MFLOPS", "GFLOPS", "TFLOPS",
+                    "PFLOPS"})
+_BRACKETS_RE = re.compile(r'"(?:\\.|[^"\\\n])*"?|#[^\n]*|[{(\[]|[})\]]')
+
+
 def parse_text(text: str, file: str = "<spec>") -> Document:
     """Parse spec text into a `Document`; raise `SpecError` (E1xx) on a syntax error."""
     text = normalize_newlines(text)
     tree = _run_parser(text, file, "start")
-    return Document(items=tuple(_item(c, file) for c in tree.children), file=file, text=text)
+    with _showing(text, file):
+        return Document(items=tuple(_item(c, file) for c in tree.children), file=file, text=text)
 
 
 def parse_statements(text: str, file: str = "<event>") -> tuple[Statement, ...]:
     """Parse a list of failure/recover statements (replan events)."""
-    tree = _run_parser(normalize_newlines(text), file, "events")
-    return tuple(_statement(c, file) for c in tree.children)
+    text = normalize_newlines(text)
+    tree = _run_parser(text, file, "events")
+    with _showing(text, file):
+        return tuple(_statement(c, file) for c in tree.children)
+
+
+@contextmanager
+def _showing(text: str, file: str):
+    """Give a `SpecError` raised while reading the tree (E110) the text to show its line from."""
+    try:
+        yield
+    except SpecError as exc:
+        raise SpecError(exc.diagnostics, {file: display_text(text)}) from None
+
+
+def _check_nesting(text: str, file: str) -> None:
+    """E109 at the first bracket that opens deeper than `MAX_NESTING` (strings, comments skipped)."""
+    depth = 0
+    for m in _BRACKETS_RE.finditer(text):
+        ch = m.group()
+        if ch in "{([":
+            depth += 1
+            if depth > MAX_NESTING:
+                span = _point(text, m.start(), file)
+                raise SpecError([error("E109", f"brackets nested more than {MAX_NESTING} deep", span,
+                                       label="too deep",
+                                       hint="a spec nests blocks two deep at most, e.g. `cluster { gpu { ... } }`; "
+                                            "look for a missing `}`")], {file: display_text(text)})
+        elif ch in "})]":
+            depth = max(0, depth - 1)
+
+
+def _checked_number(text: str, span: Span, file: str) -> Fraction:
+    """The value of a number's text, or E110 when it lies outside 1e-30 <= |x| < 1e30 (and is not 0)."""
+    m = re.fullmatch(r"[+-]?(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?", text)
+    assert m is not None  # the grammar's NUMBER guarantees this shape
+    whole, frac, exp = m.group(1) or "", m.group(2) or "", m.group(3) or "0"
+    lead = whole.lstrip("0")
+    if not lead and not frac.strip("0"):
+        return Fraction(0)
+    digits = exp.lstrip("+-").lstrip("0")
+    if len(digits) > 6:  # an exponent of a million or more, either way
+        order = MAX_ORDER * (-1 if exp.startswith("-") else 1) * 10
+    else:
+        e = int(exp)
+        order = (len(lead) - 1 + e) if lead else (e - (len(frac) - len(frac.lstrip("0"))) - 1)
+    if not -MAX_ORDER <= order < MAX_ORDER:
+        shown = text if len(text) <= 40 else text[:20] + "..." + text[-12:]
+        raise SpecError([error("E110", f"number `{shown}` is out of range: schedc reads numbers from 1e-30 "
+                                       "to 1e30 in size (and 0)", span, label="out of range",
+                               hint="check the value; for a size or time, pick a unit that keeps the "
+                                    "number small (`2TiB`, `3s`)")])
+    return Fraction(text)
 
 
 def _run_parser(text: str, file: str, start: str) -> Tree:
+    _check_nesting(text, file)
     # Feed tokens one by one so that an error knows the tokens before it.
     interactive = _parser().parse_interactive(text, start=start)
     recent: list[Token] = []
@@ -243,12 +311,29 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[
         if unclosed_brace(text[:token.start_pos or 0]) is None:
             return error("E105", "unmatched `}`", span, label="no `{` is open here",
                          hint="remove this `}` or add the `{` it closes")
+    if token.type == "NUMBER" and len(recent) == 2 and recent[-1].type == "LPAR":
+        target = recent[0].value
+        return error("E102", f"`{target}(...)` takes named coordinates, found {found}", span,
+                     label="expected `dp=` or `pp=`", hint=f"write `{target}(dp=0, pp=1)`")
+    if token.type == "COMMA" and recent and recent[-1].type in ("RPAR", "NUMBER", "NAME") and "COMMA" not in expected:
+        return error("E102", "unexpected `,` between statements", span, label="no commas here",
+                     hint="write one statement per line: `fail gpu(dp=0, pp=1)` then `fail gpu(dp=1, pp=1)`")
+    if token.type == "NAME" and "FAIL" in expected and not recent:
+        guess = did_you_mean(token.value, ("fail", "slow", "recover"))
+        if guess:
+            return error("E102", f"unknown statement `{token.value}`", span, label=guess,
+                         hint="statements start with `fail`, `slow` or `recover`")
     if "EQUAL" in expected and token.type != "EQUAL":
         if len(recent) == 2 and recent[0].type == "NAME" and recent[1].type in ("NUMBER", "STRING"):
             key, val = recent
             return error("E104", f"missing `=` between `{key.value}` and `{val.value}`",
                          _tok_span(val, file), label="expected `=` before this",
                          hint=f"write `{key.value} = {val.value}`")
+        if len(recent) == 2 and recent[0].type == "NUMBER" and recent[1].value in _UNITS:
+            num, unit = recent
+            return error("E104", f"a space between `{num.value}` and its unit `{unit.value}`",
+                         _tok_span(unit, file), label="the unit must touch its number",
+                         hint=f"write `{num.value}{unit.value}`")
         if recent and recent[-1].type == "NAME":
             key = recent[-1]
             return error("E104", f"missing `=` after `{key.value}`", span,
@@ -337,7 +422,7 @@ def _value_of_token(tok: Token, file: str) -> Value:
     if tok.type == "NUMBER":
         m = _NUMBER_RE.fullmatch(str(tok))
         assert m is not None  # the grammar's NUMBER guarantees this shape
-        return Value("number", str(tok), span, number=Fraction(m.group(1)), unit=m.group(2))
+        return Value("number", str(tok), span, number=_checked_number(m.group(1), span, file), unit=m.group(2))
     if tok.type == "STRING":
         return Value("string", str(tok), span, string=_unescape(str(tok)[1:-1]))
     if str(tok) in ("true", "false"):

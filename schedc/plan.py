@@ -1,4 +1,4 @@
-"""`schedc.compile(spec) -> Plan`: spec to verified, simulated schedule (design.md §2, §8).
+"""`schedc.compile(spec) -> Plan`: spec to verified, simulated schedule (docs/architecture.md).
 
     spec --from_spec--> Instance --solver--> Schedule --verify_schedule--> (checked)
          --simulate--> Metrics
@@ -52,9 +52,11 @@ class Plan:
         schedule.json, trace.json, timeline.svg, pipeline_{d}.csv (where
         expressible), spec.sched, and the per-rank programs (rank_NN.py,
         main.py, programs.json) that `schedc run dir` or torchrun execute.
-        Files of the same names already in `dir` are replaced, stale CSVs and
-        rank programs of an earlier schedule are removed, other files are left
-        alone. Returns the directory.
+        Into an existing `dir` the switch is atomic: the new plan is written
+        to a folder beside it, the user's other files there are hard-linked in,
+        and the two folders are exchanged in one step, so a reader (or a kill)
+        sees the old plan or the new one, never a mix; what a killed write
+        left beside `dir` is removed by the next. Returns the directory.
         """
         from schedc.codegen.generate import render_programs
         from schedc.export import write_timeline, write_torch_csvs, write_trace
@@ -62,7 +64,8 @@ class Plan:
 
         out = Path(dir)
         check_output_dir(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        _remove_stale_temporaries(out)
+        tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(out), dir=out.parent))
         try:
             write_schedule(tmp / "schedule.json", self.schedule, self.metrics)
             write_trace(tmp / "trace.json", self.schedule)
@@ -75,16 +78,90 @@ class Plan:
             if not out.exists():
                 os.replace(tmp, out)
             else:
-                # Everything is written; moving the files in is the only step left.
-                for p in [*out.glob("pipeline_*.csv"), *out.glob("rank_*.py")]:
-                    p.unlink()  # stale CSVs or programs of an earlier schedule would mislead
-                for p in sorted(tmp.iterdir()):
-                    os.replace(p, out / p.name)
-                tmp.rmdir()
+                _keep_other_files(out, tmp)
+                _switch(tmp, out)  # one atomic step: `out` is the old plan or the new, never a mix
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return out
+
+
+#: What `Plan.write` puts in a folder; anything else there is the user's and is kept.
+_WRITTEN = ("schedule.json", "trace.json", "timeline.svg", "spec.sched", "main.py", "programs.json")
+
+
+def _is_written(name: str) -> bool:
+    return name in _WRITTEN or (name.startswith(("pipeline_", "rank_")) and name.endswith((".csv", ".py")))
+
+
+def _temporary_prefix(out: Path) -> str:
+    return f".{out.name}.schedc-{os.getpid()}-"
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Delete what a killed `Plan.write` into `out` left beside it (its process is gone)."""
+    for stale in out.parent.glob(f".{out.name}.schedc-*-*"):
+        pid = stale.name[len(f".{out.name}.schedc-"):].split("-", 1)[0]
+        if not pid.isdigit() or not stale.is_dir() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # another compile is writing into the same folder right now
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
+def _keep_other_files(out: Path, new: Path) -> None:
+    """Hard-link (or copy) into `new` what the user keeps in `out` beside a plan (saved weights,
+    notes), so that the switch keeps them; files of the old plan are left behind."""
+    for entry in out.iterdir():
+        if _is_written(entry.name) or (new / entry.name).exists():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, new / entry.name, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry, new / entry.name)
+
+
+def _link_or_copy(src, dst) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def _switch(new: Path, out: Path) -> None:
+    """Make `new` the folder `out`, atomically: exchange the two (Linux's renameat2), then delete
+    the old one, now at `new`. Where exchange is not supported: two renames, during which `out`
+    is briefly missing (never mixed)."""
+    if _exchange(new, out):
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    old = Path(tempfile.mkdtemp(prefix=_temporary_prefix(out), dir=out.parent))
+    old.rmdir()
+    os.replace(out, old)
+    os.replace(new, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def check_output_dir(out: Path) -> None:
@@ -102,6 +179,26 @@ def check_output_dir(out: Path) -> None:
     except OSError as exc:
         raise RunError([error("E558", f"cannot write the plan to `{out}`: {exc.strerror or exc}",
                               hint="give -o a directory you can write to")]) from None
+
+
+def check_output_file(path: str | os.PathLike, what: str) -> None:
+    """E558 before anything runs when the file `path` cannot be written (not after an hour of
+    training or a solve): a directory, a missing or read-only folder, a folder that is a file."""
+    from schedc.diagnostics import RunError, error
+
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        problem = "is a directory"
+    elif not parent.exists():
+        problem = f"is in `{parent}`, which does not exist"
+    elif not parent.is_dir():
+        problem = f"is under `{parent}`, which is not a directory"
+    elif not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        problem = f"cannot be written (`{parent}` or the file is read-only)"
+    else:
+        return
+    raise RunError([error("E558", f"{what} `{path}` {problem}", hint="choose a file in a writable directory")])
 
 
 def read_plan(dir: str | os.PathLike) -> Plan:
@@ -127,7 +224,8 @@ def read_plan(dir: str | os.PathLike) -> Plan:
     verify_schedule(schedule)
     return Plan(spec=spec, schedule=schedule,
                 metrics=metrics_of(schedule, simulate(schedule),
-                                   fault_free_iteration_time=raw.get("fault_free_iteration_time")))
+                                   fault_free_iteration_time=raw.get("fault_free_iteration_time"),
+                                   fault_free_solver=raw.get("fault_free_solver")))
 
 
 def _load(spec: Spec | str | os.PathLike) -> Spec:
@@ -192,10 +290,30 @@ def _compile(spec: Spec, solver: str | None, time_limit: float | None, seed: int
         schedule = replace(schedule, solver=replace(schedule.solver, wall_s=time.perf_counter() - started))
     verify_schedule(schedule)
     sim = simulate(schedule)
-    fault_free = sim.iteration_time  # a fault-free instance is its own fault-free reference
-    if not instance.fault_free:
-        ff = solve(instance.without_failures(), options)
-        verify_schedule(ff)
-        fault_free = simulate(ff).iteration_time
+    fault_free, reference = _fault_free_reference(instance, name, solve, options, sim.iteration_time)
     return Plan(spec=spec, schedule=schedule,
-                metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free))
+                metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
+                                   fault_free_solver=reference))
+
+
+def _fault_free_reference(instance, name: str, solve, options, own_time: int) -> tuple[int, str]:
+    """(iteration time, solver) of the reference every slowdown is measured against: the best of
+    this solver's fault-free plan and greedy's, so that a faster plan never shows a larger
+    slowdown than a slower one because its solver's own fault-free plan was better. (CP-SAT
+    starts from greedy's plan and never returns a worse one: for cpsat its own plan is the best.)"""
+    from schedc.solvers import get_solver
+
+    plain = instance if instance.fault_free else instance.without_failures()
+    times = {}
+    if instance.fault_free:
+        times[name] = own_time
+    else:
+        own = solve(plain, options)
+        verify_schedule(own)
+        times[name] = simulate(own).iteration_time
+    if name not in ("greedy", "cpsat"):
+        ref = get_solver("greedy")(plain, options)
+        verify_schedule(ref)
+        times["greedy"] = simulate(ref).iteration_time
+    best = min(times, key=lambda n: (times[n], n != name))
+    return times[best], best

@@ -79,12 +79,23 @@ def _cluster(spec: Spec) -> list[str]:
 
 
 def stages_block(stages: tuple[StageCosts, ...]) -> list[str]:
-    """A `stages { stage N { ... } }` block, every key of every stage, as lines."""
-    lines = ["stages {"]
+    """A `stages` block for `stages`, as lines: an `all { ... }` of each key's most common
+    value, then `stage N { ... }` with only the keys where stage N differs. Equal stages take
+    one line each way, so 8,192 of them print in a few hundred bytes, not megabytes."""
+    def fmt(k: str, v: int) -> str:
+        return f"{k} = {format_size(v) if k in STAGE_SIZE_KEYS else format_time(v)}"
+
+    common = {}
+    for k in STAGE_KEYS:
+        values = [getattr(st, k) for st in stages]
+        common[k] = max(sorted(set(values)), key=values.count)  # ties: the smallest, deterministic
+    times = "  ".join(fmt(k, common[k]) for k in STAGE_KEYS if k not in STAGE_SIZE_KEYS)
+    sizes = "  ".join(fmt(k, common[k]) for k in STAGE_SIZE_KEYS)
+    lines = ["stages {", "    all {", f"        {times}", f"        {sizes}", "    }"]
     for st in stages:
-        times = "  ".join(f"{k} = {format_time(getattr(st, k))}" for k in STAGE_KEYS if k not in STAGE_SIZE_KEYS)
-        sizes = "  ".join(f"{k} = {format_size(getattr(st, k))}" for k in STAGE_SIZE_KEYS)
-        lines += [f"    stage {st.pp} {{", f"        {times}", f"        {sizes}", "    }"]
+        differ = [fmt(k, getattr(st, k)) for k in STAGE_KEYS if getattr(st, k) != common[k]]
+        if differ:
+            lines.append(f"    stage {st.pp} {{ {'  '.join(differ)} }}")
     return lines + ["}"]
 
 

@@ -157,14 +157,15 @@ def profile(spec: Spec, *, device: str = "cpu", repeats: int = 10, warmup: int =
     import torch
 
     from schedc.runtime.manifest import (DEFAULT_SOURCE, build_layers, call_with_model_args, data_ref_of,
-                                         load_callable, model_args_of)
+                                         load_callable, model_args_of, spec_folder)
 
     dev = _device(device)
     model = spec.model
     source = model.source if model and model.source else DEFAULT_SOURCE
     model_args = model_args_of(model)
-    layers, loss_fn, partition = build_layers(source, model_args, spec.partition, spec.pp)
-    data = load_callable(data_ref_of(source, model.data if model else None), "model.data")
+    search = (spec_folder(spec.source_name),)
+    layers, loss_fn, partition = build_layers(source, model_args, spec.partition, spec.pp, search)
+    data = load_callable(data_ref_of(source, model.data if model else None), "model.data", search)
     x, target = call_with_model_args(data, model_args, 0, 0, 0)
     clock = _CudaClock(dev) if dev.type == "cuda" else _CpuClock()
     memory = _CudaMemory(dev) if dev.type == "cuda" else _CpuMemory()
@@ -189,15 +190,16 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
     import torch
 
     from schedc.runtime.runtime import _make_optimizer
-    from schedc.runtime.stagework import StageWork
+    from schedc.runtime.stagework import StageWork, run_layers
 
-    work = StageWork(layers, loss_fn, global_microbatches=spec.dp * spec.train.microbatches, device=dev)
+    work = StageWork(layers, loss_fn, global_microbatches=spec.dp * spec.train.microbatches, device=dev,
+                     first_layer=layers_range[0])
     optimizer = _make_optimizer(spec.train.optimizer, work.params, spec.train.lr)
     for p in work.params:  # as the runtime: gradients exist from the start, W adds into them
         p.grad = torch.zeros_like(p)
     received = s > 0
     with torch.no_grad():
-        sample_out = work.module(inp)
+        sample_out = run_layers(work.module, inp, layers_range[0])
     grad_template = None if loss_fn is not None else torch.randn_like(sample_out)
     times: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "BW", "O")}
     activation = stash = 0
@@ -243,7 +245,7 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
             stash = max(stash, held_b)
     times = {k: [clock.resolve(v) for v in vs] for k, vs in times.items()}
     with torch.no_grad():
-        out = work.module(inp) if loss_fn is None else None
+        out = run_layers(work.module, inp, layers_range[0]) if loss_fn is None else None
     params = sum(p.numel() for p in work.params)
     static = _static_bytes(work, optimizer)
     send = 0 if out is None else out.numel() * out.element_size()

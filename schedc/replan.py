@@ -1,4 +1,4 @@
-"""`schedc.replan(plan, event, deadline=...) -> Plan`: a new plan when the cluster changes (§8).
+"""`schedc.replan(plan, event, deadline=...) -> Plan`: a new plan when the cluster changes.
 
 A launcher calls this on every failure, slowdown or rejoin:
 
@@ -108,7 +108,8 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
     sim = simulate(schedule)
     fault_free = plan.metrics.fault_free_iteration_time or plan.metrics.iteration_time
     return Plan(spec=spec, schedule=schedule,
-                metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free))
+                metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
+                                   fault_free_solver=plan.metrics.fault_free_solver))
 
 
 def _with_wall(schedule: Schedule, wall_s: float) -> Schedule:

@@ -1,4 +1,4 @@
-"""A schedule: which GPU runs each op, and when (design.md §4, §6).
+"""A schedule: which GPU runs each op, and when (docs/architecture.md, docs/schedule-format.md).
 
 `ScheduledOp` names the microbatch an op belongs to (`dp`, `pp`, `mb`) and
 its executor (`rank`). For an optimizer op `O`, `dp`/`pp` are the executing

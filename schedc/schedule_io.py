@@ -1,4 +1,4 @@
-"""schedule.json, format ``schedc.schedule/v1`` (design.md §6): write and read.
+"""schedule.json, format ``schedc.schedule/v1`` (docs/schedule-format.md): write and read.
 
 `write_schedule(path, schedule, metrics)` writes the instance (shape, options,
 memory, link, stages, GPUs), every op and the metrics. `read_schedule(path)`
@@ -109,7 +109,7 @@ NonNeg = Field(ge=0)
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)  # extra keys are allowed (§6)
+    model_config = ConfigDict(extra="allow", frozen=True)  # extra keys are allowed
 
 
 class _Link(_Model):
@@ -262,6 +262,12 @@ def read_schedule(path: str | os.PathLike) -> tuple[Schedule, dict]:
     """
     path = Path(path)
     where = str(path)
+    if path.is_dir():
+        inside = path / "schedule.json"
+        raise ScheduleFileError([error(
+            "E601", f"{where} is a folder, not a schedule file",
+            hint=f"give the schedule file inside it: `{inside}`" if inside.exists()
+            else "give a schedule.json that `schedc compile SPEC -o OUT` wrote")])
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -273,6 +279,11 @@ def read_schedule(path: str | os.PathLike) -> tuple[Schedule, dict]:
     except json.JSONDecodeError as exc:
         raise ScheduleFileError([error(
             "E601", f"{where} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+            hint="a schedule file is the schedule.json that `schedc compile` writes")]) from None
+    except (RecursionError, ValueError) as exc:  # arrays nested thousands deep; a 5,000-digit number
+        what = "is nested too deep" if isinstance(exc, RecursionError) else "holds a number too long to read"
+        raise ScheduleFileError([error(
+            "E601", f"{where} {what} for a schedule file",
             hint="a schedule file is the schedule.json that `schedc compile` writes")]) from None
     if not isinstance(obj, dict):
         raise ScheduleFileError([error("E602", f"{where}: `$` is a {type(obj).__name__}, expected an object")])

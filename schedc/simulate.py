@@ -1,4 +1,4 @@
-"""The simulator: steady-state metrics of a schedule's per-rank programs (design.md §5).
+"""The simulator: steady-state metrics of a schedule's per-rank programs (docs/architecture.md, the simulator).
 
 `simulate(schedule)` keeps only each rank's *program* (`Schedule.programs`)
 and runs K iterations of all of them back to back with
@@ -44,7 +44,7 @@ class SimResult:
 
 @dataclass(frozen=True)
 class Metrics:
-    """The metrics every schedule reports (design.md §5)."""
+    """The metrics every schedule reports (docs/architecture.md, the simulator)."""
 
     iteration_time: int
     lower_bound: float
@@ -55,6 +55,9 @@ class Metrics:
     memory_limit: int
     solver: SolverInfo
     fault_free_iteration_time: int | None = None
+    # Whose fault-free plan that time is: one reference for every solver's slowdown, the best
+    # of the solver's own fault-free plan and greedy's (`schedc.plan.compile`).
+    fault_free_solver: str | None = None
 
     @property
     def slowdown(self) -> float | None:
@@ -77,11 +80,12 @@ class Metrics:
         return max(self.peak_memory.values(), default=0)
 
     def to_json(self) -> dict:
-        """The ``metrics`` object of schedule.json (§6); rank keys are strings."""
+        """The ``metrics`` object of schedule.json; rank keys are strings."""
         s = self.solver
         return {
             "iteration_time": self.iteration_time,
             "fault_free_iteration_time": self.fault_free_iteration_time,
+            "fault_free_solver": self.fault_free_solver,
             "slowdown": _round(self.slowdown),
             "lower_bound": _round(self.lower_bound),
             "ratio_to_lower_bound": _round(self.ratio_to_lower_bound),
@@ -99,7 +103,7 @@ def _round(x: float | None) -> float | None:
 
 
 def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> SimResult:
-    """Run the schedule's per-rank programs `iterations` times back to back (§5).
+    """Run the schedule's per-rank programs `iterations` times back to back.
 
     Start times in the schedule are ignored; only each rank's order counts.
     Raises `schedc.timing.DeadlockError` (E420/E421) if the programs cannot run.
@@ -133,7 +137,7 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
 
 
 def metrics_of(schedule: Schedule, sim: SimResult | None = None, *,
-               fault_free_iteration_time: int | None = None) -> Metrics:
+               fault_free_iteration_time: int | None = None, fault_free_solver: str | None = None) -> Metrics:
     """The `Metrics` of a schedule, simulating it unless `sim` is given."""
     sim = sim if sim is not None else simulate(schedule)
     return Metrics(
@@ -146,4 +150,5 @@ def metrics_of(schedule: Schedule, sim: SimResult | None = None, *,
         memory_limit=sim.memory_limit,
         solver=schedule.solver,
         fault_free_iteration_time=fault_free_iteration_time,
+        fault_free_solver=fault_free_solver,
     )

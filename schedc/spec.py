@@ -31,7 +31,7 @@ STAGE_KEYS = STAGE_TIME_KEYS + STAGE_SIZE_KEYS
 
 
 def scaled_duration(duration_us: int, speed: float) -> int:
-    """Duration of an op on a GPU running at `speed` (0 < speed <= 1), rounded up (§6)."""
+    """Duration of an op on a GPU running at `speed` (0 < speed <= 1), rounded up."""
     if speed >= 1.0:
         return int(duration_us)
     # The small epsilon keeps exact quotients (1000 / 0.5) from rounding up on float noise.
@@ -87,7 +87,7 @@ class LinkSpec:
     bandwidth: int  # bytes per second
 
     def transfer_time(self, nbytes: int) -> int:
-        """latency + nbytes / bandwidth, rounded up to whole microseconds (§3, §6)."""
+        """latency + nbytes / bandwidth, rounded up to whole microseconds."""
         if nbytes <= 0:
             return self.latency
         return self.latency + -(-nbytes * 1_000_000 // self.bandwidth)

@@ -26,6 +26,10 @@ def summarize(spec: Spec) -> str:
         origin = f"costs derived from {model}"
     else:
         origin = "explicit costs"
+        m = spec.model
+        if m is not None and None not in (m.layers, m.hidden, m.heads, m.seq_len, m.vocab):
+            origin += ("; the `stages` block wins over the costs the `model` block would give "
+                       "(that block still sizes the model the programs and `schedc profile` build)")
     out.append(f"cluster: dp={c.dp} pp={c.pp}, {c.world_size} GPUs on {nodes} node{'s' * (nodes != 1)} "
                f"of {c.gpus_per_node}, placement {c.placement}")
     gpu = f"gpu memory {format_size(c.gpu.memory)}"

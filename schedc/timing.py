@@ -35,7 +35,7 @@ from schedc.instance import Instance
 from schedc.opgraph import optimizer_waits_for
 from schedc.schedule import OpId, ScheduledOp, Schedule, SolverInfo
 
-#: Iterations run back to back, and the window of the last periods averaged (design.md §5).
+#: Iterations run back to back, and the window of the last periods averaged (docs/architecture.md, the simulator).
 STEADY_ITERATIONS = 8
 STEADY_WINDOW = 4
 
@@ -320,7 +320,7 @@ class ProgramGraph:
         return end, ends
 
     def period(self, iterations: int = STEADY_ITERATIONS, window: int = STEADY_WINDOW) -> int:
-        """Steady-state iteration time (design.md §5)."""
+        """Steady-state iteration time (docs/architecture.md, the simulator)."""
         return steady_period(self.run(iterations)[1], window)
 
     def nodes(self) -> dict[OpId, int]:

@@ -1,6 +1,6 @@
 """Parsed spec tree -> validated `Spec` (E2xx meaning errors, E3xx lost stages).
 
-The second pass of design.md §2. Every mistake found is collected and raised
+The second pass of docs/architecture.md's data flow. Every mistake found is collected and raised
 once, as one `SpecError` carrying all diagnostics with their spans. Values
 are first converted by unit (times to µs, sizes to bytes, rates to bytes/s);
 ranges and required keys are then checked by pydantic models, whose errors
@@ -114,56 +114,64 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+# Upper limits: what a real job could need, with room, and what the planner's integer
+# arithmetic (CP-SAT's 64-bit domains: sums of durations over every op) can hold.
+MAX_TIME_US = 10**10  # one op or one transfer's latency: about 2.8 hours
+MAX_BYTES = 2**60  # one EiB
+MAX_GPUS = 131_072  # dp * pp: schedc checks a cluster this large in seconds
+MIN_SPEED = Fraction(1, 1000)  # slower than this, a GPU is better failed than slowed
+
+
 class _Cluster(_Strict):
     dp: int = Field(ge=1, le=100_000)
     pp: int = Field(ge=1, le=10_000)
-    gpus_per_node: int = Field(DEFAULT_GPUS_PER_NODE, ge=1)
+    gpus_per_node: int = Field(DEFAULT_GPUS_PER_NODE, ge=1, le=MAX_GPUS)
     placement: Literal["pipeline_major", "stage_major"] = "pipeline_major"
 
 
 class _Gpu(_Strict):
-    memory: int = Field(ge=1)
-    flops: float | None = Field(None, gt=0)
+    memory: int = Field(ge=1, le=MAX_BYTES)
+    flops: float | None = Field(None, gt=0, le=1e24)
     efficiency: float | None = Field(None, gt=0, le=1)
 
 
 class _Link(_Strict):
-    latency: int = Field(DEFAULT_LINK_LATENCY, ge=0)
-    bandwidth: int = Field(DEFAULT_LINK_BANDWIDTH, ge=1)
+    latency: int = Field(DEFAULT_LINK_LATENCY, ge=0, le=MAX_TIME_US)
+    bandwidth: int = Field(DEFAULT_LINK_BANDWIDTH, ge=1, le=MAX_BYTES)
 
 
 class _Stage(_Strict):
-    forward: int = Field(ge=1)
-    backward_input: int = Field(ge=1)
-    backward_weight: int = Field(ge=1)
-    optimizer: int = Field(ge=0)
-    activation: int = Field(ge=0)
-    stash: int = Field(ge=0)
-    static: int = Field(ge=0)
-    send: int = Field(ge=0)
+    forward: int = Field(ge=1, le=MAX_TIME_US)
+    backward_input: int = Field(ge=1, le=MAX_TIME_US)
+    backward_weight: int = Field(ge=1, le=MAX_TIME_US)
+    optimizer: int = Field(ge=0, le=MAX_TIME_US)
+    activation: int = Field(ge=0, le=MAX_BYTES)
+    stash: int = Field(ge=0, le=MAX_BYTES)
+    static: int = Field(ge=0, le=MAX_BYTES)
+    send: int = Field(ge=0, le=MAX_BYTES)
 
 
 class _Train(_Strict):
     microbatches: int = Field(ge=1, le=1_000_000)
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
-    lr: float = Field(1e-3, gt=0)
-    iterations: int = Field(1, ge=1)
+    lr: float = Field(1e-3, gt=0, le=1e6)
+    iterations: int = Field(1, ge=1, le=10**9)
 
 
 class _Schedule(_Strict):
     decouple_backward: bool = True
     stagger_optimizer: bool = True
     solver: str = "cpsat"
-    time_limit: float = Field(5.0, gt=0)
+    time_limit: float = Field(5.0, gt=0, le=1e6)
 
 
 class _Model(_Strict):
     layers: int | None = Field(None, ge=1, le=100_000)
-    hidden: int | None = Field(None, ge=1)
-    heads: int | None = Field(None, ge=1)
-    seq_len: int | None = Field(None, ge=1)
-    vocab: int | None = Field(None, ge=1)
-    microbatch_size: int = Field(1, ge=1)
+    hidden: int | None = Field(None, ge=1, le=10**6)
+    heads: int | None = Field(None, ge=1, le=10**5)
+    seq_len: int | None = Field(None, ge=1, le=10**8)
+    vocab: int | None = Field(None, ge=1, le=10**8)
+    microbatch_size: int = Field(1, ge=1, le=10**6)
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     source: str | None = None
     data: str | None = None
@@ -340,7 +348,7 @@ def _convert_unit(ctx: _Ctx, value: Value, kind: str, path: str) -> Any:
         return float(exact / 1_000_000)
     if kind == "flops":
         return float(exact)
-    # Times in whole µs and sizes in whole bytes; a fraction is rounded up (§6).
+    # Times in whole µs and sizes in whole bytes; a fraction is rounded up.
     return math.ceil(exact)
 
 
@@ -512,6 +520,12 @@ def _cluster(ctx: _Ctx, block: Block | None, doc: Document) -> ClusterSpec | Non
         link_data = _converted(ctx, _read_block(ctx, link_block, "cluster.link", LINK_KEYS), LINK_KEYS,
                                "cluster.link")
     link = _check_model(ctx, _Link, link_data, "cluster.link", block.name_span)
+    if top is not None and top.dp * top.pp > MAX_GPUS:
+        ctx.add(error("E206", f"the cluster has {top.dp:,} x {top.pp:,} = {top.dp * top.pp:,} GPUs; schedc plans "
+                              f"at most {MAX_GPUS:,}", ctx.spans.get("cluster.dp", block.name_span),
+                      label="too many GPUs",
+                      hint="fold tensor-parallel groups into one GPU of the spec, or plan a part of the job"))
+        top = None
     if top is None or gpu is None or link is None:
         return None
     return ClusterSpec(dp=top.dp, pp=top.pp, gpus_per_node=top.gpus_per_node, placement=top.placement,
@@ -698,7 +712,16 @@ def _derived_stages(ctx: _Ctx, blocks: dict[str, Block], cluster: ClusterSpec | 
                       ctx.spans.get("model.layers"), label="fewer layers than stages",
                       hint="use fewer stages (`cluster.pp`) or a model with more layers"))
         return None, partition
-    return costmodel.derive_stages(model, cluster, train.optimizer, partition)
+    stages, partition = costmodel.derive_stages(model, cluster, train.optimizer, partition)
+    for st in stages:  # the same limits as explicit costs: the planner's arithmetic must hold them
+        worst = max(st.forward, st.backward_input, st.backward_weight, st.optimizer)
+        if worst > MAX_TIME_US or max(st.activation, st.stash, st.static, st.send) > MAX_BYTES:
+            ctx.add(error("E206", f"the model's stage {st.pp} costs {worst / 1e6:.3g} s per op or more than "
+                                  "an EiB: beyond what schedc plans", ctx.spans.get("model.layers"),
+                          label="derived costs out of range",
+                          hint="check the model's sizes and `cluster.gpu.flops`"))
+            return None, partition
+    return stages, partition
 
 
 def _partition(ctx: _Ctx, block: Block | None, cluster: ClusterSpec | None, model: ModelSpec | None):
@@ -877,6 +900,10 @@ def failure_from_statement(st: Statement, *, allow_recover: bool) -> tuple[Failu
                 diags.append(error("E206", f"`speed` must be in (0, 1], got {v.text}", v.span,
                                    label="out of range",
                                    hint="speed is the fraction of full speed: 0.5 means its ops take twice as long"))
+            elif v.number < MIN_SPEED:  # type: ignore[operator]
+                diags.append(error("E206", f"`speed` must be at least {float(MIN_SPEED):g}, got {v.text}", v.span,
+                                   label="too slow",
+                                   hint="a GPU this slow is better taken out: `fail gpu(...)`"))
             else:
                 speed = float(v.number)  # type: ignore[arg-type]
     if diags:

@@ -1,4 +1,4 @@
-"""The verifier: does a schedule obey every rule of design.md §4?
+"""The verifier: does a schedule obey every rule of docs/architecture.md (the meaning of a schedule)?
 
 `verify_schedule(schedule)` checks a `Schedule` against its own `Instance`
 and raises one `VerificationError` carrying *all* violations it found (up to
@@ -49,7 +49,7 @@ GRID_MAX_RANKS = 16
 
 @dataclass(frozen=True)
 class MemoryProfile:
-    """Memory of one GPU over one iteration of its program (§4.5)."""
+    """Memory of one GPU over one iteration of its program."""
 
     static: int
     peak: int  # static + the most bytes in flight at any instant
@@ -403,7 +403,7 @@ _NEVER = float("-inf")  # a predecessor end that every start is after (no depend
 
 
 def schedule_passes(schedule: Schedule) -> bool:
-    """True only if `schedule` obeys every rule of design.md §4 (`diagnose` finds nothing).
+    """True only if `schedule` obeys every rule of docs/architecture.md (the meaning of a schedule) (`diagnose` finds nothing).
 
     It never accepts what `diagnose` would reject, but may send a valid
     schedule there (ties in a rank's program order, int subclasses as times,
@@ -439,7 +439,7 @@ def schedule_passes(schedule: Schedule) -> bool:
     decouple = inst.decouple_backward
     kind_code = _KIND_CODE if decouple else {"F": 0, "B": 1}
 
-    # Per rank: live, its stage and pipeline, and its F/B/W durations (§4.4).
+    # Per rank: live, its stage and pipeline, and its F/B/W durations.
     live = [g.live for g in gpus]
     rank_pp = [g.pp for g in gpus]
     rank_dp = [g.dp for g in gpus]
@@ -523,7 +523,7 @@ def schedule_passes(schedule: Schedule) -> bool:
         o = o_start.get(r)  # O must start after every other op ended, so it comes last
         if o is not None and not (o >= p_end[-1] and o != p_start[-1]):
             return False
-        # Prefix sums over every op, not only at F: never below the §4.5 peak.
+        # Prefix sums over every op, not only at F: never below the peak of the memory rule.
         if static + max(0, max(accumulate(map(delta_at.__getitem__, prog)))) > memory:
             return False
 
@@ -550,14 +550,14 @@ def diagnose(schedule: Schedule) -> list[Diagnostic]:
 
 
 def check_schedule(schedule: Schedule) -> list[Diagnostic]:
-    """Every violation of design.md §4 in `schedule` (at most `MAX_DIAGNOSTICS`), in rule order."""
+    """Every violation of docs/architecture.md's rules in `schedule` (at most `MAX_DIAGNOSTICS`), in rule order."""
     if schedule_passes(schedule):
         return []
     return diagnose(schedule)
 
 
 def verify_schedule(schedule: Schedule) -> None:
-    """Raise `VerificationError` with every violation of design.md §4, or return None.
+    """Raise `VerificationError` with every violation of docs/architecture.md's rules, or return None.
 
     >>> verify_schedule(get_solver("1f1b")(instance, SolveOptions()))  # doctest: +SKIP
     """

@@ -1,4 +1,4 @@
-"""Schedulers: every one takes an `Instance` and returns a `Schedule` (design.md §7).
+"""Schedulers: every one takes an `Instance` and returns a `Schedule` (docs/baselines.md).
 
 A solver is a callable ``solve(instance, options) -> Schedule``. It raises
 `schedc.diagnostics.InfeasibleError` (E3xx) when the instance is outside what
@@ -54,3 +54,13 @@ def get_solver(name: str) -> Solver:
 
 def solve(instance: Instance, name: str, options: SolveOptions | None = None) -> Schedule:
     return get_solver(name)(instance, options or SolveOptions())
+
+
+def __getattr__(name: str):
+    """`schedc.solvers.cpsat` (and every other solver module) without importing it first:
+    ``import schedc.solvers; schedc.solvers.cpsat.warm_up()`` works, and OR-Tools still loads
+    only when a module that needs it is touched."""
+    modules = {ref.split(":")[0].rsplit(".", 1)[1] for ref in _REGISTRY.values()}
+    if name in modules:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 An executor table is `executor[u][s]`, the rank that runs F, B (and W) of
 microbatch u = d*M + m at stage s. Every function here gives each microbatch
-a live GPU of its own stage (design.md §4.2).
+a live GPU of its own stage (docs/architecture.md, executors).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ This module holds what is the same for all of them:
 - how many microbatches fit in flight on a GPU (`fits_in_flight`) and the
   E310 error when not even one does (`check_memory`);
 - the peak memory of a program, walked in order (`program_peak`), the same
-  rule the verifier applies (design.md §4.5);
+  rule the verifier applies (docs/architecture.md, memory);
 - the instance the field's baselines run on (`barrier_instance`: full
   backward, global optimizer barrier) and the E311 refusal of fault-free
   templates (`require_no_failures`);
@@ -116,7 +116,7 @@ def barrier_instance(instance: Instance) -> Instance:
 
 
 def program_peak(instance: Instance, rank: int, program: Sequence[OpId]) -> int:
-    """Peak memory (bytes, static included) of a program run in order (design.md §4.5).
+    """Peak memory (bytes, static included) of a program run in order (docs/architecture.md, memory).
 
     The rule itself lives in the verifier (`memory_profile`): one definition,
     so a solver can never plan with memory the verifier would reject.
@@ -136,7 +136,7 @@ def with_optimizer(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -
 
 def steady_iteration_time(instance: Instance, programs: Mapping[int, Sequence[OpId]],
                           iterations: int = STEADY_ITERATIONS, window: int = STEADY_WINDOW) -> int:
-    """Steady-state period of programs run back to back (design.md §5), O included."""
+    """Steady-state period of programs run back to back (docs/architecture.md, the simulator), O included."""
     return program_graph(instance, programs).period(iterations, window)
 
 

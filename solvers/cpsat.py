@@ -134,7 +134,7 @@ def check_feasible(instance: Instance) -> None:
 
 
 def iteration_time(schedule: Schedule) -> int:
-    """Steady-state period of a schedule's programs, as the simulator measures it (§5)."""
+    """Steady-state period of a schedule's programs, as the simulator measures it."""
     programs = {r: [op.id for op in ops] for r, ops in schedule.programs.items()}
     return steady_iteration_time(schedule.instance, programs)
 
@@ -385,6 +385,10 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     solver = cp_model.CpSolver()
     p = solver.parameters
     p.num_workers = max(1, options.workers)
+    # CP-SAT's own SIGINT handler would swallow Ctrl-C during a solve and stay installed after
+    # it, so that a later Ctrl-C kills the process with no KeyboardInterrupt (no cleanup): the
+    # caller's signal handling stays the caller's (`_solve_keeping_ctrl_c`).
+    p.catch_sigint_signal = False
     p.random_seed = options.seed
     p.symmetry_level = 0
     p.cp_model_probing_level = 0
@@ -401,7 +405,7 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     timer.daemon = True
     timer.start()
     try:
-        status = solver.Solve(m)
+        status = _solve_keeping_ctrl_c(solver, m)
     finally:
         timer.cancel()
     name = solver.StatusName(status)
@@ -438,6 +442,25 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     ordered = {r: [op for _, _, op in sorted(v)] for r, v in programs.items()}
     sched = schedule_from_programs(inst, ordered, SolverInfo(name=NAME))
     return _Result(sched, name, objective, bound, f"CP-SAT {name.lower()}")
+
+
+def _solve_keeping_ctrl_c(solver, model) -> int:
+    """`solver.Solve(model)`; on the main thread the solve runs on a helper thread, so that a
+    Ctrl-C (KeyboardInterrupt, delivered to the main thread) stops the search at once and is
+    raised to the caller, as anywhere else in Python."""
+    if threading.current_thread() is not threading.main_thread():
+        return solver.Solve(model)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(solver.Solve(model)), name="schedc-cpsat", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        solver.StopSearch()
+        worker.join()
+        raise
+    return result[0]
 
 
 def warm_up() -> None:

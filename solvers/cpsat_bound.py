@@ -1,4 +1,4 @@
-"""Lower bounds on the steady-state period beyond design.md §5, for the CP-SAT planner.
+"""Lower bounds on the steady-state period beyond `Instance.lower_bound`, for the CP-SAT planner.
 
 Two bounds, each valid for every schedule of the instance:
 
@@ -8,7 +8,7 @@ Two bounds, each valid for every schedule of the instance:
 
 The chain bound:
 
-`Instance.lower_bound` (design.md §5) counts work per stage only. It misses
+`Instance.lower_bound` (docs/architecture.md, the simulator) counts work per stage only. It misses
 what limits most pipelines in practice: a GPU's iteration spans from its
 first op to its O, and between those it must wait for its microbatches to
 travel down the pipeline, queue through a downstream stage, and come back.
@@ -44,7 +44,7 @@ from schedc.opgraph import compute_kinds
 
 def period_lower_bound(instance: Instance) -> int:
     """What a planner can prove before searching: the largest of `Instance.lower_bound` (work
-    per stage, design.md §5), `chain_bound` (a pipeline's round trip through its busiest stage)
+    per stage, docs/architecture.md), `chain_bound` (a pipeline's round trip through its busiest stage)
     and `placement_bound` (the busiest GPU once whole microbatches are placed)."""
     return max(0, math.ceil(instance.lower_bound - 1e-9), chain_bound(instance),
                placement_bound(instance))
@@ -54,7 +54,7 @@ def placement_bound(instance: Instance) -> int:
     """Smallest possible busy time of the busiest GPU (microseconds): a lower bound on the period.
 
     Every iteration each live GPU runs all of its ops one at a time, so the
-    period is at least any GPU's busy time. §5's bound spreads a stage's work
+    period is at least any GPU's busy time. The per-stage work bound spreads a stage's work
     over its live GPUs as if it were fluid; here it moves in whole
     microbatches, under `candidate_executors`' rule: a live GPU at full speed
     keeps its own pipeline's M microbatches, a failed or slow GPU's M may go

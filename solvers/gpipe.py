@@ -1,4 +1,4 @@
-"""`gpipe`: every forward, then every backward, per pipeline (design.md §7, docs/baselines.md).
+"""`gpipe`: every forward, then every backward, per pipeline (docs/baselines.md).
 
 All M microbatches of a pipeline are in flight at once, so every GPU must
 hold its weights plus M activations; otherwise E312 says how many fit and

@@ -1,4 +1,4 @@
-"""`greedy`: schedc's own list scheduler (design.md §7, docs/baselines.md).
+"""`greedy`: schedc's own list scheduler (docs/baselines.md).
 
 It builds a few candidate plans and keeps the one with the shortest
 steady-state iteration time (the programs run back to back,

@@ -1,4 +1,4 @@
-"""`1f1b`: the standard one-forward-one-backward schedule (design.md §7, docs/baselines.md).
+"""`1f1b`: the standard one-forward-one-backward schedule (docs/baselines.md).
 
 Stage s of each pipeline runs a warm-up of S - s forwards, then alternates
 one backward and one forward, then drains its backwards. The warm-up is

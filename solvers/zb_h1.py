@@ -1,4 +1,4 @@
-"""`zb-h1`: Zero Bubble's H1 schedule (Qi et al., ICLR 2024) (design.md §7, docs/baselines.md).
+"""`zb-h1`: Zero Bubble's H1 schedule (Qi et al., ICLR 2024) (docs/baselines.md).
 
 1F1B's warm-up and in-flight limit, with B and W decoupled: stage s issues
 the W of its i-th backward only after its (i + s)-th backward, so the later

@@ -38,8 +38,22 @@ def test_compile_returns_a_verified_plan(spec_path):
     plan = compile(spec_path)
     assert isinstance(plan, Plan) and plan.schedule.solver.name == "1f1b"
     m = plan.metrics
-    assert m.fault_free_iteration_time == m.iteration_time and m.slowdown == 1.0
+    # Fault-free, but 1F1B is not the best fault-free plan: its slowdown is measured against
+    # greedy's, the one reference every solver's slowdown uses.
+    assert (m.fault_free_solver, m.fault_free_iteration_time) == ("greedy", compile(spec_path, solver="greedy")
+                                                                  .metrics.iteration_time)
+    assert m.slowdown == m.iteration_time / m.fault_free_iteration_time > 1.0
     assert m.iteration_time >= m.lower_bound
+
+
+def test_slowdown_has_one_reference_whatever_the_solver():
+    """A faster plan never shows a larger slowdown than a slower one of the same spec."""
+    spec = Path(__file__).resolve().parent.parent / "specs" / "example.sched"
+    plans = {s: compile(spec, solver=s, time_limit=1) for s in ("greedy", "drop-pipeline", "reroute-1f1b")}
+    refs = {p.metrics.fault_free_iteration_time for p in plans.values()}
+    assert len(refs) == 1
+    by_time = sorted(plans.values(), key=lambda p: p.metrics.iteration_time)
+    assert [p.metrics.slowdown for p in by_time] == sorted(p.metrics.slowdown for p in by_time)
 
 
 def test_unknown_solver_lists_known_names(spec_path):

@@ -1,4 +1,4 @@
-"""The grammar and the parser: both §3 examples, shapes, friendly syntax errors with positions."""
+"""The grammar and the parser: both spec-language examples, shapes, friendly syntax errors with positions."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import schedc
-from schedc.diagnostics import RunError
 from schedc.profile import profile, write_stages_block
 from schedc.runtime.weightgrad import held_bytes
 

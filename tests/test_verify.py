@@ -1,4 +1,4 @@
-"""The verifier rejects each kind of broken schedule with the right code (design.md §4)."""
+"""The verifier rejects each kind of broken schedule with the right code (docs/architecture.md, the meaning of a schedule)."""
 
 from __future__ import annotations
 

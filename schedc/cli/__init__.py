@@ -1,4 +1,4 @@
-"""The `schedc` command line (design.md §8).
+"""The `schedc` command line.
 
 Each sub-command is one module in this package exposing
 ``add_arguments(parser)`` and ``run(args) -> int``. This module only
@@ -19,7 +19,7 @@ import sys
 import traceback
 
 from schedc import __version__
-from schedc.diagnostics import SchedcError
+from schedc.diagnostics import SchedcError, shown
 
 # sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -66,17 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_chosen_command(argv))
     args = parser.parse_args(argv)
     try:
-        return int(args._module.run(args) or 0)
-    except SchedcError as exc:
-        if getattr(args, "json", False):
-            print(json.dumps({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]}, indent=2))
-        else:
-            print(exc.render(), file=sys.stderr)
-        return 1
+        try:
+            return int(args._module.run(args) or 0)
+        except SchedcError as exc:
+            if getattr(args, "json", False):
+                first, omitted = shown(exc.diagnostics, per_code=100)
+                out = {"ok": False, "diagnostics": [d.to_json() for d in first]}
+                if omitted:
+                    out["omitted"] = omitted  # code -> how many more, not listed
+                print(json.dumps(out, indent=2))
+            else:
+                print(exc.render(), file=sys.stderr)
+            return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # `schedc ... | head`: the reader left; say nothing more
+        _silence_stdout()
         return 0
     except Exception as exc:  # the last line of defence: a bug in schedc, not a user mistake
         if os.environ.get("SCHEDC_DEBUG"):
@@ -85,6 +91,15 @@ def main(argv: list[str] | None = None) -> int:
               "  = hint: this is a bug in schedc, not in your input; rerun with SCHEDC_DEBUG=1 "
               "and report the traceback", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""`schedc bench`: schedc's planner against the baselines, under failures (design.md §7, issue #4).
+"""`schedc bench`: schedc's planner against the baselines, under failures (docs/baselines.md).
 
     schedc bench [-o bench/results] [--quick] [--time-limit S] [--seeds N] [--no-scale]
 
@@ -285,7 +285,7 @@ def quality_table(runs: list[Run]) -> tuple[str, list[dict]]:
 
 
 def summary(runs: list[Run]) -> str:
-    """Median and worst cpsat / lower bound where microbatches >= 2 pp (against §5's bound and
+    """Median and worst cpsat / lower bound where microbatches >= 2 pp (against the per-stage work bound and
     against the best proven one), and cpsat vs greedy."""
     ratios, proven, vs_greedy = [], [], []
     by: dict[str, dict[str, Run]] = {}
@@ -303,7 +303,7 @@ def summary(runs: list[Run]) -> str:
     if not ratios:
         return ""
     worst = max(ratios)
-    out = (f"- cpsat iteration time / lower bound (§5) over {len(ratios)} failure scenarios with microbatches "
+    out = (f"- cpsat iteration time / lower bound (per-stage work) over {len(ratios)} failure scenarios with microbatches "
            f">= 2 x pp: median {statistics.median(r for r, _ in ratios):.3f}, worst {worst[0]:.3f} ({worst[1]})\n")
     if proven:
         pw = max(proven)

@@ -1,4 +1,4 @@
-"""`schedc check SPEC`: parse and validate a spec; print what it means (design.md §8).
+"""`schedc check SPEC`: parse and validate a spec; print what it means.
 
 Exit 0 when valid (summary on stdout), 1 when not (diagnostics on stderr,
 rendered by the dispatcher). `SPEC` may be `-` for standard input. With
@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from schedc.load import decode_spec, load_text, read_spec_bytes, MAX_SPEC_BYTES
+from schedc.load import load_argument
 from schedc.summary import spec_to_dict, summarize
 
 
@@ -21,13 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.spec == "-":
-        name = "<stdin>"
-        data = sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
-    else:
-        name = args.spec
-        data = read_spec_bytes(args.spec)
-    spec = load_text(decode_spec(data, name), name=name)
+    spec, _ = load_argument(args.spec)
     if args.json:
         print(json.dumps({"ok": True, "spec": spec_to_dict(spec)}, indent=2))
     else:

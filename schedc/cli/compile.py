@@ -7,7 +7,7 @@ import json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("spec", metavar="SPEC", help="the spec file")
+    parser.add_argument("spec", metavar="SPEC", help="the spec file, or - to read standard input")
     parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory")
     parser.add_argument("--solver", metavar="NAME", help="override schedule.solver (cpsat, greedy, 1f1b, ...)")
     parser.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds")
@@ -19,10 +19,12 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from schedc.cli.simulate import summary_table
+    from schedc.load import load_argument
     from schedc.plan import check_output_dir, compile
 
     check_output_dir(Path(args.out))  # before the solve, not after it
-    plan = compile(args.spec, solver=args.solver, time_limit=args.time_limit, seed=args.seed)
+    spec, _ = load_argument(args.spec)
+    plan = compile(spec, solver=args.solver, time_limit=args.time_limit, seed=args.seed)
     out = plan.write(args.out)
     files = sorted(p.name for p in out.iterdir() if p.is_file())
     if args.json:
@@ -30,5 +32,23 @@ def run(args: argparse.Namespace) -> int:
                           "metrics": plan.metrics.to_json()}, indent=2))
     else:
         print(summary_table(plan.metrics))
-        print(f"wrote {', '.join(files)} to {out}")
+        print(f"wrote {describe_files(files)} to {out}")
     return 0
+
+
+def describe_files(files: list[str]) -> str:
+    """The written files in a line that stays short at any scale: rank programs and pipeline
+    CSVs are counted, with the first and last named ("16,383 rank programs rank_00000.py ...")."""
+    groups: dict[str, list[str]] = {"rank": [], "pipeline": []}
+    single = []
+    for name in files:
+        prefix = name.split("_", 1)[0]
+        (groups[prefix] if prefix in groups and "_" in name else single).append(name)
+    parts = list(single)
+    for prefix, what in (("rank", "rank programs"), ("pipeline", "pipeline CSVs")):
+        names = groups[prefix]
+        if len(names) > 3:
+            parts.append(f"{len(names):,} {what} ({names[0]} ... {names[-1]})")
+        else:
+            parts.extend(names)
+    return ", ".join(sorted(parts, key=lambda x: x.lstrip("0123456789,")))

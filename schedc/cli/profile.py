@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from schedc.diagnostics import RunError, error
-from schedc.load import MAX_SPEC_BYTES, decode_spec, load_text, read_spec_bytes
+from schedc.load import load_argument, load_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,17 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from schedc.profile import profile, render, write_stages_block
 
-    if args.spec == "-":
-        if args.write:
-            raise RunError([error("E583", "--write needs a spec file, not standard input",
-                                  hint="save the spec to a file, or paste the printed block yourself")])
-        name, data = "<stdin>", sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
-    else:
-        name, data = args.spec, read_spec_bytes(args.spec)
-    text = decode_spec(data, name)
-    spec = load_text(text, name=name)
+    if args.spec == "-" and args.write:
+        raise RunError([error("E583", "--write needs a spec file, not standard input",
+                              hint="save the spec to a file, or paste the printed block yourself")])
+    spec, text = load_argument(args.spec)
+    name = spec.source_name
     if args.write:
-        _check_writable(Path(args.spec))
+        from schedc.plan import check_output_file
+
+        check_output_file(args.spec, "--write: the spec")
     result = profile(spec, device=args.device, repeats=args.repeats, warmup=args.warmup)
     written = None
     if args.write:
@@ -61,10 +59,3 @@ def run(args: argparse.Namespace) -> int:
         if written:
             print(f"wrote the measured stages block into {written}")
     return 0
-
-
-def _check_writable(path: Path) -> None:
-    if not os.access(path.parent if str(path.parent) else ".", os.W_OK) or \
-            (path.exists() and not os.access(path, os.W_OK)):
-        raise RunError([error("E583", f"cannot write `{path}`",
-                              hint="make it writable, or drop --write and paste the printed block")])

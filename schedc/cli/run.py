@@ -44,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
                               hint="drop --emulate to train and save weights")])
     if args.timeout <= 0:
         raise RunError([error("E524", f"--timeout must be positive, got {args.timeout:g}")])
+    if args.save_weights:
+        from schedc.plan import check_output_file
+
+        check_output_file(args.save_weights, "--save-weights")  # before the run, not after it
 
     def progress(rep) -> None:
         if not args.json:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from schedc.diagnostics import RunError, error
+from schedc.plan import check_output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,30 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the run log as JSON instead of progress lines")
 
 
-def _check_destination(path: str, what: str) -> None:
-    """E558 before anything runs when `path` cannot be written (not after an hour of training)."""
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        problem = "is a directory"
-    elif not parent.exists():
-        problem = f"is in `{parent}`, which does not exist"
-    elif not parent.is_dir():
-        problem = f"is under `{parent}`, which is not a directory"
-    elif not os.access(parent, os.W_OK):
-        problem = f"is in `{parent}`, which is not writable"
-    else:
-        return
-    raise RunError([error("E558", f"{what} `{path}` {problem}", hint="choose a file in a writable directory")])
-
-
 def run(args: argparse.Namespace) -> int:
     from schedc.live.result import write_log
     from schedc.live.supervisor import Supervisor, TrainError, TrainOptions
 
     for path, what in ((args.save_weights, "--save-weights"), (args.log, "--log")):
         if path:
-            _check_destination(path, what)
+            check_output_file(path, what)
     options = TrainOptions(
         iterations=args.iterations, emulate=args.emulate, inject=tuple(args.inject),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,

@@ -1,4 +1,4 @@
-"""Exports of a schedule beside schedule.json (design.md §6).
+"""Exports of a schedule beside schedule.json (docs/schedule-format.md).
 
 - `trace.write_trace`: Chrome/Perfetto trace events (``trace.json``),
 - `svg.write_timeline`: a timeline picture (``timeline.svg``),

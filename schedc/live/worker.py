@@ -34,13 +34,12 @@ import signal
 import sys
 import threading
 import time
-import traceback
 import types
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
-from schedc.diagnostics import RunError, SchedcError, error
+from schedc.diagnostics import RunError, SchedcError, error, exception_site
 from schedc.live import checkpoint
 from schedc.live.catchup import Donor, Joiner
 from schedc.live.inject import Injection, Trigger
@@ -77,8 +76,8 @@ def worker_main(store_host: str, store_port: int, rank: int, host: int) -> None:
         _report_error(job, rank, [d.to_json() for d in exc.diagnostics])
         os._exit(EXIT_ERROR)
     except BaseException as exc:  # a bug or a broken model: a diagnostic with the frame
-        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+        site = exception_site(exc)
+        at = f" (at {site})" if site else ""
         _report_error(job, rank, [{"code": "E590", "message": f"rank {rank} failed: {type(exc).__name__}: {exc}{at}"}])
         os._exit(EXIT_ERROR)
     sys.stdout.flush()

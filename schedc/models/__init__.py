@@ -1,4 +1,4 @@
-"""Small models for examples and tests, bound to specs by `model.source` (design.md §8).
+"""Small models for examples and tests, bound to specs by `model.source`.
 
 Each module exposes ``build() -> (layers, loss_fn)`` (seeded, so every rank
 builds the same initial weights) and ``batch(iteration, dp, microbatch) ->

@@ -1,4 +1,4 @@
-"""What generated per-rank programs call, and how `schedc run` starts them (design.md §8).
+"""What generated per-rank programs call, and how `schedc run` starts them.
 
 - `schedc.runtime.manifest`: `programs.json` (what the programs share: live
   ranks, stage groups, partition, model/data binding, optimizer) and the

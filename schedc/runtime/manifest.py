@@ -48,6 +48,9 @@ class Manifest:
     # The architecture a spec's `model` block gives (layers, hidden, heads, seq_len, vocab,
     # microbatch_size): passed to `source` and `data` as the keyword arguments they declare.
     model_args: dict[str, Any] = field(default_factory=dict)
+    # The folder of the spec file compiled (absolute; None for spec text): `model.source` and
+    # `model.data` modules are looked for there, and in the current folder, after sys.path.
+    spec_dir: str | None = None
 
     @property
     def world(self) -> int:
@@ -99,20 +102,41 @@ def load_manifest(out_dir: Path | str) -> Manifest:
                               hint="recompile the spec with this version of schedc")])
 
 
-def load_callable(ref: str, what: str) -> Callable:
-    """The callable named by ``"module:callable"`` (E510 when it cannot be found)."""
+def load_callable(ref: str, what: str, search: tuple[str | None, ...] = ()) -> Callable:
+    """The callable named by ``"module:callable"`` (E510 when it cannot be found). A module not
+    on sys.path is looked for in the folders of `search` (the spec's folder) and the current one."""
+    import os
+    import sys
+
     module, _, name = ref.partition(":")
     if not module or not name:
         raise RunError([error("E510", f"{what} `{ref}` is not of the form \"module:callable\"",
                               hint='e.g. source = "schedc.models.gpt:build"')])
+    folders = [str(Path(f).resolve()) for f in (*search, os.getcwd()) if f]
     try:
-        obj = getattr(importlib.import_module(module), name)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            extra = [f for f in dict.fromkeys(folders) if f not in sys.path]
+            if exc.name != module.split(".")[0] or not extra:
+                raise
+            sys.path.extend(extra)  # after everything else: never shadows an installed module
+            mod = importlib.import_module(module)
+        obj = getattr(mod, name)
     except (ImportError, AttributeError) as exc:
+        looked = " and ".join(f"`{f}`" for f in dict.fromkeys(folders))
         raise RunError([error("E510", f"cannot load {what} `{ref}`: {exc}",
-                              hint="the module must be importable where the programs run")])
+                              hint=f"the module must be importable where the programs run: on PYTHONPATH, "
+                                   f"or in {looked} (where schedc also looked)")])
     if not callable(obj):
         raise RunError([error("E510", f"{what} `{ref}` is not callable")])
     return obj
+
+
+def spec_folder(source_name: str) -> str | None:
+    """The absolute folder of a spec file, where model code is also looked for (None for text)."""
+    path = Path(source_name)
+    return str(path.resolve().parent) if source_name and path.is_file() else None
 
 
 def call_with_model_args(fn: Callable, model_args: dict[str, Any], *args):
@@ -173,15 +197,16 @@ def even_partition(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
 
 def build_model(manifest: Manifest):
     """Call `model.source`: (list of layers, loss_fn, partition), with the partition checked."""
-    return build_layers(manifest.source, manifest.model_args, manifest.partition, manifest.pp)
+    return build_layers(manifest.source, manifest.model_args, manifest.partition, manifest.pp,
+                        (manifest.spec_dir,))
 
 
-def build_layers(source: str, model_args: dict[str, Any], partition, pp: int):
+def build_layers(source: str, model_args: dict[str, Any], partition, pp: int, search: tuple = ()):
     """Call `source` (with the model arguments it declares): (list of layers, loss_fn,
     partition), the partition the given one or the even split by layer count, checked."""
     from torch import nn
 
-    result = call_with_model_args(load_callable(source, "model.source"), model_args)
+    result = call_with_model_args(load_callable(source, "model.source", search), model_args)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise RunError([error("E512", f"model.source `{source}` must return (layers, loss_fn)")])
     layers, loss_fn = result

@@ -17,7 +17,7 @@ def reference_train(manifest: Manifest, iterations: int) -> tuple[dict, list[flo
     """(state_dict of the full nn.Sequential, mean loss per iteration) after `iterations`."""
     layers, loss_fn, _ = build_model(manifest)
     model = nn.Sequential(*layers)
-    batch = load_callable(data_ref(manifest), "model.data")
+    batch = load_callable(data_ref(manifest), "model.data", (manifest.spec_dir,))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = _make_optimizer(manifest.optimizer, params, manifest.lr)
     n = manifest.global_microbatches

@@ -17,7 +17,7 @@ unique per (iteration, kind, d, m, boundary), so re-routed microbatches and
 back-to-back iterations never mix up. Every wait has a timeout: a dead peer
 turns into a `RunError` naming this rank, the peer and the op, never a hang.
 
-Exactness (design.md §8): each microbatch's loss is divided by D*M and the
+Exactness: each microbatch's loss is divided by D*M and the
 stage all-reduce sums, so the weights after an iteration do not depend on
 which GPU ran which microbatch, nor on how many GPUs a stage has left.
 """
@@ -39,7 +39,7 @@ from schedc.diagnostics import RunError, error
 from schedc.runtime.channels import ACTIVATION, GRADIENT, ReceiveOrder
 from schedc.runtime.manifest import (Manifest, build_model, call_with_model_args, data_ref, load_callable,
                                      stage_layer_keys)
-from schedc.runtime.stagework import StageWork
+from schedc.runtime.stagework import StageWork, run_layers
 
 # Tags repeat after this many iterations. Messages only pass between neighbouring stages,
 # and a rank cannot finish iteration k+1 before its neighbours have sent it their part of
@@ -415,12 +415,13 @@ class Runtime:
             self.shapes = [((EMULATED_MESSAGE,), torch.float32)] * self.manifest.pp
             return
         layers, loss_fn, partition = build_model(self.manifest)
-        data = load_callable(data_ref(self.manifest), "model.data")
+        data = load_callable(data_ref(self.manifest), "model.data", (self.manifest.spec_dir,))
         self.data = lambda it, d, mb: call_with_model_args(data, self.manifest.model_args, it, d, mb)
         self.shapes = _boundary_shapes(layers, partition, self.data(0, 0, 0)[0])
         a, b = partition[self.stage]
         self.work = StageWork(layers[a:b], loss_fn if self.last else None,
-                              global_microbatches=self.manifest.global_microbatches, device=self.device)
+                              global_microbatches=self.manifest.global_microbatches, device=self.device,
+                              first_layer=a)
         self.module, self.params = self.work.module, self.work.params
         self.state_keys = stage_layer_keys(layers, partition, self.stage)
         self.optimizer = _make_optimizer(self.manifest.optimizer, self.params, self.manifest.lr)
@@ -717,8 +718,7 @@ def _boundary_shapes(layers, partition, sample) -> list[tuple[tuple[int, ...], t
     x = sample
     with torch.no_grad():
         for a, b in partition:
-            for layer in layers[a:b]:
-                x = layer(x)
+            x = run_layers(layers[a:b], x, a)
             shapes.append((tuple(x.shape), x.dtype))
     return shapes
 

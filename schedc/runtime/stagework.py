@@ -17,8 +17,9 @@ class StageWork:
     """A stage's module (on `device`, its linear layers split for W), and the loss on the last."""
 
     def __init__(self, layers: list[nn.Module], loss_fn: nn.Module | None, *, global_microbatches: int,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", first_layer: int = 0):
         self.device = torch.device(device)
+        self.first_layer = first_layer  # index of layers[0] in the list `model.source` returns
         self.module = nn.Sequential(*layers).to(self.device)
         self.loss_fn = None if loss_fn is None else loss_fn.to(self.device)
         self.global_microbatches = global_microbatches
@@ -32,9 +33,13 @@ class StageWork:
         `received` floating-point input is made to require its gradient (B sends it upstream)."""
         if received and inp.is_floating_point():
             inp.requires_grad_(True)
-        out = self.module(inp)
+        out = run_layers(self.module, inp, self.first_layer)
         if self.loss_fn is not None:
-            out = self.loss_fn(out, target) / self.global_microbatches
+            try:
+                out = self.loss_fn(out, target)
+            except Exception as exc:
+                raise _layer_error(None, self.loss_fn, out, exc) from exc
+            out = out / self.global_microbatches
         return out
 
     def backward(self, out: torch.Tensor, inp: torch.Tensor | None, grad_out: torch.Tensor | None, *,
@@ -59,3 +64,28 @@ class StageWork:
     def forget(self) -> None:
         """Drop entries of a backward that was interrupted."""
         self.store.take()
+
+
+def run_layers(layers, x, first_layer: int = 0):
+    """`x` through `layers` in turn; a layer's error becomes E515 naming that layer."""
+    for i, layer in enumerate(layers):
+        try:
+            x = layer(x)
+        except Exception as exc:
+            raise _layer_error(first_layer + i, layer, x, exc) from exc
+    return x
+
+
+def _layer_error(index: int | None, layer: nn.Module, inp, exc: Exception) -> Exception:
+    """A model's own error, said at the layer it happened in (not only deep inside torch)."""
+    from schedc.diagnostics import RunError, error, exception_site
+
+    shape = tuple(inp.shape) if isinstance(inp, torch.Tensor) else type(inp).__name__
+    what = f"layer {index} of model.source" if index is not None else "the loss of model.source"
+    text = repr(layer).splitlines()[0]
+    text = text if len(text) <= 80 else text[:77] + "..."
+    site = exception_site(exc, outside_schedc=True)
+    return RunError([error("E515", f"{what} (`{text}`) failed on an input of shape {shape}: "
+                                   f"{type(exc).__name__}: {exc}" + (f" (at {site})" if site else ""),
+                           hint="the model's layers do not fit together (or with model.data); "
+                                "train it in one process first")])

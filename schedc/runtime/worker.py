@@ -13,12 +13,11 @@ import io
 import os
 import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
-from schedc.diagnostics import RunError, SchedcError, error
+from schedc.diagnostics import RunError, SchedcError, error, exception_site
 from schedc.runtime.manifest import Manifest, load_manifest
 from schedc.runtime.rendezvous import connect_store
 
@@ -114,8 +113,7 @@ def child_main(out_dir: str, dist_rank: int, init_method: str, options: dict, co
         conn.close()
         os._exit(1)
     except BaseException as exc:  # a bug or a broken model: still a diagnostic, with the frame
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        msg = f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
+        msg = f"{type(exc).__name__}: {exc} (at {exception_site(exc)})"
         conn.send(("error", dist_rank, [{"code": "E590", "message": f"schedule rank "
                                          f"{_schedule_rank(out_dir, dist_rank)} failed: {msg}"}]))
         conn.close()
