@@ -20,7 +20,7 @@ import sys
 import time
 
 import schedc
-from schedc.cli.bench import Scenario, percentile
+from schedc.benchmark import Scenario, percentile
 from schedc.plan import compile
 from schedc.solvers.cpsat import warm_up
 from schedc.solvers.cpsat_bound import period_lower_bound

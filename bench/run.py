@@ -1,4 +1,4 @@
-"""Run the schedc benchmark: the same as `schedc bench` (see schedc/cli/bench.py).
+"""Run the schedc benchmark: the same as `schedc bench` (schedc/benchmark.py).
 
     python bench/run.py --quick -o bench/results
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 
 from schedc.cli import main
-from schedc.cli.bench import Scenario, line_chart, scenarios
+from schedc.benchmark import Scenario, line_chart, scenarios
 
 
 def test_bench_quick_smoke(tmp_path):

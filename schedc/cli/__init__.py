@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                     out["omitted"] = omitted  # code -> how many more, not listed
                 print(json.dumps(out, indent=2))
             else:
-                print(exc.render(), file=sys.stderr)
+                from schedc.cli.terminal import print_diagnostics
+
+                print_diagnostics(exc.render())
             return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

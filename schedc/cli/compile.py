@@ -23,8 +23,14 @@ def run(args: argparse.Namespace) -> int:
     from schedc.plan import check_output_dir, compile
 
     check_output_dir(Path(args.out))  # before the solve, not after it
+    from schedc.cli.terminal import status
+
     spec, _ = load_argument(args.spec)
-    plan = compile(spec, solver=args.solver, time_limit=args.time_limit, seed=args.seed)
+    solver = args.solver or spec.schedule.solver
+    limit = spec.schedule.time_limit if args.time_limit is None else args.time_limit
+    with status(f"planning {spec.dp * spec.pp:,} GPUs with {solver} (time limit {limit:g} s), then verifying "
+                "and simulating"):
+        plan = compile(spec, solver=args.solver, time_limit=args.time_limit, seed=args.seed)
     out = plan.write(args.out)
     files = sorted(p.name for p in out.iterdir() if p.is_file())
     if args.json:

@@ -1,6 +1,6 @@
 """Hand-run benchmark of `greedy`: time per candidate and iteration time / lower bound.
 
-    python -m schedc.solvers.greedy_bench
+    python bench/greedy_candidates.py
 
 Not a test: timings depend on the machine. Shapes are D x S x M (pipelines x
 stages x microbatches), with 0, 1 and 2 failed GPUs, uniform stages
@@ -10,7 +10,12 @@ microbatches in flight.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from schedc.instance import make_instance
 from schedc.solvers import SolveOptions, get_solver
