@@ -47,7 +47,12 @@ def describe_files(files: list[str]) -> str:
     CSVs are counted, with the first and last named ("16,383 rank programs rank_00000.py ...")."""
     groups: dict[str, list[str]] = {"rank": [], "pipeline": []}
     single = []
-    for name in files:
+    import re
+
+    def natural(name: str):  # pipeline_2.csv before pipeline_10.csv
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+    for name in sorted(files, key=natural):
         prefix = name.split("_", 1)[0]
         (groups[prefix] if prefix in groups and "_" in name else single).append(name)
     parts = list(single)
