@@ -183,6 +183,7 @@ def _manifest(spec: Spec, schedule: Schedule, live: list[int], metrics: Mapping 
         metrics=_jsonable(metrics or {}),
         model_args=model_args_of(model),
         spec_dir=spec_folder(spec.source_name),
+        tp=spec.cluster.tp,
     )
 
 

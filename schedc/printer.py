@@ -72,7 +72,8 @@ def _cluster(spec: Spec) -> list[str]:
         gpu.append(f"flops = {format_flops(c.gpu.flops)}")
     if c.gpu.efficiency is not None:
         gpu.append(f"efficiency = {_float(c.gpu.efficiency)}")
-    return ["cluster {", f"    dp = {c.dp}", f"    pp = {c.pp}", f"    gpus_per_node = {c.gpus_per_node}",
+    return ["cluster {", f"    dp = {c.dp}", f"    pp = {c.pp}", *([f"    tp = {c.tp}"] if c.tp != 1 else []),
+            f"    gpus_per_node = {c.gpus_per_node}",
             f"    placement = {c.placement}", f"    gpu {{ {'  '.join(gpu)} }}",
             f"    link {{ latency = {format_time(c.link.latency)}  bandwidth = {format_rate(c.link.bandwidth)} }}",
             "}"]

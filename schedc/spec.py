@@ -95,12 +95,18 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """The cluster. A schedc GPU (dp, pp) is a tensor-parallel group of `tp` real GPUs (one
+    GPU when tp = 1): the unit that runs a stage's ops. Its `rank` (`rank_of`) numbers the
+    groups; real GPUs are numbered ``rank * tp + t`` (the torch rank of a Megatron-style job),
+    and nodes hold `gpus_per_node` real GPUs, so a group never straddles two (tp divides it)."""
+
     dp: int
     pp: int
     gpus_per_node: int
     placement: Placement
     gpu: GpuSpec
     link: LinkSpec
+    tp: int = 1
 
     def rank_of(self, dp: int, pp: int) -> int:
         if self.placement == "stage_major":
@@ -114,11 +120,31 @@ class ClusterSpec:
         return rank // self.pp, rank % self.pp
 
     def node_of(self, rank: int) -> int:
-        return rank // self.gpus_per_node
+        """The node of schedc GPU (TP group) `rank`."""
+        return rank * self.tp // self.gpus_per_node
 
     @property
     def world_size(self) -> int:
+        """schedc GPUs (TP groups): dp * pp."""
         return self.dp * self.pp
+
+    @property
+    def devices(self) -> int:
+        """Real GPUs: dp * pp * tp (the torch world size of the job)."""
+        return self.dp * self.pp * self.tp
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.devices // self.gpus_per_node)
+
+    def device_ranks(self, rank: int) -> range:
+        """The real GPUs (torch ranks) of schedc GPU `rank`: ``rank * tp`` to ``rank * tp + tp - 1``."""
+        return range(rank * self.tp, (rank + 1) * self.tp)
+
+    def ranks_on_node(self, node: int) -> range:
+        """The schedc GPUs (TP groups) whose real GPUs sit on `node`."""
+        per = self.gpus_per_node // self.tp
+        return range(node * per, min((node + 1) * per, self.world_size))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def summarize(spec: Spec) -> str:
     c, t, o = spec.cluster, spec.train, spec.schedule
     failed = [g for g in spec.gpus if not g.live]
     slow = [g for g in spec.gpus if g.live and g.speed < 1.0]
-    nodes = -(-c.world_size // c.gpus_per_node)
+    nodes = c.nodes
     out = [f"{spec.source_name}: valid spec"]
     if spec.costs == "derived":
         model = spec.model.name if spec.model is not None and spec.model.name else "the model block"
@@ -30,15 +30,21 @@ def summarize(spec: Spec) -> str:
         if m is not None and None not in (m.layers, m.hidden, m.heads, m.seq_len, m.vocab):
             origin += ("; the `stages` block wins over the costs the `model` block would give "
                        "(that block still sizes the model the programs and `schedc profile` build)")
-    out.append(f"cluster: dp={c.dp} pp={c.pp}, {c.world_size} GPUs on {nodes} node{'s' * (nodes != 1)} "
-               f"of {c.gpus_per_node}, placement {c.placement}")
+    if c.tp > 1:
+        out.append(f"cluster: dp={c.dp} pp={c.pp} tp={c.tp}, {c.devices} GPUs as {c.world_size} tensor-parallel "
+                   f"groups of {c.tp} on {nodes} node{'s' * (nodes != 1)} of {c.gpus_per_node}, placement "
+                   f"{c.placement}")
+    else:
+        out.append(f"cluster: dp={c.dp} pp={c.pp}, {c.world_size} GPUs on {nodes} node{'s' * (nodes != 1)} "
+                   f"of {c.gpus_per_node}, placement {c.placement}")
     gpu = f"gpu memory {format_size(c.gpu.memory)}"
     if c.gpu.flops is not None:
         gpu += f", {c.gpu.flops / 1e12:g} TFLOPS peak"
     if c.gpu.efficiency is not None:
         gpu += f" at efficiency {c.gpu.efficiency:g}"
     out.append(f"  {gpu}; link latency {format_time(c.link.latency)}, bandwidth {format_rate(c.link.bandwidth)}")
-    out.append(f"GPUs: {len(spec.gpus)} total, {len(spec.gpus) - len(failed)} live, {len(failed)} failed, "
+    unit = f"TP groups of {c.tp} GPUs" if c.tp > 1 else "GPUs"
+    out.append(f"{unit}: {len(spec.gpus)} total, {len(spec.gpus) - len(failed)} live, {len(failed)} failed, "
                f"{len(slow)} slow")
     for g in failed:
         out.append(f"  failed  {_gpu_line(g)}")

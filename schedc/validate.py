@@ -68,7 +68,7 @@ _UNIT_EXAMPLES = {"time": "1.2ms", "seconds": "5s", "size": "16MiB", "rate": "25
 
 Kind = Literal["int", "float", "time", "seconds", "size", "rate", "flops", "bool", "word", "name", "string"]
 
-CLUSTER_KEYS: dict[str, Kind] = {"dp": "int", "pp": "int", "gpus_per_node": "int", "placement": "word"}
+CLUSTER_KEYS: dict[str, Kind] = {"dp": "int", "pp": "int", "tp": "int", "gpus_per_node": "int", "placement": "word"}
 GPU_KEYS: dict[str, Kind] = {"memory": "size", "flops": "flops", "efficiency": "float"}
 LINK_KEYS: dict[str, Kind] = {"latency": "time", "bandwidth": "rate"}
 STAGE_KINDS: dict[str, Kind] = {**{k: "time" for k in STAGE_TIME_KEYS}, **{k: "size" for k in STAGE_SIZE_KEYS}}
@@ -126,6 +126,7 @@ class _Cluster(_Strict):
     dp: int = Field(ge=1, le=100_000)
     pp: int = Field(ge=1, le=10_000)
     gpus_per_node: int = Field(DEFAULT_GPUS_PER_NODE, ge=1, le=MAX_GPUS)
+    tp: int = Field(1, ge=1, le=1024)
     placement: Literal["pipeline_major", "stage_major"] = "pipeline_major"
 
 
@@ -520,6 +521,12 @@ def _cluster(ctx: _Ctx, block: Block | None, doc: Document) -> ClusterSpec | Non
         link_data = _converted(ctx, _read_block(ctx, link_block, "cluster.link", LINK_KEYS), LINK_KEYS,
                                "cluster.link")
     link = _check_model(ctx, _Link, link_data, "cluster.link", block.name_span)
+    if top is not None and top.gpus_per_node % top.tp:
+        ctx.add(error("E206", f"`cluster.tp` ({top.tp}) must divide `cluster.gpus_per_node` ({top.gpus_per_node}): "
+                              "a tensor-parallel group sits inside one node", ctx.spans.get("cluster.tp", block.name_span),
+                      label="tp does not divide the node",
+                      hint="tensor parallelism needs the node's fast links; use tp = 2, 4 or 8 with 8 GPUs per node"))
+        top = None
     if top is not None and top.dp * top.pp > MAX_GPUS:
         ctx.add(error("E206", f"the cluster has {top.dp:,} x {top.pp:,} = {top.dp * top.pp:,} GPUs; schedc plans "
                               f"at most {MAX_GPUS:,}", ctx.spans.get("cluster.dp", block.name_span),
@@ -528,7 +535,7 @@ def _cluster(ctx: _Ctx, block: Block | None, doc: Document) -> ClusterSpec | Non
         top = None
     if top is None or gpu is None or link is None:
         return None
-    return ClusterSpec(dp=top.dp, pp=top.pp, gpus_per_node=top.gpus_per_node, placement=top.placement,
+    return ClusterSpec(dp=top.dp, pp=top.pp, tp=top.tp, gpus_per_node=top.gpus_per_node, placement=top.placement,
                        gpu=GpuSpec(memory=gpu.memory, flops=gpu.flops, efficiency=gpu.efficiency),
                        link=LinkSpec(latency=link.latency, bandwidth=link.bandwidth))
 
@@ -700,6 +707,12 @@ def _derived_stages(ctx: _Ctx, blocks: dict[str, Block], cluster: ClusterSpec | 
     from schedc import costmodel
 
     if cluster is None or train is None or "partition" in ctx.bad:
+        return None, partition
+    if cluster.tp > 1:
+        ctx.add(error("E214", f"the cost model does not model tensor parallelism (tp = {cluster.tp})",
+                      ctx.spans.get("cluster.tp", ctx.spans.get("cluster")), label="costs of a TP group unknown",
+                      hint="give the stages block: measure a TP group's stage costs (`schedc profile` measures "
+                           "what one process runs), or use tp = 1"))
         return None, partition
     if cluster.gpu.flops is None:
         ctx.add(error("E203", "costs derived from `model` need `cluster.gpu.flops`",
@@ -934,20 +947,21 @@ def failure_ranks(cluster: ClusterSpec, f: Failure) -> tuple[list[int], Diagnost
             return [], error("E207", f"there is no GPU (dp={f.dp}, pp={f.pp})", f.span, label="no such GPU",
                              hint=f"the cluster has dp = 0..{cluster.dp - 1} and pp = 0..{cluster.pp - 1}")
         return [cluster.rank_of(f.dp, f.pp)], None
-    if f.kind == "fail_rank":
+    if f.kind == "fail_rank":  # a real GPU's rank: its whole tensor-parallel group fails
         assert f.rank is not None
-        if not 0 <= f.rank < world:
+        devices = cluster.devices
+        if not 0 <= f.rank < devices:
+            how = f"dp * pp * tp = {devices}" if cluster.tp > 1 else f"dp * pp = {world}"
             return [], error("E207", f"there is no rank {f.rank}", f.span, label="no such rank",
-                             hint=f"the cluster has ranks 0..{world - 1} (dp * pp = {world})")
-        return [f.rank], None
+                             hint=f"the cluster has ranks 0..{devices - 1} ({how})")
+        return [f.rank // cluster.tp], None
     assert f.node is not None
-    nodes = -(-world // cluster.gpus_per_node)
+    nodes = cluster.nodes
     if not 0 <= f.node < nodes:
         return [], error("E207", f"there is no node {f.node}", f.span, label="no such node",
-                         hint=f"the cluster has nodes 0..{nodes - 1} ({world} GPUs, "
+                         hint=f"the cluster has nodes 0..{nodes - 1} ({cluster.devices} GPUs, "
                               f"gpus_per_node = {cluster.gpus_per_node})")
-    lo = f.node * cluster.gpus_per_node
-    return list(range(lo, min(lo + cluster.gpus_per_node, world))), None
+    return list(cluster.ranks_on_node(f.node)), None
 
 
 def resolve_gpus(cluster: ClusterSpec, failures: Sequence[Failure], *,
@@ -964,6 +978,8 @@ def resolve_gpus(cluster: ClusterSpec, failures: Sequence[Failure], *,
         if d is not None:
             diags.append(d)
             continue
+        if f.kind == "fail_rank" and all(cause.get(r) is not None and cause[r].kind == "fail_rank" for r in ranks):
+            continue  # another real GPU of the same tensor-parallel group: the group failed already
         for r in ranks:
             if r in cause:
                 dp, pp = cluster.coords_of(r)

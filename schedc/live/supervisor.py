@@ -141,6 +141,9 @@ class Supervisor:
         self.plan: Plan = read_plan(self.out)
         self.initial_plan = self.plan
         spec = self.plan.spec
+        from schedc.runtime.manifest import refuse_tensor_parallel
+
+        refuse_tensor_parallel(spec.cluster.tp)
         self.iterations = options.iterations or spec.train.iterations
         self.injections: tuple[Injection, ...] = parse_injections(options.inject, spec, iterations=self.iterations)
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()

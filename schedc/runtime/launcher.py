@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from schedc.diagnostics import Diagnostic, RunError, error
-from schedc.runtime.manifest import Manifest, load_manifest
+from schedc.runtime.manifest import Manifest, load_manifest, refuse_tensor_parallel
 from schedc.runtime.placement import Placement
 
 _CONTEXT = None
@@ -99,6 +99,7 @@ class Launch:
                  ordered: bool = False):
         self.out_dir = Path(out_dir)
         self.manifest = load_manifest(self.out_dir)
+        refuse_tensor_parallel(self.manifest.tp)
         self.iterations = self.manifest.iterations if iterations is None else iterations
         if self.iterations < 1:
             raise RunError([error("E524", f"--iterations must be at least 1, got {self.iterations}")])

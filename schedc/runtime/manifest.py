@@ -51,6 +51,7 @@ class Manifest:
     # The folder of the spec file compiled (absolute; None for spec text): `model.source` and
     # `model.data` modules are looked for there, and in the current folder, after sys.path.
     spec_dir: str | None = None
+    tp: int = 1  # real GPUs per schedc GPU (tensor parallelism): planned, not run (see refuse_tensor_parallel)
 
     @property
     def world(self) -> int:
@@ -87,6 +88,16 @@ class Manifest:
         if obj.get("partition") is not None:
             obj["partition"] = tuple(tuple(p) for p in obj["partition"])
         return cls(**obj)
+
+
+def refuse_tensor_parallel(tp: int) -> None:
+    """E526 for programs of a plan with tp > 1: each program is one process for a whole
+    tensor-parallel group, which schedc does not shard."""
+    if tp > 1:
+        raise RunError([error("E526", f"the plan has tensor-parallel groups of {tp} GPUs, and schedc's programs "
+                                      "run one process per group",
+                              hint="schedc plans TP groups (schedule.json, the timeline, replan); to run it, "
+                                   "compile the spec with tp = 1, or drive your own TP training from the plan")])
 
 
 def load_manifest(out_dir: Path | str) -> Manifest:

@@ -169,6 +169,9 @@ def torchrun_main(out_dir: Path) -> int:
             print(f"rank {rank}: iteration {it} took {t1 - t0:.4f} s{part}", flush=True)
 
     try:
+        from schedc.runtime.manifest import refuse_tensor_parallel
+
+        refuse_tensor_parallel(manifest.tp)
         device, backend = _torchrun_placement()
         run_rank(out_dir, dist_rank, "env://",
                  iterations=int(os.environ.get("SCHEDC_ITERATIONS", manifest.iterations)),
