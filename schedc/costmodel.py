@@ -122,12 +122,16 @@ def optimizer_time(params: int, model: ModelSpec, cluster: ClusterSpec, optimize
     """All-reduce of the gradients among `dp` replicas (ring) + a memory-bound optimizer step."""
     state = static_bytes_per_param(model, optimizer)
     step = _ceil(Fraction(2 * state * params * 1_000_000, HBM_BANDWIDTH))
+    return step + ring_allreduce_time(params * BYTES_PER_ELEMENT[model.precision], cluster)
+
+
+def ring_allreduce_time(grad_bytes: int, cluster: ClusterSpec) -> int:
+    """Microseconds of a ring all-reduce of `grad_bytes` over the `dp` GPUs of a stage (0 with dp = 1)."""
     d = cluster.dp
     if d <= 1:
-        return step
-    grad_bytes = params * BYTES_PER_ELEMENT[model.precision]
+        return 0
     ring = _ceil(Fraction(2 * (d - 1) * grad_bytes * 1_000_000, d * cluster.link.bandwidth))
-    return step + ring + 2 * (d - 1) * cluster.link.latency
+    return ring + 2 * (d - 1) * cluster.link.latency
 
 
 def part_of_stage(model: ModelSpec, start: int, stop: int) -> PartCosts:

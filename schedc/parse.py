@@ -129,10 +129,23 @@ MAX_NESTING = 32
 #: expanded: `1e30000000` must not cost a 30-million-digit integer to refuse.
 MAX_ORDER = 30
 
-#: Units a number may carry (see docs/spec-language.md); a space before one is a common slip.
-_UNITS = frozenset({"ns", "us", "ms", "s", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB",
-                    "B/s", "KB/s", "MB/s", "GB/s", "TB/s", "FLOPS", "KFLOPS", "MFLOPS", "GFLOPS", "TFLOPS",
-                    "PFLOPS"})
+# -- units: what a number may carry, and the factor to the unit it is stored in -------
+
+#: unit -> factor to microseconds
+TIME_UNITS = {"ns": Fraction(1, 1000), "us": Fraction(1), "ms": Fraction(1000), "s": Fraction(1_000_000)}
+#: unit -> factor to bytes
+SIZE_UNITS = {
+    "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+}
+#: unit -> factor to bytes per second
+RATE_UNITS = {f"{u}/s": f for u, f in SIZE_UNITS.items()}
+#: unit -> factor to FLOP/s
+FLOPS_UNITS = {"FLOPS": 1, "GFLOPS": 10**9, "TFLOPS": 10**12, "PFLOPS": 10**15}
+
+#: Every unit (a space between a number and one of these is a common slip: E104's hint).
+_UNITS = frozenset({*TIME_UNITS, *SIZE_UNITS, *RATE_UNITS, *FLOPS_UNITS})
+
 _BRACKETS_RE = re.compile(r'"(?:\\.|[^"\\\n])*"?|#[^\n]*|[{(\[]|[})\]]')
 
 

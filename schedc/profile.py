@@ -30,7 +30,6 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from fractions import Fraction
 
 from schedc.diagnostics import RunError, error
 from schedc.spec import STAGE_KEYS, Spec, StageCosts
@@ -189,6 +188,7 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
     """(the `StageProfile` of stage `s`, its output for the next stage)."""
     import torch
 
+    from schedc.costmodel import ring_allreduce_time
     from schedc.runtime.runtime import _make_optimizer
     from schedc.runtime.stagework import StageWork, run_layers
 
@@ -254,7 +254,7 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
         pp=s, layers=tuple(layers_range),
         forward=_timing(times["F"]), backward_input=_timing(times["B"]), backward_weight=_timing(times["W"]),
         backward_full=_timing(times["BW"]), optimizer_step=_timing(times["O"]),
-        allreduce_us=_ring_allreduce_us(grad_bytes, spec),
+        allreduce_us=ring_allreduce_time(grad_bytes, spec.cluster),
         activation=activation, stash=stash, static=static, send=send, params=params,
         split_layers=work.split_layers)
     # Free this stage before the next is built (a large model profiled on one GPU).
@@ -277,16 +277,6 @@ def _static_bytes(work, optimizer) -> int:
     return held_bytes(tensors)
 
 
-def _ring_allreduce_us(grad_bytes: int, spec: Spec) -> int:
-    """A ring all-reduce of `grad_bytes` over the `dp` GPUs of a stage, from `cluster.link`."""
-    d = spec.dp
-    if d <= 1:
-        return 0
-    link = spec.cluster.link
-    ring = Fraction(2 * (d - 1) * grad_bytes * 1_000_000, d * link.bandwidth)
-    return -(-ring.numerator // ring.denominator) + 2 * (d - 1) * link.latency
-
-
 def _analytic(spec: Spec, partition) -> tuple[StageCosts, ...] | None:
     """The cost model's stages for `partition`, where the spec's model block and GPU allow it."""
     from schedc import costmodel
@@ -301,23 +291,12 @@ def _analytic(spec: Spec, partition) -> tuple[StageCosts, ...] | None:
 
 
 def _device(name: str):
+    """The torch device of `--device` (checked as `schedc run` checks it: E580)."""
     import torch
 
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise RunError([error("E580", f"unknown device `{name}`", hint="use --device cpu or --device cuda")]) from None
-    if dev.type not in ("cpu", "cuda"):
-        raise RunError([error("E580", f"device `{name}` is not supported", hint="use --device cpu or --device cuda")])
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RunError([error("E580", "--device cuda, but this torch sees no CUDA GPU",
-                                  hint="run on a machine with a GPU and a CUDA build of torch, or use --device cpu")])
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        elif dev.index >= torch.cuda.device_count():
-            raise RunError([error("E580", f"device `{name}`: this machine has {torch.cuda.device_count()} GPU(s)")])
-    return dev
+    from schedc.runtime.placement import place
+
+    return torch.device(place(name, "gloo", 1).devices[0])
 
 
 def _device_name(dev) -> str:

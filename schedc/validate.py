@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schedc.diagnostics import Diagnostic, InfeasibleError, Label, Span, SpecError, did_you_mean, error
-from schedc.parse import Assign, Block, Document, Statement, Value, display_text
+from schedc.parse import (FLOPS_UNITS, RATE_UNITS, SIZE_UNITS, TIME_UNITS, Assign, Block, Document, Statement,
+                          Value, display_text)
 from schedc.spec import (
     STAGE_KEYS,
     STAGE_SIZE_KEYS,
@@ -44,19 +45,8 @@ class LostStageError(SpecError, InfeasibleError):
     """Failures leave a stage without any live GPU (E301). Both a `SpecError` and an `InfeasibleError`."""
 
 
-# -- units ---------------------------------------------------------------------
+# -- units (the tables are the language's, in schedc.parse) -------------------------
 
-#: unit -> factor to microseconds
-TIME_UNITS = {"ns": Fraction(1, 1000), "us": Fraction(1), "ms": Fraction(1000), "s": Fraction(1_000_000)}
-#: unit -> factor to bytes
-SIZE_UNITS = {
-    "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
-}
-#: unit -> factor to bytes per second
-RATE_UNITS = {f"{u}/s": f for u, f in SIZE_UNITS.items()}
-#: unit -> factor to FLOP/s
-FLOPS_UNITS = {"FLOPS": 1, "GFLOPS": 10**9, "TFLOPS": 10**12, "PFLOPS": 10**15}
 
 _UNIT_TABLES = {"time": TIME_UNITS, "seconds": TIME_UNITS, "size": SIZE_UNITS, "rate": RATE_UNITS,
                 "flops": FLOPS_UNITS}
@@ -978,7 +968,8 @@ def resolve_gpus(cluster: ClusterSpec, failures: Sequence[Failure], *,
         if d is not None:
             diags.append(d)
             continue
-        if f.kind == "fail_rank" and all(cause.get(r) is not None and cause[r].kind == "fail_rank" for r in ranks):
+        if f.kind == "fail_rank" and cluster.tp > 1 and all(
+                cause.get(r) is not None and cause[r].kind == "fail_rank" and cause[r].rank != f.rank for r in ranks):
             continue  # another real GPU of the same tensor-parallel group: the group failed already
         for r in ranks:
             if r in cause:

@@ -38,6 +38,13 @@ def test_a_real_gpu_fails_its_whole_group_and_two_of_one_group_are_one_failure()
     assert failed(s) == [(0, 1), (3, 0)]  # ranks 9, 15 -> group 1 = (0, 1); 100 -> group 12 = (3, 0)
 
 
+@pytest.mark.parametrize("tp", [1, 8])
+def test_the_same_rank_twice_is_still_listed_twice(tp):
+    with pytest.raises(SpecError) as exc:
+        spec(f"dp = 4  pp = 4  tp = {tp}  gpus_per_node = 8", "fail rank 9  fail rank 9")
+    assert [d.code for d in exc.value.diagnostics] == ["E208"]
+
+
 def test_a_node_fails_the_groups_on_it():
     s = spec("dp = 2  pp = 4  tp = 4  gpus_per_node = 8", "fail node 1")  # node 1: groups 2 and 3
     assert failed(s) == [(0, 2), (0, 3)]

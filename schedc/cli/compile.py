@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +48,6 @@ def describe_files(files: list[str]) -> str:
     CSVs are counted, with the first and last named ("16,383 rank programs rank_00000.py ...")."""
     groups: dict[str, list[str]] = {"rank": [], "pipeline": []}
     single = []
-    import re
-
     def natural(name: str):  # pipeline_2.csv before pipeline_10.csv
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
