@@ -36,6 +36,7 @@ _REGISTRY: dict[str, str] = {
     "gpipe": "schedc.solvers.gpipe:solve",
     "1f1b": "schedc.solvers.one_f_one_b:solve",
     "zb-h1": "schedc.solvers.zb_h1:solve",
+    "zb-h2": "schedc.solvers.zb_h2:solve",
     "reroute-1f1b": "schedc.solvers.reroute:solve",
     "drop-pipeline": "schedc.solvers.drop_pipeline:solve",
     "redundant": "schedc.solvers.redundant:solve",

@@ -11,8 +11,9 @@ steady-state iteration time (the programs run back to back,
 - priority rules for the list scheduler (`solvers.listsched`): 1F1B-like
   (each W right after its B) and ZB-like (B, then F, W filling idle time);
 - in-flight limits: 1F1B's S - s per pipeline a GPU serves, or only memory;
-- seeds: the 1F1B and ZB-H1 templates on fault-free instances (so greedy is
-  never worse than them), and `reroute-1f1b`'s own programs under failures
+- seeds: the 1F1B, ZB-H1 and ZB-H2 templates (the paper's and three
+  variants of its warm-up depth and W deferral) on fault-free instances (so
+  greedy is never worse than them), and `reroute-1f1b`'s own programs under failures
   (so it is never worse than re-routing).
 
 It uses the instance's own options (decoupled B/W, staggered optimizer) and
@@ -37,6 +38,7 @@ from schedc.solvers.cpsat_bound import period_lower_bound
 from schedc.timing import ProgramGraph, encode
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
+from schedc.solvers.templates import ZB_H2_VARIANTS
 from schedc.solvers.reroute import reroute_programs
 
 NAME = "greedy"
@@ -74,6 +76,9 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
         yield "template 1f1b", lambda: (encode(inst, template_programs(inst, "1f1b")), None)
         if inst.decouple_backward:
             yield "template zb-h1", lambda: (encode(inst, template_programs(inst, "zb-h1")), None)
+            for style in ZB_H2_VARIANTS:
+                yield f"template {style}", lambda style=style: (
+                    encode(inst, template_programs(inst, style)), None)
     else:
         def rerouted() -> Plan:
             progs, _ = reroute_programs(barrier_instance(inst))

@@ -1,4 +1,4 @@
-"""Static per-stage program templates: GPipe, 1F1B and ZB-H1 (docs/baselines.md).
+"""Static per-stage program templates: GPipe, 1F1B, ZB-H1 and ZB-H2 (docs/baselines.md).
 
 A template is built for a *chain*: the GPUs of one pipeline, stage 0 to S-1,
 that all execute the same microbatches in the same order. Within a chain the
@@ -68,9 +68,21 @@ def one_f_one_b_program(units: Sequence[Unit], pp: int, warmup: int, decoupled: 
     return prog
 
 
+#: ZB-H2 variants (warm-up 2(S - s) - `short` forwards, W deferred by `lag` x s backwards), by name.
+#: "zb-h2" is the construction of the paper; the others won instances of the fault-free
+#: comparison grid (bench/zero_bubble_grid.py) where it did not.
+ZB_H2_VARIANTS: dict[str, tuple[int, float]] = {
+    "zb-h2": (1, 2.0),
+    "zb-h2/deep": (0, 2.0),
+    "zb-h2/late-w": (1, 3.0),
+    "zb-h2/deep-late-w": (0, 3.0),
+}
+
+
 def chain_programs(instance: Instance, chain: Sequence[int], units: Sequence[Unit],
                    style: str) -> dict[int, list[OpId]]:
-    """Programs of one chain of GPUs (stage order) over `units`, in `style` gpipe | 1f1b | zb-h1.
+    """Programs of one chain of GPUs (stage order) over `units`, in `style` gpipe | 1f1b | zb-h1
+    or a ZB-H2 variant (`ZB_H2_VARIANTS`).
 
     ZB-H1 (Qi et al. 2024; torch's `_get_1f1b_rank_ops` with zero bubble):
     stage s keeps the 1F1B warm-up and defers its W by s backwards, so the
@@ -81,6 +93,8 @@ def chain_programs(instance: Instance, chain: Sequence[int], units: Sequence[Uni
     n = len(units)
     if style == "gpipe":
         return {rank: gpipe_program(units, s, decoupled) for s, rank in enumerate(chain)}
+    if style in ZB_H2_VARIANTS and decoupled:
+        return zb_h2_chain(instance, chain, units, *ZB_H2_VARIANTS[style])
     warm = chain_warmups(instance, chain, n)
     out: dict[int, list[OpId]] = {}
     for s, rank in enumerate(chain):
@@ -91,5 +105,29 @@ def chain_programs(instance: Instance, chain: Sequence[int], units: Sequence[Uni
                     break
         else:
             prog = one_f_one_b_program(units, s, warm[s], decoupled)
+        out[rank] = prog
+    return out
+
+
+def zb_h2_chain(instance: Instance, chain: Sequence[int], units: Sequence[Unit], short: int,
+                lag: float) -> dict[int, list[OpId]]:
+    """ZB-H2 (Qi et al. 2024, section 3): where memory holds about 2S microbatches, stage s
+    runs a warm-up of 2(S - s) - `short` forwards, which fills the bubble before its first
+    B, and defers the W of its i-th backward by `lag` x s backwards, which moves the W of
+    later stages to the tail (the schedule's parallelogram). Warm-ups are capped by memory
+    and by n and kept non-increasing along the chain (deadlock freedom, as for 1F1B); a
+    deferral that does not fit in memory is shortened until it does.
+    """
+    n = len(units)
+    S = instance.pp
+    out: dict[int, list[OpId]] = {}
+    prev = n
+    for s, rank in enumerate(chain):
+        warm = max(1, min(2 * (S - s) - short, fits_in_flight(instance, rank), n, prev))
+        prev = warm
+        for defer in range(min(int(lag * s), n), -1, -1):
+            prog = one_f_one_b_program(units, s, warm, True, w_lag=defer)
+            if program_peak(instance, rank, prog) <= instance.gpu_memory:
+                break
         out[rank] = prog
     return out

@@ -14,7 +14,7 @@ from schedc.solvers.common import steady_iteration_time
 from schedc.verify import verify_schedule
 from tests.strategies import instances
 
-BASELINES = ["gpipe", "1f1b", "zb-h1", "reroute-1f1b", "drop-pipeline", "redundant", "greedy"]
+BASELINES = ["gpipe", "1f1b", "zb-h1", "zb-h2", "reroute-1f1b", "drop-pipeline", "redundant", "greedy"]
 OPTS = SolveOptions()
 
 
@@ -73,6 +73,29 @@ def test_zb_h1_bubble_is_a_third_of_1f1b(S, M):
     assert 0.25 <= bubble_zb / bubble_1f1b <= 0.40
 
 
+def zb_grid_instance(p, m, memory_p, latency, stagger=True):
+    """An instance of bench/zero_bubble_grid.py: F = B = W = 1 ms, activation 1 GiB, stash half."""
+    gib = 1 << 30
+    return make_instance(1, p, m, forward=1000, backward_input=1000, backward_weight=1000, optimizer=0,
+                         activation=gib, stash=gib // 2, static=gib, gpu_memory=gib + memory_p * p * gib,
+                         latency=latency, stagger_optimizer=stagger)
+
+
+def test_zb_h2_has_no_bubble_with_memory_for_2p_microbatches():
+    """ZB-H2's point: with 2p activations in flight and a staggered optimizer, every stage is
+    busy all iteration long; what remains is one latency per boundary (p = 4, m = 8, 10 us:
+    24 ms of work + 6 x 10 us). With 1F1B's memory it cannot deepen its warm-up, and greedy
+    is then never worse than the better of ZB-H1 and ZB-H2."""
+    zb2 = solve(zb_grid_instance(4, 8, 2, 10), "zb-h2")
+    verify_schedule(zb2)
+    assert iteration_time(zb2) == 24_060
+    assert iteration_time(solve(zb_grid_instance(4, 8, 2, 10), "greedy")) == 24_060
+    narrow = zb_grid_instance(4, 8, 1, 10)
+    h1 = iteration_time(solve(narrow, "zb-h1"))
+    assert iteration_time(solve(narrow, "zb-h2")) > h1  # too little memory for H2's warm-up
+    assert iteration_time(solve(narrow, "greedy")) <= h1
+
+
 def test_baselines_run_the_fields_options():
     inst = uniform(dp=2, decouple_backward=True, stagger_optimizer=True)
     for name in ["gpipe", "1f1b", "reroute-1f1b", "drop-pipeline", "redundant"]:
@@ -80,12 +103,16 @@ def test_baselines_run_the_fields_options():
         assert (s.decouple_backward, s.stagger_optimizer) == (False, False), name
     zb = solve(inst, "zb-h1").instance
     assert (zb.decouple_backward, zb.stagger_optimizer) == (True, False)
+    # ZB-H2 drops the optimizer's synchronisation (post-validation): it keeps the spec's stagger.
+    for stagger in (True, False):
+        h2 = solve(uniform(dp=2, decouple_backward=False, stagger_optimizer=stagger), "zb-h2").instance
+        assert (h2.decouple_backward, h2.stagger_optimizer) == (True, stagger)
     assert solve(inst, "greedy").instance == inst
 
 
 # -- refusals --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "zb-h2"])
 def test_fault_free_templates_refuse_failures_but_accept_slow_gpus(name):
     with pytest.raises(InfeasibleError) as exc:
         solve(uniform(dp=2, failed=[(1, 2)]), name)
@@ -183,6 +210,7 @@ def test_greedy_never_worse_than_fault_free_templates(inst):
     assert greedy <= iteration_time(solve(inst, "1f1b")) + rounding_slack(inst)
     if inst.decouple_backward:
         assert greedy <= iteration_time(solve(inst, "zb-h1"))
+        assert greedy <= iteration_time(solve(inst, "zb-h2"))
 
 
 @settings(max_examples=20)
