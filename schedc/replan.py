@@ -43,6 +43,11 @@ _CHECK_S_PER_OP = 20e-6
 _CHECK_S_MIN = 0.02
 #: Share of the deadline the solver may use at most; the rest absorbs Python overheads.
 _SOLVER_SHARE = 0.8
+#: Work budget (`SolveOptions.time_limit`) per second of the solver's wall budget. CP-SAT gets
+#: half the wall time left (`cpsat.WALL_SHARE`) after greedy and the model build, and one
+#: second of work took 1-5 s of wall on 2 quiet cores (docs/planner.md), so on a quiet
+#: machine the work budget ends the search before the deadline does.
+_WORK_SHARE = 0.1
 
 
 def _n_ops(instance: Instance) -> int:
@@ -95,14 +100,17 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
     spec = apply_events(plan.spec, event)
     instance = from_spec(spec)
     reserve = max(_CHECK_S_MIN, _CHECK_S_PER_OP * _n_ops(instance))
-    budget = min(deadline * _SOLVER_SHARE, deadline - reserve - (time.monotonic() - started))
-    options = SolveOptions(time_limit=max(budget, 0.0), seed=seed, hint=plan.schedule)
+    budget = max(0.0, min(deadline * _SOLVER_SHARE, deadline - reserve - (time.monotonic() - started)))
+    # The work budget is what the wall budget buys on a quiet machine, so that there the search
+    # ends on it (reproducible: stopped_by "work"); the deadline ends it on a loaded one.
+    options = SolveOptions(time_limit=budget * _WORK_SHARE, seed=seed, hint=plan.schedule,
+                           deadline=time.monotonic() + budget)
     schedule = get_solver(solver)(instance, options)
     try:
         verify_schedule(schedule)
     except VerificationError:
         # A solver bug must not reach a launcher: fall back to the greedy list scheduler.
-        schedule = get_solver("greedy")(instance, replace(options, hint=None, time_limit=0.0))
+        schedule = get_solver("greedy")(instance, replace(options, hint=None))
         verify_schedule(schedule)
     schedule = _with_wall(schedule, time.monotonic() - started)
     sim = simulate(schedule)

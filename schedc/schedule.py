@@ -70,6 +70,11 @@ class SolverInfo:
     bound: float | None = None  # the solver's proven lower bound, if it has one
     wall_s: float = 0.0
     detail: str = ""  # free text: why a fallback happened, which variant won, ...
+    # "work": every search ended on its work budget (counted candidates, CP-SAT's deterministic
+    # time) or on a proven bound, so the same input gives the same plan on any machine under any
+    # load. "deadline": a wall-clock deadline (`replan`) cut a search short, so the plan may
+    # differ from one run or host to another.
+    stopped_by: Literal["work", "deadline"] = "work"
 
 
 @dataclass(frozen=True)

@@ -53,9 +53,7 @@ def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
             row["rerouted"] = True
         ops.append(row)
     if metrics is None:
-        s = schedule.solver
-        metrics_json: dict = {"solver": {"name": s.name, "status": s.status, "objective": s.objective,
-                                         "bound": s.bound, "wall_s": s.wall_s, "detail": s.detail}}
+        metrics_json: dict = {}
     elif isinstance(metrics, dict):
         metrics_json = dict(metrics)
     else:
@@ -63,7 +61,8 @@ def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
     # The schedule's own solver record is authoritative, so reading back gives the same Schedule.
     s = schedule.solver
     metrics_json["solver"] = {"name": s.name, "status": s.status, "objective": s.objective,
-                              "bound": s.bound, "wall_s": s.wall_s, "detail": s.detail}
+                              "bound": s.bound, "wall_s": s.wall_s, "detail": s.detail,
+                              "stopped_by": s.stopped_by}
     return {
         "format": FORMAT,
         "dp": inst.dp,
@@ -155,6 +154,7 @@ class _Solver(_Model):
     bound: Optional[float] = None
     wall_s: float = 0.0
     detail: str = ""
+    stopped_by: Literal["work", "deadline"] = "work"  # absent in files written before it existed
 
 
 class _Metrics(_Model):
@@ -248,7 +248,7 @@ def parse_schedule(obj: Any, where: str = "schedule.json") -> tuple[Schedule, di
                 for o in f.ops)
     s = f.metrics.solver
     solver = SolverInfo(name=s.name, status=s.status, objective=s.objective, bound=s.bound,
-                        wall_s=s.wall_s, detail=s.detail)
+                        wall_s=s.wall_s, detail=s.detail, stopped_by=s.stopped_by)
     metrics = obj.get("metrics", {}) if isinstance(obj, dict) else {}
     return Schedule(instance=inst, ops=ops, solver=solver), dict(metrics)
 

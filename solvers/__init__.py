@@ -19,10 +19,23 @@ from schedc.schedule import Schedule
 
 @dataclass(frozen=True)
 class SolveOptions:
-    time_limit: float = 5.0  # seconds of solver time
+    """How long and how a solver searches.
+
+    `time_limit` is a *work* budget, in seconds of this project's reference
+    machine (2 cores): CP-SAT gets `time_limit x cpsat.DET_PER_SECOND` units of
+    its deterministic time, greedy tries its counted list of candidates. No
+    search stops on the clock, so the same input gives the same plan on a quiet
+    or a loaded machine, fast or slow (on a busy machine it just takes longer).
+    `deadline` (a `time.monotonic()` instant) is for callers that must answer
+    in time (`schedc.replan`): searches also stop there, and a plan a deadline
+    cut short says so (`SolverInfo.stopped_by == "deadline"`).
+    """
+
+    time_limit: float = 5.0  # work budget (seconds on the reference machine), not wall time
     seed: int = 0
     workers: int = 2  # fixed, so results do not depend on the machine (determinism)
     hint: Schedule | None = None  # a schedule to warm-start from (replan)
+    deadline: float | None = None  # time.monotonic() instant every search must end by (replan)
 
 
 class Solver(Protocol):

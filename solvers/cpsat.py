@@ -26,7 +26,7 @@ model; in short:
   reported bound is not the often loose work bound.
 
 Monolithic models stop paying off beyond a few thousand ops
-(/work/shared/cpsat-notes.md), so pipelines that no failure touches and that
+(measured: presolve alone takes seconds at ~25k ops), so pipelines that no failure touches and that
 receive no re-routed work in the seed are fixed to the seed's timing; when even
 the remaining model is too large, the greedy plan is returned (`fallback`).
 """
@@ -58,7 +58,7 @@ from schedc.timing import DeadlockError, schedule_from_programs
 NAME = "cpsat"
 
 #: Above this many free compute ops CP-SAT adds nothing within a second or two
-#: on two cores (cpsat-notes.md: presolve alone takes seconds at ~25k ops).
+#: on two cores (presolve alone takes seconds at ~25k ops).
 MAX_MODEL_OPS = 2500
 #: Rough cost of building the model in Python, per op (seconds); used to skip
 #: CP-SAT when the deadline cannot even cover the build.
@@ -197,6 +197,7 @@ class _Result:
     objective: float | None
     bound: float | None
     detail: str
+    cut_by_deadline: bool = False  # the wall-clock deadline, not the work budget, ended the search
 
 
 def _free_pipelines(instance: Instance, seed: Schedule, ops_per_pipeline: int) -> set[int]:
@@ -225,9 +226,10 @@ def _free_pipelines(instance: Instance, seed: Schedule, ops_per_pipeline: int) -
 
 
 def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: SolveOptions,
-                 deadline: float, wall_left: float) -> _Result:
-    """Build and solve the model, pipelines outside `free` fixed to `seed`; CP-SAT ends by the
-    earlier of a deterministic limit (from `options.time_limit`) and `deadline`."""
+                 wall_left: float | None) -> _Result:
+    """Build and solve the model, pipelines outside `free` fixed to `seed`. CP-SAT ends on its
+    deterministic limit (from `options.time_limit`), or at `options.deadline` when there is one
+    (`wall_left`: seconds of it left for the search)."""
     from ortools.sat.python import cp_model
 
     inst = instance
@@ -379,9 +381,11 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     for v, val in hint.items():
         m.AddHint(v, val)
 
-    wall = min(wall_left, deadline - time.monotonic() - 0.01)
-    if wall < MIN_SEARCH_S:
-        return _Result(None, "SKIPPED", None, None, "CP-SAT skipped: the model took the time left")
+    deadline = options.deadline
+    wall = None if deadline is None else min(wall_left, deadline - time.monotonic() - 0.01)
+    if wall is not None and wall < MIN_SEARCH_S:
+        return _Result(None, "SKIPPED", None, None, "CP-SAT skipped: building the model took the time "
+                       "left before the deadline", cut_by_deadline=True)
     solver = cp_model.CpSolver()
     p = solver.parameters
     p.num_workers = max(1, options.workers)
@@ -392,33 +396,30 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     p.random_seed = options.seed
     p.symmetry_level = 0
     p.cp_model_probing_level = 0
-    # CP-SAT overshoots its wall limit by up to ~0.25 s on a loaded 2-core machine (presolve
-    # and loading are not interrupted at once), so it gets a share of what is left.
-    p.max_time_in_seconds = max(0.01, WALL_SHARE * wall - 0.05)
-    # The deterministic limit ends the search the same way on every run; the wall limit only
-    # guards the deadline on a loaded machine (measured: ~1.5 s of wall per unit on 2 cores).
+    # The deterministic limit ends the search the same way on every run, on any machine under
+    # any load: the work budget (`SolveOptions`).
     p.max_deterministic_time = max(0.01, options.time_limit * DET_PER_SECOND)
     p.interleave_search = True  # with a deterministic limit: the same plan on every run
-    # A second guard: stop the search from a timer when the deadline comes, whatever CP-SAT's
-    # own clock says (its limit is checked between phases, which overrun on a loaded machine).
-    timer = threading.Timer(max(0.0, deadline - time.monotonic() - 0.15), solver.StopSearch)
-    timer.daemon = True
-    timer.start()
+    timer = None
+    if wall is not None:
+        # CP-SAT overshoots its wall limit by up to ~0.25 s on a loaded 2-core machine (presolve
+        # and loading are not interrupted at once), so it gets a share of what is left, and a
+        # timer stops the search when the deadline comes, whatever CP-SAT's own clock says.
+        p.max_time_in_seconds = max(0.01, WALL_SHARE * wall - 0.05)
+        timer = threading.Timer(max(0.0, deadline - time.monotonic() - 0.15), solver.StopSearch)
+        timer.daemon = True
+        timer.start()
     try:
         status = _solve_keeping_ctrl_c(solver, m)
     finally:
-        timer.cancel()
+        if timer is not None:
+            timer.cancel()
     name = solver.StatusName(status)
+    cut = (wall is not None and status != cp_model.OPTIMAL
+           and solver.deterministic_time < 0.999 * p.max_deterministic_time)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return _Result(None, name, None, None, f"CP-SAT: {name}")
-    if status != cp_model.OPTIMAL and solver.deterministic_time < 0.999 * p.max_deterministic_time:
-        # Stopped by the wall clock (or the deadline timer), not by the deterministic limit:
-        # where it stopped depends on the machine's load, so the plan would not be
-        # reproducible. A launcher's replan must be; greedy's plan is.
-        return _Result(None, "WALL_LIMIT", None, None,
-                       f"CP-SAT stopped by the wall clock after {solver.deterministic_time:.3f} of "
-                       f"{p.max_deterministic_time:.3f} deterministic units; its plan is discarded "
-                       "to keep the result reproducible")
+        return _Result(None, name, None, None, f"CP-SAT: {name}" + (" at the deadline" if cut else ""),
+                       cut_by_deadline=cut)
     objective = solver.ObjectiveValue()
     bound = solver.BestObjectiveBound()
 
@@ -441,7 +442,11 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
         programs[g.rank].append((1 << 62, 1 << 62, o))  # O closes each program
     ordered = {r: [op for _, _, op in sorted(v)] for r, v in programs.items()}
     sched = schedule_from_programs(inst, ordered, SolverInfo(name=NAME))
-    return _Result(sched, name, objective, bound, f"CP-SAT {name.lower()}")
+    detail = f"CP-SAT {name.lower()}"
+    if cut:
+        detail += (f", stopped by the deadline after {solver.deterministic_time:.3f} of "
+                   f"{p.max_deterministic_time:.3f} deterministic units")
+    return _Result(sched, name, objective, bound, detail, cut_by_deadline=cut)
 
 
 def _solve_keeping_ctrl_c(solver, model) -> int:
@@ -474,7 +479,8 @@ def warm_up() -> None:
 # -- the solver ----------------------------------------------------------------
 
 
-def _seeds(instance: Instance, options: SolveOptions, deadline: float) -> list[Schedule]:
+def _seeds(instance: Instance, options: SolveOptions) -> tuple[list[Schedule], bool]:
+    """(seeds, whether the deadline left one out or cut greedy's list short)."""
     from schedc.solvers import get_solver
 
     # greedy first: it always returns a plan, and its first candidate is a good one, so a
@@ -482,12 +488,16 @@ def _seeds(instance: Instance, options: SolveOptions, deadline: float) -> list[S
     # instance) is tried only if time is left; it comes first in the list so that it wins
     # ties (a launcher would rather keep its plan than switch to an equally fast one).
     greedy = get_solver("greedy")
-    seeds = [greedy(instance, replace(options, time_limit=max(0.0, deadline - time.monotonic())))]
-    if options.hint is not None and time.monotonic() < deadline:
-        warm = retime(instance, options.hint, SolverInfo(name=NAME, detail="warm start"))
-        if warm is not None:
-            seeds.insert(0, warm)
-    return seeds
+    seeds = [greedy(instance, options)]
+    cut = seeds[0].solver.stopped_by == "deadline"
+    if options.hint is not None:
+        if options.deadline is not None and time.monotonic() >= options.deadline:
+            cut = True
+        else:
+            warm = retime(instance, options.hint, SolverInfo(name=NAME, detail="warm start"))
+            if warm is not None:
+                seeds.insert(0, warm)
+    return seeds, cut
 
 
 def _seed_time(seed: Schedule) -> int:
@@ -507,19 +517,21 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     `fallback` when the seed is returned. `objective` is the period CP-SAT
     (or the seed) guarantees (the largest per-GPU span), `bound` the proven
     lower bound on it. Raises `InfeasibleError` (E3xx) when no schedule exists.
-    Deterministic: CP-SAT stops on a deterministic limit; the wall-clock limit
-    only guards `time_limit` on a loaded machine.
+    Deterministic: every search ends on a work budget (`options.time_limit` as CP-SAT's
+    deterministic time, greedy's counted candidates), never on the clock, unless
+    `options.deadline` is set; a plan the deadline decided has `stopped_by="deadline"`.
     """
     t0 = time.monotonic()
-    deadline = t0 + options.time_limit
+    deadline = options.deadline
     check_feasible(instance)
-    seeds = _seeds(instance, options, deadline)
+    seeds, seeds_cut = _seeds(instance, options)
     lb = period_lower_bound(instance)
 
-    def finish(schedule: Schedule, status: str, objective, bound, detail: str) -> Schedule:
+    def finish(schedule: Schedule, status: str, objective, bound, detail: str, cut: bool = False) -> Schedule:
+        stopped = "deadline" if (cut or seeds_cut) and status != "optimal" else "work"
         return replace(schedule, solver=SolverInfo(
             name=NAME, status=status, objective=objective, bound=bound,
-            wall_s=time.monotonic() - t0, detail=detail))
+            wall_s=time.monotonic() - t0, detail=detail, stopped_by=stopped))
 
     per_pipeline = instance.pp * instance.microbatches * len(compute_kinds(instance))
     # Greedy's time is its objective (no simulation, which takes seconds at thousands of
@@ -532,26 +544,29 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
         return finish(best, "optimal", float(best_time), float(lb), f"{seed_name} reaches the lower bound")
     free = _free_pipelines(instance, best, per_pipeline)
     n_free = len(free) * per_pipeline
-    # Leave room after the search for re-timing and simulating CP-SAT's plan.
-    wall_left = deadline - time.monotonic() - _BUILD_S_PER_OP * n_free * 2
     if n_free > MAX_MODEL_OPS:
         return finish(best, "fallback", float(span_bound(best)), float(lb),
                       f"{seed_name}: {n_free} free ops exceed the CP-SAT model's limit {MAX_MODEL_OPS}")
-    if wall_left < MIN_SEARCH_S:
-        return finish(best, "fallback", float(span_bound(best)), float(lb),
-                      f"{seed_name}: no time left for CP-SAT")
-    if _CP_MODEL not in sys.modules and wall_left < _IMPORT_S + MIN_SEARCH_S:
-        return finish(best, "fallback", float(span_bound(best)), float(lb),
-                      f"{seed_name}: no time to load OR-Tools (call schedc.solvers.cpsat.warm_up() "
-                      "at start-up)")
-    res = _solve_model(instance, best, free, options, deadline, wall_left)
+    wall_left = None
+    if deadline is not None:
+        # Leave room after the search for re-timing and simulating CP-SAT's plan.
+        wall_left = deadline - time.monotonic() - _BUILD_S_PER_OP * n_free * 2
+        if wall_left < MIN_SEARCH_S:
+            return finish(best, "fallback", float(span_bound(best)), float(lb),
+                          f"{seed_name}: no time left for CP-SAT before the deadline", cut=True)
+        if _CP_MODEL not in sys.modules and wall_left < _IMPORT_S + MIN_SEARCH_S:
+            return finish(best, "fallback", float(span_bound(best)), float(lb),
+                          f"{seed_name}: no time to load OR-Tools before the deadline (call "
+                          "schedc.solvers.cpsat.warm_up() at start-up)", cut=True)
+    res = _solve_model(instance, best, free, options, wall_left)
     if res.schedule is None:
-        return finish(best, "fallback", float(span_bound(best)), float(lb), f"{seed_name}; {res.detail}")
+        return finish(best, "fallback", float(span_bound(best)), float(lb), f"{seed_name}; {res.detail}",
+                      cut=res.cut_by_deadline)
     cp_time = iteration_time(res.schedule)
     bound = float(max(math.ceil((res.bound or 0.0) - 1e-9), lb))
     if cp_time < best_time:
         status = "optimal" if cp_time <= bound else "feasible"
-        return finish(res.schedule, status, res.objective, bound, res.detail)
+        return finish(res.schedule, status, res.objective, bound, res.detail, cut=res.cut_by_deadline)
     status = "optimal" if best_time <= bound else "fallback"
     return finish(best, status, float(span_bound(best)), bound,
-                  f"{seed_name} kept: {res.detail} found nothing faster")
+                  f"{seed_name} kept: {res.detail} found nothing faster", cut=res.cut_by_deadline)

@@ -131,9 +131,12 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     """The best of greedy's candidate plans; E315 if a stage has no live GPU, E310 if one
     microbatch does not fit on some GPU.
 
-    The first candidate always runs; the others only while `options.time_limit`
-    lasts (so `replan` keeps its deadline), in a fixed order
-    (`_in_order_of_promise`). Ties keep the earlier candidate.
+    Candidates are tried in a fixed order (`_in_order_of_promise`) until one reaches the
+    proven lower bound or the list ends: a counted amount of work, so the plan does not
+    depend on the machine or its load. Only `options.deadline` (a launcher's replan) cuts
+    the list short: the first candidate always runs, later ones only if they can finish by
+    then (judged by the slowest so far), and the plan then records `stopped_by="deadline"`.
+    Ties keep the earlier candidate.
     """
     started = time.perf_counter()
     check_stages_live(instance, solver=NAME)
@@ -141,17 +144,13 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     bound = period_lower_bound(instance)
     best: tuple[int, str, ProgramGraph] | None = None
     tried = 0
-    deadline = started + options.time_limit
+    deadline = options.deadline
     skipped = 0
     slowest = 0.0  # seconds the slowest candidate took: the estimate for the next one
     for name, build in _in_order_of_promise(instance):
         if best is not None and best[0] <= bound:
             break  # optimal: no later candidate can be faster
-        if best is not None and time.perf_counter() + slowest > deadline:
-            # Anytime: the first candidate (the seed) always runs, later ones only if they
-            # can finish in time (judged by the slowest so far). Candidates run in a fixed
-            # order, so a run that tries them all is deterministic; a tighter limit can only
-            # stop the list early.
+        if best is not None and deadline is not None and time.monotonic() + slowest > deadline:
             skipped += 1
             continue
         began = time.perf_counter()
@@ -169,5 +168,6 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
                       bound=float(bound), wall_s=time.perf_counter() - started,
                       detail=f"best of {tried} candidates: {name} (steady iteration {period} us"
                              + (", the proven lower bound)" if optimal else ")")
-                             + (f"; {skipped} more skipped at the time limit" if skipped else ""))
+                             + (f"; {skipped} more skipped at the deadline" if skipped else ""),
+                      stopped_by="deadline" if skipped else "work")
     return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info)

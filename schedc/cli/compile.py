@@ -11,7 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="the spec file, or - to read standard input")
     parser.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory")
     parser.add_argument("--solver", metavar="NAME", help="override schedule.solver (cpsat, greedy, 1f1b, ...)")
-    parser.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds")
+    parser.add_argument("--time-limit", type=float, metavar="S", help="solver work budget, in seconds of a 2-core machine (the same plan under any load)")
     parser.add_argument("--seed", type=int, default=0, help="solver random seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print machine-readable output")
 
