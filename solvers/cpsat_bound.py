@@ -28,7 +28,16 @@ microbatch of d runs there, `candidate_executors`):
 
 So g's span, and with it the period (the steady state's iteration is a
 one-iteration schedule whose spans are at most its period; docs/planner.md),
-is at least the sum. Chain ops between a and b may run on any candidate; the
+is at least the sum.
+
+With a global optimizer barrier (no staggering) every iteration also fills
+and drains the pipeline: h's first F of an iteration starts at least
+fwd(a -> b) after g's, h then runs all its F, B (and W) of d before the
+barrier, and g's next iteration starts only after the barrier and g's own O.
+So the period is also at least fwd(a -> b) + M * (F_b + B_b + W_b) + O_a.
+On the Zero Bubble grid (bench/zero_bubble_grid.py, p = 4, m = 8, F = B = W
+= 1 ms, 10 us) it is 27.03 ms where the work bound says 24 ms, and greedy's
+plan reaches it: proven optimal. Chain ops between a and b may run on any candidate; the
 fastest one's duration is used. Re-routed work that lands on g or h only
 lengthens the span, so the bound holds whatever the placement.
 """
@@ -149,4 +158,9 @@ def _pipeline_bound(inst: Instance, forced: list[int | None], min_f: list[int],
                 continue
             queue = M * (inst.duration("F", b, h) + inst.duration("B", b, h))
             best = max(best, fwd + queue + back + tail)
+            if not inst.stagger_optimizer:
+                # The fill a global barrier forces (module docstring): h starts its iteration
+                # `fwd` after g, runs all its work, then every O waits for the barrier.
+                work = queue + (M * inst.duration("W", b, h) if inst.decouple_backward else 0)
+                best = max(best, fwd + work + inst.duration("O", a, g))
     return best
