@@ -22,8 +22,8 @@ class SolveOptions:
     """How long and how a solver searches.
 
     `time_limit` is a *work* budget, in seconds of this project's reference
-    machine (2 cores): CP-SAT gets `time_limit x cpsat.DET_PER_SECOND` units of
-    its deterministic time, greedy tries its counted list of candidates. No
+    machine (2 cores): CP-SAT gets `cpsat.deterministic_budget(time_limit, ...)`
+    units of its deterministic time, greedy tries its counted list of candidates. No
     search stops on the clock, so the same input gives the same plan on a quiet
     or a loaded machine, fast or slow (on a busy machine it just takes longer).
     `deadline` (a `time.monotonic()` instant) is for callers that must answer
