@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -278,17 +280,19 @@ def test_list_scheduler_drops_limits_that_would_stop_every_gpu():
     assert not ok.relaxed
 
 
-def test_greedy_is_anytime_under_a_zero_time_limit():
-    """With no time left greedy still returns its first candidate, verified, and says so."""
+def test_greedy_is_anytime_under_a_deadline_that_has_passed():
+    """With no time left before the deadline greedy still returns its first candidate, verified,
+    and says the deadline decided it; a time limit (a work budget) never cuts its list."""
     # specs/example.sched's costs: no candidate reaches the proven bound, so all would be tried.
     inst = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
                          send=16 << 20, forward=[1200, 1000, 1000, 1400],
                          backward_input=[1000, 1000, 1000, 1500], backward_weight=800)
-    quick = get_solver("greedy")(inst, SolveOptions(time_limit=0.0))
+    quick = get_solver("greedy")(inst, SolveOptions(deadline=time.monotonic()))
     verify_schedule(quick)
-    assert "1 candidates" in quick.solver.detail and "skipped at the time limit" in quick.solver.detail
-    full = get_solver("greedy")(inst, SolveOptions())
-    assert "skipped" not in full.solver.detail
+    assert "1 candidates" in quick.solver.detail and "skipped at the deadline" in quick.solver.detail
+    assert quick.solver.stopped_by == "deadline"
+    full = get_solver("greedy")(inst, SolveOptions(time_limit=0.0))
+    assert "skipped" not in full.solver.detail and full.solver.stopped_by == "work"
     assert steady_iteration_time(inst, {r: [o.id for o in p] for r, p in full.programs.items()}) <= \
         steady_iteration_time(inst, {r: [o.id for o in p] for r, p in quick.programs.items()})
 
