@@ -45,9 +45,10 @@ _CHECK_S_MIN = 0.02
 _SOLVER_SHARE = 0.8
 #: Work budget (`SolveOptions.time_limit`) per second of the solver's wall budget. CP-SAT gets
 #: half the wall time left (`cpsat.WALL_SHARE`) after greedy and the model build, and one
-#: second of work took 1-5 s of wall on 2 quiet cores (docs/planner.md), so on a quiet
-#: machine the work budget ends the search before the deadline does.
-_WORK_SHARE = 0.1
+#: second of work takes about one second of wall on 2 quiet cores, up to 2-3 s on some
+#: models (docs/planner.md), so on a quiet machine the work budget usually ends the search
+#: before the deadline does.
+_WORK_SHARE = 0.2
 
 
 def _n_ops(instance: Instance) -> int:

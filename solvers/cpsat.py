@@ -72,8 +72,10 @@ MIN_SEARCH_S = 0.15
 WALL_SHARE = 0.5
 #: Calibration of the work budget: seconds of wall time one unit of CP-SAT's deterministic
 #: time took on this project's 2-core machine, as (base, per 1,000 model variables). Measured
-#: over bench scenarios of 1,100-4,400 variables: 2.2-2.5 s per unit at 1,100, 7.8 s at 4,300.
-_WALL_S_PER_DET = (0.3, 1.8)
+#: (quiet machine, docs/planner.md): 1.9-4.2 s per unit at 273 variables, 2.9 at 529, 2.2 at
+#: 1,057-1,100, 1.6 at 2,081, 7.8 at 4,300 (and 44 s for the first 0.12 units of a 4,400-
+#: variable model: presolve and the first LP are slow per unit).
+_WALL_S_PER_DET = (2.5, 1.0)
 
 
 def deterministic_budget(time_limit: float, n_variables: int) -> float:
