@@ -198,6 +198,8 @@ def test_a_solve_on_the_main_thread_stops_at_ctrl_c_and_ctrl_c_still_works_after
     """CP-SAT's own SIGINT handler swallowed Ctrl-C during a solve and killed the process after."""
     script = r'''
 import os, signal, threading, time
+# A shell's background job starts with SIGINT ignored, and so would this child: restore it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import schedc
 from schedc.solvers import cpsat
 spec = schedc.load(open(os.environ["SPEC"]).read())

@@ -119,6 +119,12 @@ def test_train_prints_progress_saves_weights_and_a_log(tmp_path):
     assert max_weight_diff(torch.load(tmp_path / "w.pt", weights_only=True), ref) <= 1e-5
 
 
+def _sigint_default() -> None:
+    """In the child before exec: Ctrl-C's default action, even when this test runs as a shell's
+    background job (which starts with SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_worker_and_leaves_nothing_half_written(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C sends it, in the middle of a run
     that writes a checkpoint every iteration."""
@@ -126,7 +132,7 @@ def test_ctrl_c_stops_every_worker_and_leaves_nothing_half_written(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "schedc", "train", str(out), "--iterations", "1000",
                              "--checkpoint-every", "1", "--log", str(tmp_path / "log.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 60
         for line in proc.stdout:

@@ -697,12 +697,14 @@ class Supervisor:
             return
         rec.t_plan = self._now()
         s = plan.schedule.solver
-        rec.solver = {"name": s.name, "status": s.status, "wall_s": round(s.wall_s, 4)}
+        rec.solver = {"name": s.name, "status": s.status, "wall_s": round(s.wall_s, 4),
+                      "stopped_by": s.stopped_by}
         rec.predicted_after_us = plan.metrics.iteration_time
         self._note("replan", f"replan: {'; '.join(events)} -> generation {old.number + 1}, "
                              f"{len(self._members(plan))} ranks, {plan.metrics.iteration_time / 1e3:.2f} ms "
                              f"per iteration (was {self.plan.metrics.iteration_time / 1e3:.2f}); "
-                             f"{s.name} {s.status} in {s.wall_s:.3f} s",
+                             f"{s.name} {s.status} in {s.wall_s:.3f} s"
+                             + (" (the deadline ended its search)" if s.stopped_by == "deadline" else ""),
                    events=events, solver=rec.solver, predicted_us=plan.metrics.iteration_time)
         self._announce(plan, restore=restore, reason="; ".join(events))
         rec.to_generation = self.gen.number
