@@ -41,6 +41,10 @@ class Plan:
     spec: Spec
     schedule: Schedule
     metrics: Metrics
+    #: Set by `schedc.replan`: the schedule ranks (GPUs) whose program changed from the plan it
+    #: started from (`replan.changed_ranks`), so a launcher reconfigures only those. None for
+    #: a plan that was compiled, not replanned.
+    changed_ranks: frozenset[int] | None = None
 
     @property
     def instance(self) -> Instance:

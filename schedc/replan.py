@@ -118,7 +118,37 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
     fault_free = plan.metrics.fault_free_iteration_time or plan.metrics.iteration_time
     return Plan(spec=spec, schedule=schedule,
                 metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
-                                   fault_free_solver=plan.metrics.fault_free_solver))
+                                   fault_free_solver=plan.metrics.fault_free_solver),
+                changed_ranks=changed_ranks(plan.schedule, schedule))
+
+
+def _program_signatures(schedule: Schedule) -> dict[int, tuple]:
+    """Per live rank, what its program depends on: its ops in order, for each the ranks it
+    receives from and sends to (the executors of the neighbouring stages' same microbatch),
+    and the ranks its optimizer step all-reduces with (the live GPUs of its stage)."""
+    inst = schedule.instance
+    executor = {(op.dp, op.pp, op.mb): op.rank for op in schedule.ops if op.kind == "F"}
+    peers = {s: tuple(g.rank for g in inst.live_gpus(s)) for s in range(inst.pp)}
+    out: dict[int, tuple] = {}
+    for rank, ops in schedule.programs.items():
+        sig = []
+        for op in ops:
+            if op.kind == "O":
+                sig.append(("O", op.dp, op.pp, peers[op.pp]))
+            else:
+                sig.append((op.kind, op.dp, op.pp, op.mb, executor.get((op.dp, op.pp - 1, op.mb)),
+                            executor.get((op.dp, op.pp + 1, op.mb))))
+        out[rank] = tuple(sig)
+    return out
+
+
+def changed_ranks(old: Schedule, new: Schedule) -> frozenset[int]:
+    """The schedule ranks (GPUs) whose program differs between `old` and `new`: a different op
+    order, a different peer to receive from or send to, a different set of ranks to all-reduce
+    with, or a rank that runs in only one of them (failed, or back). Start times do not count:
+    programs run as soon as their inputs allow."""
+    a, b = _program_signatures(old), _program_signatures(new)
+    return frozenset(r for r in a.keys() | b.keys() if a.get(r) != b.get(r))
 
 
 def _with_wall(schedule: Schedule, wall_s: float) -> Schedule:

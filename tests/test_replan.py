@@ -117,3 +117,25 @@ def test_replan_leaves_the_garbage_collector_as_it_found_it(plan, enabled):
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_replan_says_which_ranks_programs_changed(plan):
+    """`Plan.changed_ranks`: a rank outside it runs exactly the op sequence it ran before (and
+    talks to the same peers); the failed rank and its stage's peers (whose all-reduce group
+    shrank) are in it; a compiled plan has none."""
+    assert plan.changed_ranks is None
+    new = schedc.replan(plan, "fail gpu(dp=1, pp=1)", deadline=DEADLINE)
+    failed = plan.instance.gpu(1, 1).rank
+    stage_peers = {g.rank for g in plan.instance.gpus if g.pp == 1}
+    assert failed in new.changed_ranks and stage_peers <= new.changed_ranks
+    old_progs = {r: [op.id for op in ops] for r, ops in plan.schedule.programs.items()}
+    new_progs = {r: [op.id for op in ops] for r, ops in new.schedule.programs.items()}
+    for r in set(old_progs) | set(new_progs):
+        if r not in new.changed_ranks:
+            assert old_progs.get(r) == new_progs.get(r), r
+    from schedc.replan import changed_ranks
+
+    assert changed_ranks(new.schedule, new.schedule) == frozenset()
+    # The recovered GPU is back in the plan, so it changed again.
+    back = schedc.replan(new, "recover gpu(dp=1, pp=1)", deadline=DEADLINE)
+    assert failed in back.changed_ranks
