@@ -22,7 +22,8 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from schedc.diagnostics import SchedcError, SpecError, did_you_mean, error
@@ -41,10 +42,20 @@ class Plan:
     spec: Spec
     schedule: Schedule
     metrics: Metrics
-    #: Set by `schedc.replan`: the schedule ranks (GPUs) whose program changed from the plan it
-    #: started from (`replan.changed_ranks`), so a launcher reconfigures only those. None for
-    #: a plan that was compiled, not replanned.
-    changed_ranks: frozenset[int] | None = None
+    #: Set by `schedc.replan`: the schedule of the plan it started from (for `changed_ranks`).
+    previous: Schedule | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def changed_ranks(self) -> frozenset[int] | None:
+        """The schedule ranks (GPUs) whose program changed from the plan `schedc.replan` started
+        from (`replan.changed_ranks`), so a launcher reconfigures only those; None for a plan
+        that was compiled, not replanned. Computed when first asked (a few ms at 64 GPUs),
+        outside the replan's deadline."""
+        if self.previous is None:
+            return None
+        from schedc.replan import changed_ranks
+
+        return changed_ranks(self.previous, self.schedule)
 
     @property
     def instance(self) -> Instance:

@@ -119,7 +119,7 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
     return Plan(spec=spec, schedule=schedule,
                 metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
                                    fault_free_solver=plan.metrics.fault_free_solver),
-                changed_ranks=changed_ranks(plan.schedule, schedule))
+                previous=plan.schedule)
 
 
 def _program_signatures(schedule: Schedule) -> dict[int, tuple]:
