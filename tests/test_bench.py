@@ -66,3 +66,17 @@ def test_live_bench_counts_only_iterations_that_advance_training():
     assert min(rates.values()) < 0.5 and max(rates.values()) <= 1.0 + 1e-9
     svg = plot({"reroute": steady, "restart": redone}, {"reroute": 4.0, "restart": 7.0}, "t")
     assert svg.startswith("<svg") and "restart" in svg and "seconds since the fault" in svg
+
+
+def test_zero_bubble_grid_row_and_csv(tmp_path):
+    """bench/zero_bubble_grid.py: a row compiles its spec and times both references on it; the
+    CSV holds the plan columns two runs must agree on."""
+    from bench.zero_bubble_grid import PLAN_COLUMNS, main as grid_main, run_instance
+
+    row = run_instance(4, 8, "F=B=W", 10, 2, True, solver="greedy", time_limit=1.0)
+    assert (row["zb_h1_ms"], row["zb_h2_ms"]) == ("27.120", "24.060")
+    assert float(row["schedc_ms"]) <= 24.060 and float(row["vs_reference"]) <= 1.0
+    out = tmp_path / "grid.csv"
+    assert grid_main(["--quick", "--solver", "greedy", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 16 and list(rows[0])[:len(PLAN_COLUMNS)] == PLAN_COLUMNS
