@@ -76,6 +76,12 @@ class SolverInfo:
     # differ from one run or host to another.
     stopped_by: Literal["work", "deadline"] = "work"
 
+    def to_json(self) -> dict:
+        """The `solver` object of schedule.json (docs/schedule-format.md)."""
+        return {"name": self.name, "status": self.status, "objective": self.objective,
+                "bound": self.bound, "wall_s": self.wall_s, "detail": self.detail,
+                "stopped_by": self.stopped_by}
+
 
 @dataclass(frozen=True)
 class Schedule:

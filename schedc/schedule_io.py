@@ -59,10 +59,7 @@ def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
     else:
         metrics_json = metrics.to_json()
     # The schedule's own solver record is authoritative, so reading back gives the same Schedule.
-    s = schedule.solver
-    metrics_json["solver"] = {"name": s.name, "status": s.status, "objective": s.objective,
-                              "bound": s.bound, "wall_s": s.wall_s, "detail": s.detail,
-                              "stopped_by": s.stopped_by}
+    metrics_json["solver"] = schedule.solver.to_json()
     return {
         "format": FORMAT,
         "dp": inst.dp,

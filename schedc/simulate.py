@@ -93,9 +93,7 @@ class Metrics:
             "busy_time": {str(r): v for r, v in sorted(self.busy_time.items())},
             "peak_memory": {str(r): v for r, v in sorted(self.peak_memory.items())},
             "memory_limit": self.memory_limit,
-            "solver": {"name": s.name, "status": s.status, "objective": s.objective,
-                       "bound": s.bound, "wall_s": round(s.wall_s, 3), "detail": s.detail,
-                       "stopped_by": s.stopped_by},
+            "solver": {**s.to_json(), "wall_s": round(s.wall_s, 3)},
         }
 
 

@@ -147,6 +147,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     deadline = options.deadline
     skipped = 0
     slowest = 0.0  # seconds the slowest candidate took: the estimate for the next one
+    seen: set[tuple] = set()  # programs already timed (templates and rules often coincide)
     for name, build in _in_order_of_promise(instance):
         if best is not None and best[0] <= bound:
             break  # optimal: no later candidate can be faster
@@ -154,7 +155,12 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             skipped += 1
             continue
         began = time.perf_counter()
-        graph = ProgramGraph(instance, *build())
+        codes, order = build()
+        programs = tuple(tuple(codes[r]) for r in sorted(codes))
+        if programs in seen:
+            continue  # the same plan as an earlier candidate: the same time, and ties keep the earlier
+        seen.add(programs)
+        graph = ProgramGraph(instance, codes, order)
         period = graph.period()
         slowest = max(slowest, time.perf_counter() - began)
         tried += 1

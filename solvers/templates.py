@@ -18,15 +18,28 @@ from schedc.solvers.common import fits_in_flight, program_peak
 Unit = tuple[int, int]  # (dp, mb): a microbatch by its owner pipeline and index
 
 
-def chain_warmups(instance: Instance, chain: Sequence[int], n: int) -> list[int]:
-    """1F1B warm-up per stage of a chain: S - s, capped by memory and by n, never increasing."""
+def chain_warmups(instance: Instance, chain: Sequence[int], n: int, factor: int = 1,
+                  short: int = 0) -> list[int]:
+    """Warm-up per stage of a chain: `factor` x (S - s) - `short` forwards (1F1B: S - s), capped
+    by memory and by n, at least 1, and never increasing along the chain."""
     out = []
     prev = n
     for s, rank in enumerate(chain):
-        k = min(instance.pp - s, fits_in_flight(instance, rank), n, prev)
+        k = max(1, min(factor * (instance.pp - s) - short, fits_in_flight(instance, rank), n, prev))
         out.append(k)
         prev = k
     return out
+
+
+def deferred_w_program(instance: Instance, rank: int, units: Sequence[Unit], pp: int, warmup: int,
+                       lag: int) -> list[OpId]:
+    """`one_f_one_b_program` with W deferred by `lag` backwards, shortened until the program
+    fits in the GPU's memory (deferred W hold their stash; lag 0 always fits)."""
+    for defer in range(min(lag, len(units)), -1, -1):
+        prog = one_f_one_b_program(units, pp, warmup, True, w_lag=defer)
+        if program_peak(instance, rank, prog) <= instance.gpu_memory:
+            break
+    return prog
 
 
 def gpipe_program(units: Sequence[Unit], pp: int, decoupled: bool) -> list[OpId]:
@@ -99,13 +112,9 @@ def chain_programs(instance: Instance, chain: Sequence[int], units: Sequence[Uni
     out: dict[int, list[OpId]] = {}
     for s, rank in enumerate(chain):
         if style == "zb-h1" and decoupled:
-            for lag in range(min(s, n), -1, -1):
-                prog = one_f_one_b_program(units, s, warm[s], True, w_lag=lag)
-                if program_peak(instance, rank, prog) <= instance.gpu_memory:
-                    break
+            out[rank] = deferred_w_program(instance, rank, units, s, warm[s], lag=s)
         else:
-            prog = one_f_one_b_program(units, s, warm[s], decoupled)
-        out[rank] = prog
+            out[rank] = one_f_one_b_program(units, s, warm[s], decoupled)
     return out
 
 
@@ -118,16 +127,6 @@ def zb_h2_chain(instance: Instance, chain: Sequence[int], units: Sequence[Unit],
     and by n and kept non-increasing along the chain (deadlock freedom, as for 1F1B); a
     deferral that does not fit in memory is shortened until it does.
     """
-    n = len(units)
-    S = instance.pp
-    out: dict[int, list[OpId]] = {}
-    prev = n
-    for s, rank in enumerate(chain):
-        warm = max(1, min(2 * (S - s) - short, fits_in_flight(instance, rank), n, prev))
-        prev = warm
-        for defer in range(min(int(lag * s), n), -1, -1):
-            prog = one_f_one_b_program(units, s, warm, True, w_lag=defer)
-            if program_peak(instance, rank, prog) <= instance.gpu_memory:
-                break
-        out[rank] = prog
-    return out
+    warm = chain_warmups(instance, chain, len(units), factor=2, short=short)
+    return {rank: deferred_w_program(instance, rank, units, s, warm[s], lag=int(lag * s))
+            for s, rank in enumerate(chain)}
