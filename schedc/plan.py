@@ -267,11 +267,14 @@ def _solver(spec: Spec, name: str | None):
 
 
 def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
-            time_limit: float | None = None, seed: int = 0) -> Plan:
+            time_limit: float | None = None, seed: int = 0, symmetric: bool | None = None) -> Plan:
     """Compile a spec (a `Spec`, spec text, or a path) into a verified, simulated `Plan`.
 
     `solver` overrides `spec.schedule.solver`; `time_limit` (seconds)
     overrides `spec.schedule.time_limit`. Deterministic for the same input.
+    `symmetric`: plan by classes of alike pipelines (`schedc.decompose`): None (the
+    default) from 1,024 GPUs on when that halves the pipelines to plan, True whenever
+    it does, False never (every pipeline op by op).
 
     >>> plan = compile("specs/example.sched", solver="1f1b")  # doctest: +SKIP
     >>> plan.metrics.iteration_time  # doctest: +SKIP
@@ -284,7 +287,7 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
                               hint="e.g. --time-limit 2 (or leave it out: the spec's `schedule.time_limit`)")])
     spec = _load(spec)
     try:
-        return _compile(spec, solver, time_limit, seed)
+        return _compile(spec, solver, time_limit, seed, symmetric)
     except SchedcError as exc:
         # Diagnostics raised past the parser may point into the spec: let them show its lines.
         for file, text in spec.sources.items():
@@ -292,7 +295,8 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
         raise
 
 
-def _compile(spec: Spec, solver: str | None, time_limit: float | None, seed: int) -> Plan:
+def _compile(spec: Spec, solver: str | None, time_limit: float | None, seed: int,
+             symmetric: bool | None) -> Plan:
     from schedc.solvers import SolveOptions
 
     name, solve = _solver(spec, solver)
@@ -300,18 +304,37 @@ def _compile(spec: Spec, solver: str | None, time_limit: float | None, seed: int
                            seed=seed)
     instance = from_spec(spec)
     started = time.perf_counter()
+    solve = _by_classes(solve, name, symmetric)
     schedule = solve(instance, options)
     if schedule.solver.wall_s == 0.0:
         schedule = replace(schedule, solver=replace(schedule.solver, wall_s=time.perf_counter() - started))
     verify_schedule(schedule)
     sim = simulate(schedule)
-    fault_free, reference = _fault_free_reference(instance, name, solve, options, sim.iteration_time)
+    fault_free, reference = _fault_free_reference(instance, name, solve, options, sim.iteration_time,
+                                                  symmetric)
     return Plan(spec=spec, schedule=schedule,
                 metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
                                    fault_free_solver=reference))
 
 
-def _fault_free_reference(instance, name: str, solve, options, own_time: int) -> tuple[int, str]:
+def _by_classes(solve, name: str, symmetric: bool | None):
+    """`solve`, planning by classes of alike pipelines where `symmetric` asks for it
+    (None: `decompose.worth_it`) and the classes halve the pipelines to plan."""
+    from schedc.decompose import decompose, plan_by_classes, worth_it
+
+    if symmetric is False:
+        return solve
+
+    def solve_by_classes(instance, options):
+        dec = decompose(instance) if (symmetric or worth_it(instance)) else None
+        if dec is None:
+            return solve(instance, options)
+        return plan_by_classes(instance, dec, solve, options, name)
+    return solve_by_classes
+
+
+def _fault_free_reference(instance, name: str, solve, options, own_time: int,
+                          symmetric: bool | None = None) -> tuple[int, str]:
     """(iteration time, solver) of the reference every slowdown is measured against: the best of
     this solver's fault-free plan and greedy's, so that a faster plan never shows a larger
     slowdown than a slower one because its solver's own fault-free plan was better. (CP-SAT
@@ -327,7 +350,7 @@ def _fault_free_reference(instance, name: str, solve, options, own_time: int) ->
         verify_schedule(own)
         times[name] = simulate(own).iteration_time
     if name not in ("greedy", "cpsat"):
-        ref = get_solver("greedy")(plain, options)
+        ref = _by_classes(get_solver("greedy"), "greedy", symmetric)(plain, options)
         verify_schedule(ref)
         times["greedy"] = simulate(ref).iteration_time
     best = min(times, key=lambda n: (times[n], n != name))

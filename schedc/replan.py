@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from schedc.diagnostics import InfeasibleError, VerificationError, error
+from schedc.decompose import decompose, decomposition_of, plan_by_classes, worth_it
 from schedc.events import apply_events
 from schedc.instance import Instance, from_spec
 from schedc.plan import Plan
@@ -57,7 +58,7 @@ def _n_ops(instance: Instance) -> int:
 
 
 def replan(plan: Plan, event: str | Failure | Sequence[str | Failure], deadline: float = 1.0, *,
-           solver: str = "cpsat", seed: int = 0) -> Plan:
+           solver: str = "cpsat", seed: int = 0, symmetric: bool | None = None) -> Plan:
     """A verified plan for `plan.spec` with `event` applied, computed within `deadline` seconds.
 
     `event`: one event or a list, as text (``"fail gpu(dp=1, pp=2)"``,
@@ -65,10 +66,15 @@ def replan(plan: Plan, event: str | Failure | Sequence[str | Failure], deadline:
     ``"recover gpu(dp=1, pp=2)"``) or `Failure`s. The new `Plan.spec` is the
     updated spec; its metrics keep the fault-free iteration time of `plan`
     (events change which GPUs are live, not the fault-free job).
+
+    `symmetric` as for `schedc.compile`: from 1,024 GPUs on the cluster is planned by
+    classes of alike pipelines (`schedc.decompose`), keeping the components around
+    earlier failures that the events leave alone and the programs of classes planned
+    before, so the call costs what the events touch, not the cluster's size.
     """
     started = time.monotonic()
     with _collector_paused():
-        return _replan(plan, event, deadline, solver, seed, started)
+        return _replan(plan, event, deadline, solver, seed, started, symmetric)
 
 
 @contextlib.contextmanager
@@ -92,7 +98,8 @@ def _collector_paused():
             gc.enable()
 
 
-def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started: float) -> Plan:
+def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started: float,
+            symmetric: bool | None) -> Plan:
     from schedc.solvers import SolveOptions, get_solver
 
     if deadline <= 0:
@@ -100,18 +107,29 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                                      hint="pass deadline in seconds, e.g. deadline=1.0")])
     spec = apply_events(plan.spec, event)
     instance = from_spec(spec)
-    reserve = max(_CHECK_S_MIN, _CHECK_S_PER_OP * _n_ops(instance))
+    dec = None
+    if symmetric is not False and (symmetric or worth_it(instance)):
+        dec = decompose(instance, previous=decomposition_of(plan.schedule))
+    checked = instance if dec is None else replace(instance, dp=dec.layout.reduced_dp)
+    reserve = max(_CHECK_S_MIN, _CHECK_S_PER_OP * _n_ops(checked))
     budget = max(0.0, min(deadline * _SOLVER_SHARE, deadline - reserve - (time.monotonic() - started)))
     # The work budget is what the wall budget buys on a quiet machine, so that there the search
     # ends on it (reproducible: stopped_by "work"); the deadline ends it on a loaded one.
     options = SolveOptions(time_limit=budget * _WORK_SHARE, seed=seed, hint=plan.schedule,
                            deadline=time.monotonic() + budget)
-    schedule = get_solver(solver)(instance, options)
+    if dec is not None:
+        # Only the classes the events made new are planned; the others keep their programs.
+        previous = plan.schedule if _same_costs(plan.instance, instance) else None
+        schedule = plan_by_classes(instance, dec, get_solver(solver), options, solver, previous)
+    else:
+        schedule = get_solver(solver)(instance, options)
     try:
         verify_schedule(schedule)
     except VerificationError:
         # A solver bug must not reach a launcher: fall back to the greedy list scheduler.
-        schedule = get_solver("greedy")(instance, replace(options, hint=None))
+        greedy = get_solver("greedy")
+        schedule = (greedy(instance, replace(options, hint=None)) if dec is None
+                    else plan_by_classes(instance, dec, greedy, options, "greedy"))
         verify_schedule(schedule)
     schedule = _with_wall(schedule, time.monotonic() - started)
     sim = simulate(schedule)
@@ -120,6 +138,12 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                 metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
                                    fault_free_solver=plan.metrics.fault_free_solver),
                 previous=plan.schedule)
+
+
+def _same_costs(a: Instance, b: Instance) -> bool:
+    """Whether two instances differ at most in their GPUs' states (so class programs carry over)."""
+    return all(getattr(a, k) == getattr(b, k) for k in (
+        "dp", "pp", "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages"))
 
 
 def _program_signatures(schedule: Schedule) -> dict[int, tuple]:

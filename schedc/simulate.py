@@ -12,7 +12,7 @@ summary table of `schedc compile`/`schedc simulate`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -109,6 +109,10 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
     """
     if iterations < 1:
         raise ValueError("iterations must be at least 1")
+    from schedc.symmetry import SymmetricSchedule
+
+    if isinstance(schedule, SymmetricSchedule):
+        return _simulate_symmetric(schedule, iterations)
     inst = schedule.instance
     programs = schedule.programs
     run = run_programs(inst, {r: [op.id for op in prog] for r, prog in programs.items()}, iterations)
@@ -133,6 +137,34 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
         lower_bound=inst.lower_bound,
         run=run,
     )
+
+
+def _reduced_runs():
+    from schedc.symmetry import IdentityCache
+
+    return IdentityCache()
+
+
+#: Simulations of reduced schedules (a replan that only adds copies reuses the same object).
+_REDUCED_RUNS = _reduced_runs()
+
+
+def _simulate_symmetric(schedule, iterations: int) -> SimResult:
+    """A symmetric schedule runs as its reduced schedule does: every copy of a reduced GPU's program
+    has that GPU's busy time, bubble and peak memory; the lower bound is the whole cluster's."""
+    red = _REDUCED_RUNS.get(schedule.reduced, iterations)
+    if red is None:
+        red = simulate(schedule.reduced, iterations=iterations)
+        _REDUCED_RUNS.put(schedule.reduced, red, iterations)
+    busy, bubble, peak = {}, {}, {}
+    for r, fulls in enumerate(schedule.full_ranks):
+        if r in red.busy_time:
+            for full in fulls:
+                busy[full], bubble[full], peak[full] = red.busy_time[r], red.bubble_ratio[r], red.peak_memory[r]
+    return replace(red, busy_time=MappingProxyType(dict(sorted(busy.items()))),
+                   bubble_ratio=MappingProxyType(dict(sorted(bubble.items()))),
+                   peak_memory=MappingProxyType(dict(sorted(peak.items()))),
+                   lower_bound=schedule.instance.lower_bound)
 
 
 def metrics_of(schedule: Schedule, sim: SimResult | None = None, *,

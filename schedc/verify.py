@@ -15,7 +15,14 @@ Codes (stable, documented in docs/verifier.md):
     E401 completeness                        E406 memory over the limit
     E402 executor                            E407 optimizer ordering
     E403 dependency (with transfer time)     E408 malformed times
-    E404 two ops overlap on one GPU          (E420/E421: the program runner)
+    E404 two ops overlap on one GPU          E409 a repeated pipeline differs from
+                                                  the one it repeats (symmetric schedules)
+    E410 an op runs outside its class        (E420/E421: the program runner)
+
+A `schedc.symmetry.SymmetricSchedule` (a large cluster planned by classes of
+pipelines) is checked as its reduced schedule, after E409/E410 make sure that
+expanding it gives a schedule of the cluster; the verdict is the one the
+expanded schedule gets op by op (tests/test_symmetry.py).
 
 Messages name ops in torch.distributed.pipelining's notation prefixed by the
 owning pipeline (``d1:2F5``); where a rank's program is involved the
@@ -551,6 +558,10 @@ def diagnose(schedule: Schedule) -> list[Diagnostic]:
 
 def check_schedule(schedule: Schedule) -> list[Diagnostic]:
     """Every violation of docs/architecture.md's rules in `schedule` (at most `MAX_DIAGNOSTICS`), in rule order."""
+    from schedc.symmetry import SymmetricSchedule
+
+    if isinstance(schedule, SymmetricSchedule):
+        return _check_symmetric(schedule)
     if schedule_passes(schedule):
         return []
     return diagnose(schedule)
@@ -564,3 +575,44 @@ def verify_schedule(schedule: Schedule) -> None:
     diags = check_schedule(schedule)
     if diags:
         raise VerificationError(diags)
+
+
+def _check_symmetric(schedule) -> list[Diagnostic]:
+    """A symmetric schedule: its layout repeats only like pipelines (E409), no op of a class runs
+    on another class's GPU (E410), and the reduced schedule obeys every rule."""
+    from schedc.symmetry import layout_problems, ops_outside_class
+
+    problems = layout_problems(schedule.instance, schedule.layout, schedule.reduced.instance)
+    if problems:
+        return [error("E409", f"the schedule repeats pipelines that are not alike: {p}",
+                      hint="recompile the spec: a hand edit of `symmetry` or `gpus` broke the repetition")
+                for p in problems]
+    outside = ops_outside_class(schedule.layout, schedule.reduced)
+    if outside:
+        lay = schedule.layout
+        return [error("E410", f"{op} runs on rank {op.rank} of another class of pipelines",
+                      hint="an op of a repeated pipeline may only run on a GPU of the same repeated group "
+                           f"(reduced pipelines {_class_range(lay, op.dp)})") for op in outside[:10]]
+    if _PASSED.get(schedule.reduced) is not None:
+        return []
+    diags = check_schedule(schedule.reduced)
+    if not diags:
+        _PASSED.put(schedule.reduced, True)
+    return diags
+
+
+def _passed_cache():
+    from schedc.symmetry import IdentityCache
+
+    return IdentityCache()
+
+
+#: Reduced schedules that passed (a replan that only adds copies reuses the same object).
+_PASSED = _passed_cache()
+
+
+def _class_range(layout, reduced_dp: int) -> str:
+    if reduced_dp >= len(layout.class_of_reduced):
+        return "none: the pipeline does not exist"
+    c = layout.class_of_reduced[reduced_dp]
+    return f"{layout.offsets[c]}..{layout.offsets[c] + layout.classes[c].size - 1}"
