@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -22,6 +23,7 @@ from schedc.diagnostics import RunError, error
 from schedc.runtime.manifest import DEFAULT_SOURCE, MANIFEST_NAME, Manifest, model_args_of, spec_folder
 from schedc.schedule import Schedule, ScheduledOp
 from schedc.spec import Spec
+from schedc.symmetry import SymmetricSchedule
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("schedc.codegen", "templates"),
@@ -48,6 +50,8 @@ def render_programs(spec: Spec, schedule: Schedule, *, metrics: Mapping | None =
     if (inst.dp, inst.pp) != (spec.dp, spec.pp):
         raise RunError([error("E501", f"the schedule is for {inst.dp}x{inst.pp} GPUs but the spec "
                                       f"describes {spec.dp}x{spec.pp}")])
+    if isinstance(schedule, SymmetricSchedule):
+        return _render_class_programs(spec, schedule, metrics, out_name)
     executor = _executors(schedule)
     programs = {r: ops for r, ops in sorted(schedule.programs.items()) if ops or inst.gpus[r].live}
     live = sorted(g.rank for g in inst.gpus if g.live)
@@ -67,13 +71,76 @@ def render_programs(spec: Spec, schedule: Schedule, *, metrics: Mapping | None =
             out_name=out_name, live=len(live))
     files["main.py"] = _ENV.get_template("main.py.j2").render(
         header=header, live=len(live), iterations=spec.train.iterations,
-        mapping=[(i, r, program_name(r, world)) for i, r in enumerate(live)])
+        mapping=[(i, r, program_name(r, world)) for i, r in enumerate(live)], more=0)
     files[MANIFEST_NAME] = json.dumps(_manifest(spec, schedule, live, metrics).to_json(),
                                       indent=2, sort_keys=False) + "\n"
     for name, text in files.items():
         if name.endswith(".py"):
             compile(text, name, "exec")  # a template bug must never reach the disk
     return files
+
+
+def class_program_name(cls: int, local_rank: int) -> str:
+    """``program_c2_017.py``: the program of local rank 17 of class 2, shared by its copies."""
+    return f"program_c{cls}_{local_rank:03d}.py"
+
+
+def _render_class_programs(spec: Spec, schedule: SymmetricSchedule, metrics: Mapping | None,
+                           out_name: str) -> dict[str, str]:
+    """A symmetric schedule: one program per rank of each class, shared by every copy of the
+    class. Its calls name pipelines and peers through the copy's tables (`D[i]`: the copy's
+    i-th pipeline, `R[k]`: the GPU running its k-th local rank), which programs.json gives each
+    rank (`copy_of`, `copy_tables`); `schedc run` and torchrun bind them when loading."""
+    inst, lay, red = schedule.instance, schedule.layout, schedule.reduced
+    pp = inst.pp
+    executor = _executors(red)
+    header = _header(spec, schedule, metrics)
+    template = _ENV.get_template("class.py.j2")
+    files: dict[str, str] = {}
+    program_of: dict[int, str] = {}
+    copy_of: dict[int, int] = {}
+    tables: list[dict] = []
+    for c, cls in enumerate(lay.classes):
+        off = lay.offsets[c]
+        for j in range(cls.count):
+            ranks = [schedule.full_ranks[off * pp + k][j] for k in range(cls.size * pp)]
+            tables.append({"class": c, "copy": j, "ranks": ranks, "pipelines": list(cls.copies[j])})
+            for k, full in enumerate(ranks):
+                if inst.gpus[full].live:
+                    program_of[full] = class_program_name(c, k)
+                    copy_of[full] = len(tables) - 1
+        for k in range(cls.size * pp):
+            reduced_rank = off * pp + k
+            g = red.instance.gpus[reduced_rank]
+            if not g.live:
+                continue
+            lines = [_local_call(op, executor, off, pp, inst.decouple_backward)
+                     for op in red.program(reduced_rank)]
+            files[class_program_name(c, k)] = template.render(
+                header=header, cls=c, local=k, local_dp=k // pp, stage=g.pp, n_ops=len(lines),
+                lines=lines, copies=cls.count, out_name=out_name)
+    live = sorted(program_of)
+    files["main.py"] = _ENV.get_template("main.py.j2").render(
+        header=header, live=len(live), iterations=spec.train.iterations,
+        mapping=[(i, r, program_of[r]) for i, r in enumerate(live)][:_MAIN_MAPPING_SHOWN],
+        more=max(0, len(live) - _MAIN_MAPPING_SHOWN))
+    manifest = replace(_manifest(spec, schedule, live, metrics), programs=program_of, copy_of=copy_of,
+                       copy_tables=tuple(tables))
+    files[MANIFEST_NAME] = json.dumps(manifest.to_json(), separators=(",", ":")) + "\n"
+    for name, text in files.items():
+        if name.endswith(".py"):
+            compile(text, name, "exec")  # a template bug must never reach the disk
+    return files
+
+
+#: Ranks listed in main.py's docstring of a symmetric plan (all of them are in programs.json).
+_MAIN_MAPPING_SHOWN = 16
+
+
+def _local_call(op: ScheduledOp, executor: Mapping, off: int, pp: int, decouple: bool) -> tuple[str, str]:
+    """One line of a class program: pipelines as `D[i]` and peers as `R[k]` (local indices)."""
+    return _call(op, executor, pp, decouple, peer=lambda r: f"R[{r - off * pp}]",
+                 pipeline=lambda d: f"D[{d - off}]", comment_prefix="reduced ")
 
 
 def write_programs(spec: Spec, schedule: Schedule, out_dir: Path, *,
@@ -102,9 +169,10 @@ def write_programs(spec: Spec, schedule: Schedule, out_dir: Path, *,
     finally:
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)
-    for stale in out_dir.glob("rank_*.py"):
-        if stale.name not in files:
-            stale.unlink()
+    for pattern in ("rank_*.py", "program_c*.py"):
+        for stale in out_dir.glob(pattern):
+            if stale.name not in files:
+                stale.unlink()
     return [out_dir / name for name in files]
 
 
@@ -124,21 +192,26 @@ def _executors(schedule: Schedule) -> dict[tuple[int, int, int], int]:
     return out
 
 
-def _call(op: ScheduledOp, executor: Mapping, pp: int, decouple: bool) -> tuple[str, str]:
-    """One line of a program: the runtime call of `op` and a comment naming it."""
-    comment = f"{op.id} t={op.start}"
+def _call(op: ScheduledOp, executor: Mapping, pp: int, decouple: bool, *, peer=str, pipeline=str,
+          comment_prefix: str = "") -> tuple[str, str]:
+    """One line of a program: the runtime call of `op` and a comment naming it. `peer` and
+    `pipeline` write a rank and a pipeline index as code (a number, or a copy's table entry)."""
+    comment = f"{comment_prefix}{op.id} t={op.start}"
     us = op.end - op.start
     if op.kind == "O":
         return f"rt.optimizer_step(us={us})", comment
     d, m, s = op.dp, op.mb, op.pp
-    where = f"d={d}, stage={s}, mb={m}"
+    where = f"d={pipeline(d)}, stage={s}, mb={m}"
+
+    def rank(key):
+        return None if key is None else peer(executor[key])
     if op.kind == "F":
-        recv = executor[(d, m, s - 1)] if s > 0 else None
-        send = executor[(d, m, s + 1)] if s < pp - 1 else None
+        recv = rank((d, m, s - 1) if s > 0 else None)
+        send = rank((d, m, s + 1) if s < pp - 1 else None)
         return f"rt.forward({where}, recv_from={recv}, send_to={send}, us={us})", comment
     if op.kind == "B":
-        recv = executor[(d, m, s + 1)] if s < pp - 1 else None
-        send = executor[(d, m, s - 1)] if s > 0 else None
+        recv = rank((d, m, s + 1) if s < pp - 1 else None)
+        send = rank((d, m, s - 1) if s > 0 else None)
         name = "backward_input" if decouple else "backward"
         return f"rt.{name}({where}, recv_from={recv}, send_to={send}, us={us})", comment
     if op.kind == "W":

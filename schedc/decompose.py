@@ -122,8 +122,9 @@ class Decomposition:
 
 
 def decompose(instance: Instance, previous: "Decomposition | None" = None,
-              helpers: int | None = None) -> Decomposition | None:
-    """The classes of `instance`'s pipelines, or None when they would not save at least half."""
+              helpers: int | None = None, max_share: float = MAX_REDUCED_SHARE) -> Decomposition | None:
+    """The classes of `instance`'s pipelines, or None when the reduced instance would have more
+    than `max_share` of the pipelines (or all of them)."""
     comps = components(instance, helpers, previous)
     if comps is None:
         return None
@@ -142,7 +143,7 @@ def decompose(instance: Instance, previous: "Decomposition | None" = None,
         classes.append(PipelineClass(copies=tuple(by_sig[sig])))
         signatures.append(sig)
     layout = Layout(classes=tuple(classes))
-    if layout.reduced_dp > MAX_REDUCED_SHARE * instance.dp:
+    if layout.reduced_dp > max_share * instance.dp or layout.reduced_dp == instance.dp:
         return None
     return Decomposition(layout=layout, components=sigs, signatures=tuple(signatures))
 

@@ -106,7 +106,7 @@ _WRITTEN = ("schedule.json", "trace.json", "timeline.svg", "spec.sched", "main.p
 
 
 def _is_written(name: str) -> bool:
-    return name in _WRITTEN or (name.startswith(("pipeline_", "rank_")) and name.endswith((".csv", ".py")))
+    return name in _WRITTEN or (name.startswith(("pipeline_", "rank_", "program_c")) and name.endswith((".csv", ".py")))
 
 
 def _temporary_prefix(out: Path) -> str:
@@ -274,7 +274,7 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
     overrides `spec.schedule.time_limit`. Deterministic for the same input.
     `symmetric`: plan by classes of alike pipelines (`schedc.decompose`): None (the
     default) from 1,024 GPUs on when that halves the pipelines to plan, True whenever
-    it does, False never (every pipeline op by op).
+    at least one pipeline repeats another, False never (every pipeline op by op).
 
     >>> plan = compile("specs/example.sched", solver="1f1b")  # doctest: +SKIP
     >>> plan.metrics.iteration_time  # doctest: +SKIP
@@ -326,7 +326,8 @@ def _by_classes(solve, name: str, symmetric: bool | None):
         return solve
 
     def solve_by_classes(instance, options):
-        dec = decompose(instance) if (symmetric or worth_it(instance)) else None
+        dec = (decompose(instance, max_share=1.0) if symmetric
+               else decompose(instance) if worth_it(instance) else None)
         if dec is None:
             return solve(instance, options)
         return plan_by_classes(instance, dec, solve, options, name)

@@ -1,7 +1,9 @@
-"""schedule.json, format ``schedc.schedule/v1`` (docs/schedule-format.md): write and read.
+"""schedule.json, formats ``schedc.schedule/v1`` and ``/v2`` (docs/schedule-format.md): write and read.
 
 `write_schedule(path, schedule, metrics)` writes the instance (shape, options,
-memory, link, stages, GPUs), every op and the metrics. `read_schedule(path)`
+memory, link, stages, GPUs), every op and the metrics: as v1 for a schedule
+op by op, as v2 for a symmetric one (`schedc.symmetry`: the ops of one copy
+of every class of alike pipelines, and the copies; GPUs one short row each). `read_schedule(path)`
 checks the file with pydantic at this boundary (a hand-edited file is user
 input) and returns the `Schedule` and the raw ``metrics`` object; the
 schedule's *meaning* is not checked here but by `schedc.verify`.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
@@ -30,28 +33,35 @@ from schedc.diagnostics import Diagnostic, SchedcError, error
 from schedc.instance import Instance
 from schedc.schedule import Schedule, ScheduledOp, SolverInfo
 from schedc.spec import STAGE_KEYS, Gpu, LinkSpec, StageCosts
+from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, reduced_instance
 
 FORMAT = "schedc.schedule/v1"
+FORMAT_V2 = "schedc.schedule/v2"
 
 
 class ScheduleFileError(SchedcError):
-    """A schedule.json that cannot be read as ``schedc.schedule/v1`` (E6xx)."""
+    """A schedule.json that cannot be read as ``schedc.schedule/v1`` or ``/v2`` (E6xx)."""
 
 
 # -- writing -------------------------------------------------------------------
 
 
+def _op_rows(ops, instance: Instance) -> list[dict]:
+    rows = []
+    for op in ops:
+        row = {"rank": op.rank, "kind": op.kind, "dp": op.dp, "pp": op.pp, "mb": op.mb,
+               "start": op.start, "end": op.end}
+        if op.kind != "O" and op.rank != instance.gpu(op.dp, op.pp).rank:
+            row["rerouted"] = True
+        rows.append(row)
+    return rows
+
+
 def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
     """The schedule.json object. `metrics`: a `Metrics`, a dict, or None (solver info only)."""
     inst = schedule.instance
-    rerouted = schedule.rerouted
-    ops = []
-    for op in schedule.ops:
-        row = {"rank": op.rank, "kind": op.kind, "dp": op.dp, "pp": op.pp, "mb": op.mb,
-               "start": op.start, "end": op.end}
-        if op.id in rerouted:
-            row["rerouted"] = True
-        ops.append(row)
+    symmetric = isinstance(schedule, SymmetricSchedule)
+    ops = _op_rows(schedule.expanded_ops(_first_copies(schedule)) if symmetric else schedule.ops, inst)
     if metrics is None:
         metrics_json: dict = {}
     elif isinstance(metrics, dict):
@@ -60,8 +70,13 @@ def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
         metrics_json = metrics.to_json()
     # The schedule's own solver record is authoritative, so reading back gives the same Schedule.
     metrics_json["solver"] = schedule.solver.to_json()
-    return {
-        "format": FORMAT,
+    if symmetric:  # per-rank metrics of copy 0's ranks: every copy's are the same
+        shown = {str(r) for fulls in schedule.full_ranks for r in fulls[:1]}
+        for key in ("bubble_ratio", "busy_time", "peak_memory"):
+            if isinstance(metrics_json.get(key), dict):
+                metrics_json[key] = {r: v for r, v in metrics_json[key].items() if r in shown}
+    head = {
+        "format": FORMAT_V2 if symmetric else FORMAT,
         "dp": inst.dp,
         "pp": inst.pp,
         "microbatches": inst.microbatches,
@@ -70,11 +85,19 @@ def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
         "gpu_memory": inst.gpu_memory,
         "link": {"latency": inst.link.latency, "bandwidth": inst.link.bandwidth},
         "stages": [{"pp": c.pp, **{k: getattr(c, k) for k in STAGE_KEYS}} for c in inst.stages],
-        "gpus": [{"rank": g.rank, "dp": g.dp, "pp": g.pp, "node": g.node, "state": g.state,
-                  "speed": g.speed} for g in inst.gpus],
-        "ops": ops,
-        "metrics": metrics_json,
     }
+    if symmetric:
+        return {**head, "gpus": [[g.dp, g.pp, g.node, g.state, g.speed] for g in inst.gpus],
+                "classes": schedule.layout.to_json(), "ops": ops, "metrics": metrics_json}
+    return {**head,
+            "gpus": [{"rank": g.rank, "dp": g.dp, "pp": g.pp, "node": g.node, "state": g.state,
+                      "speed": g.speed} for g in inst.gpus],
+            "ops": ops,
+            "metrics": metrics_json}
+
+
+def _first_copies(schedule: SymmetricSchedule) -> dict[int, set[int]]:
+    return {c: {0} for c in range(len(schedule.layout.classes))}
 
 
 def dumps_schedule(schedule: Schedule, metrics: Any = None) -> str:
@@ -82,8 +105,14 @@ def dumps_schedule(schedule: Schedule, metrics: Any = None) -> str:
     obj = schedule_to_json(schedule, metrics)
     ops = obj.pop("ops")
     metrics_json = obj.pop("metrics")
+    rows = {k: obj.pop(k) for k in ("gpus", "classes") if obj["format"] == FORMAT_V2}
     head = json.dumps(obj, indent=2)[:-2]  # drop the closing "\n}"
     lines = [head + ","]
+    for key, items in rows.items():  # v2: one GPU or class per line
+        lines.append(f'  "{key}": [')
+        lines.extend("    " + json.dumps(o, separators=(",", ":")) + ("," if i < len(items) - 1 else "")
+                     for i, o in enumerate(items))
+        lines.append("  ],")
     lines.append('  "ops": [')
     lines.extend("    " + json.dumps(o) + ("," if i < len(ops) - 1 else "") for i, o in enumerate(ops))
     lines.append("  ],")
@@ -93,7 +122,7 @@ def dumps_schedule(schedule: Schedule, metrics: Any = None) -> str:
 
 
 def write_schedule(path: str | os.PathLike, schedule: Schedule, metrics: Any = None) -> Path:
-    """Write `schedule` (and its metrics) to `path` as schedc.schedule/v1."""
+    """Write `schedule` (and its metrics) to `path` as schedc.schedule/v1 (v2 if symmetric)."""
     path = Path(path)
     path.write_text(dumps_schedule(schedule, metrics), encoding="utf-8")
     return path
@@ -223,8 +252,25 @@ def _check_consistent(f: _File, where: str) -> list[Diagnostic]:
     return diags[:20]
 
 
+class _Class(_Model):
+    pipelines: StrictInt = Field(ge=1)
+    copies: list[list[StrictInt]] = Field(min_length=1)
+
+
+_GpuRow = tuple[StrictInt, StrictInt, StrictInt, Literal["live", "failed"], float]
+
+
+class _V2Parts(_Model):
+    format: Literal["schedc.schedule/v2"]
+    gpus: list[_GpuRow]
+    classes: list[_Class] = Field(min_length=1)
+
+
 def parse_schedule(obj: Any, where: str = "schedule.json") -> tuple[Schedule, dict]:
-    """A `Schedule` and the raw ``metrics`` dict from a parsed schedule.json object."""
+    """A `Schedule` (v1) or `SymmetricSchedule` (v2) and the raw ``metrics`` dict from a parsed
+    schedule.json object."""
+    if isinstance(obj, dict) and obj.get("format") == FORMAT_V2:
+        return _parse_v2(obj, where)
     try:
         f = _File.model_validate(obj)
     except ValidationError as exc:
@@ -285,3 +331,60 @@ def read_schedule(path: str | os.PathLike) -> tuple[Schedule, dict]:
     if not isinstance(obj, dict):
         raise ScheduleFileError([error("E602", f"{where}: `$` is a {type(obj).__name__}, expected an object")])
     return parse_schedule(obj, where)
+
+
+def _parse_v2(obj: dict, where: str) -> tuple[SymmetricSchedule, dict]:
+    """v2: the GPU rows and classes checked here, the rest as in v1; the ops (copy 0's of each
+    class, in the cluster's numbering) are renumbered into the reduced instance."""
+    try:
+        parts = _V2Parts.model_validate({k: obj.get(k) for k in ("format", "gpus", "classes") if k in obj})
+    except ValidationError as exc:
+        raise ScheduleFileError(_pydantic_diagnostics(exc, where)) from None
+    bad_speed = [i for i, row in enumerate(parts.gpus) if not (0 < row[4] <= 1)]
+    if bad_speed:
+        raise ScheduleFileError([error("E602", f"{where}: `$.gpus[{i}][4]` (speed) = {parts.gpus[i][4]}: "
+                                               "must be above 0 and at most 1") for i in bad_speed[:10]])
+    gpus = [{"rank": i, "dp": d, "pp": p, "node": n, "state": st, "speed": sp}
+            for i, (d, p, n, st, sp) in enumerate(parts.gpus)]
+    rest = {k: v for k, v in obj.items() if k != "classes"}
+    full, raw = parse_schedule({**rest, "format": FORMAT, "gpus": gpus}, where)
+    inst = full.instance
+    layout = Layout(classes=tuple(PipelineClass(copies=tuple(tuple(c) for c in cls.copies))
+                                  for cls in parts.classes))
+    diags = []
+    seen: set[int] = set()
+    for c, cls in enumerate(parts.classes):
+        for j, copy in enumerate(cls.copies):
+            if len(copy) != cls.pipelines:
+                diags.append(error("E603", f"{where}: `$.classes[{c}].copies[{j}]` has {len(copy)} pipelines "
+                                           f"but the class has {cls.pipelines}"))
+            for d in copy:
+                if not 0 <= d < inst.dp:
+                    diags.append(error("E603", f"{where}: `$.classes[{c}].copies[{j}]` names pipeline {d}, "
+                                               f"outside 0..{inst.dp - 1}"))
+                elif d in seen:
+                    diags.append(error("E603", f"{where}: pipeline {d} is in two copies (`$.classes[{c}]`)"))
+                seen.add(d)
+    if not diags and len(seen) != inst.dp:
+        missing = sorted(set(range(inst.dp)) - seen)[:5]
+        diags.append(error("E603", f"{where}: pipelines {', '.join(map(str, missing))} are in no class",
+                           hint="every pipeline is in exactly one copy of one class"))
+    if diags:
+        raise ScheduleFileError(diags[:20])
+    of_full = layout.of_full
+    pp = inst.pp
+    ops = []
+    for i, op in enumerate(full.ops):
+        runner = inst.gpu_of_rank(op.rank) if 0 <= op.rank < len(inst.gpus) else None
+        for what, d in (("dp", op.dp), ("rank", None if runner is None else runner.dp)):
+            if d is None or d not in of_full or of_full[d][1] != 0:
+                diags.append(error("E603", f"{where}: `$.ops[{i}].{what}` = {getattr(op, what)} is not in the "
+                                           "first copy of a class",
+                                   hint="a v2 file lists the ops of each class's first copy only"))
+                break
+        else:
+            ops.append(replace(op, rank=of_full[runner.dp][0] * pp + runner.pp, dp=of_full[op.dp][0]))
+    if diags:
+        raise ScheduleFileError(diags[:20])
+    reduced = Schedule(instance=reduced_instance(inst, layout), ops=tuple(ops), solver=full.solver)
+    return SymmetricSchedule(instance=inst, layout=layout, reduced=reduced, solver=full.solver), raw

@@ -222,6 +222,16 @@ class SymmetricSchedule:
                                       dp=lay.full_pipeline(op.dp, j), pp=op.pp, mb=op.mb,
                                       start=op.start, end=op.end)
 
+    def copy_holding(self, rank: int) -> Schedule:
+        """The ops of the one copy that full rank `rank` belongs to (every peer it sends to or
+        receives from is in it), as a `Schedule` of the whole instance; empty for a rank in none."""
+        hit = self.reduced_rank.get(rank)
+        ops: tuple[ScheduledOp, ...] = ()
+        if hit is not None:
+            c = self.layout.class_of_reduced[hit[0] // self.instance.pp]
+            ops = tuple(self.expanded_ops({c: {hit[1]}}))
+        return Schedule(instance=self.instance, ops=ops, solver=self.solver)
+
     def expand(self) -> Schedule:
         """The same schedule, op by op (what this stands for)."""
         return Schedule(instance=self.instance, ops=tuple(self.expanded_ops()), solver=self.solver)
@@ -264,6 +274,42 @@ class SymmetricSchedule:
         biggest = max(lay.classes, key=lambda c: (c.count, -c.size))
         return (f"{lay.full_dp:,} pipelines planned as {lay.reduced_dp:,} in {len(lay.classes)} "
                 f"classes; the largest repeats {biggest.count:,} times")
+
+
+def first_copy_view(schedule, helpers_shown: int | None = None
+                    ) -> tuple[list[Gpu], list[ScheduledOp], dict[int, str], str]:
+    """What the exports draw: (GPUs, ops, a note per rank, a heading note). A schedule op by op
+    is drawn whole; a symmetric one as the first copy of every class, each GPU noting how many
+    copies it stands for, and (with `helpers_shown`) only that many of a component's helper
+    pipelines, the others being alike."""
+    inst = schedule.instance
+    if not isinstance(schedule, SymmetricSchedule):
+        return list(inst.gpus), list(schedule.ops), {}, ""
+    lay = schedule.layout
+    shown: set[int] = set()
+    notes: dict[int, str] = {}
+    hidden = 0
+    for c, cls in enumerate(lay.classes):
+        keep = cls.size if helpers_shown is None else min(cls.size, 1 + helpers_shown)
+        hidden += cls.size - keep
+        for i, d in enumerate(cls.copies[0][:keep]):
+            shown.add(d)
+            for s in range(inst.pp):
+                rank = inst.gpu(d, s).rank
+                if cls.count > 1:
+                    notes[rank] = f"x{cls.count:,}"
+    gpus = [g for g in inst.gpus if g.dp in shown]
+    ops = [op for op in schedule.expanded_ops({c: {0} for c in range(len(lay.classes))})
+           if inst.gpus[op.rank].dp in shown]
+    untouched = next((cls.count for cls in lay.classes if cls.size == 1 and _healthy(inst, cls.copies[0][0])), 0)
+    heading = (f"the first copy of each of {len(lay.classes)} classes of alike pipelines"
+               + (f", {hidden:,} more alike helper pipelines not drawn" if hidden else "")
+               + (f"; the untouched pipeline stands for {untouched:,}" if untouched else ""))
+    return gpus, ops, notes, heading
+
+
+def _healthy(inst: Instance, d: int) -> bool:
+    return all(g.live and g.speed >= 1.0 for g in (inst.gpu(d, s) for s in range(inst.pp)))
 
 
 def n_ops(schedule) -> int:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 def describe_files(files: list[str]) -> str:
     """The written files in a line that stays short at any scale: rank programs and pipeline
     CSVs are counted, with the first and last named ("16,383 rank programs rank_00000.py ...")."""
-    groups: dict[str, list[str]] = {"rank": [], "pipeline": []}
+    groups: dict[str, list[str]] = {"rank": [], "pipeline": [], "program": []}
     single = []
     def natural(name: str):  # pipeline_2.csv before pipeline_10.csv
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
@@ -55,7 +55,7 @@ def describe_files(files: list[str]) -> str:
         prefix = name.split("_", 1)[0]
         (groups[prefix] if prefix in groups and "_" in name else single).append(name)
     parts = list(single)
-    for prefix, what in (("rank", "rank programs"), ("pipeline", "pipeline CSVs")):
+    for prefix, what in (("rank", "rank programs"), ("program", "class programs"), ("pipeline", "pipeline CSVs")):
         names = groups[prefix]
         if len(names) > 3:
             parts.append(f"{len(names):,} {what} ({names[0]} ... {names[-1]})")

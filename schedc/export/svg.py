@@ -16,6 +16,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from schedc.schedule import Schedule
+from schedc.symmetry import first_copy_view
 
 COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b", "O": "#8e6c8a"}
 TEXT_ON = {"F": "#ffffff", "B": "#000000", "W": "#ffffff", "O": "#ffffff"}
@@ -25,6 +26,8 @@ PLOT_W = 1200  # width of the time axis
 ROW_H = 22
 ROW_GAP = 3
 STAGE_GAP = 14
+#: Helper pipelines drawn per component of a symmetric schedule (the others are alike).
+TIMELINE_HELPERS = 2
 FONT = "font-family='DejaVu Sans, Arial, Helvetica, sans-serif'"
 
 
@@ -73,17 +76,18 @@ def _metric_line(schedule: Schedule, metrics: Any) -> str:
 def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "") -> str:
     """The timeline as SVG text. `metrics`: a `Metrics`, its JSON dict, or None."""
     inst = schedule.instance
-    rerouted = schedule.rerouted
+    gpus, ops, notes, view_note = first_copy_view(schedule, helpers_shown=TIMELINE_HELPERS)
+    rerouted = {op.id for op in ops if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank}
     horizon = max(schedule.makespan, 1)
     scale = PLOT_W / horizon
 
-    head_h = 58
+    head_h = 58 if not view_note else 76
     y = head_h + 28  # below the title and the axis labels
     rows: dict[int, float] = {}
     stage_top: dict[int, float] = {}
     for s in range(inst.pp):
         stage_top[s] = y
-        for g in sorted((g for g in inst.gpus if g.pp == s), key=lambda g: g.dp):
+        for g in sorted((g for g in gpus if g.pp == s), key=lambda g: g.dp):
             rows[g.rank] = y
             y += ROW_H + ROW_GAP
         y += STAGE_GAP
@@ -106,6 +110,9 @@ def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "")
                         f"{', staggered optimizer' if inst.stagger_optimizer else ''}")
     out.append(f"<text x='10' y='22' font-size='15' font-weight='bold'>{escape(heading)}</text>")
     out.append(f"<text x='10' y='42' font-size='12'>{escape(_metric_line(schedule, metrics))}</text>")
+    if view_note:
+        out.append(f"<text x='10' y='60' font-size='11' fill='#444'>Drawn: {escape(view_note)}"
+                   " (trace.json has every pipeline of each first copy)</text>")
 
     # time axis with a grid line per tick
     step = _nice_step(horizon)
@@ -120,14 +127,16 @@ def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "")
 
     # stage bands and GPU rows; a GPU that runs re-routed work names its guests
     guests_of: dict[int, set[int]] = {}
-    for op in schedule.ops:
+    for op in ops:
         if op.id in rerouted:
             guests_of.setdefault(op.rank, set()).add(op.dp)
     for s in range(inst.pp):
         out.append(f"<text x='6' y='{stage_top[s] - 3:.0f}' font-weight='bold' fill='#333'>stage {s}</text>")
-    for g in inst.gpus:
+    for g in gpus:
         ry = rows[g.rank]
         label = f"rank {g.rank} (d{g.dp}, s{g.pp})"
+        if notes.get(g.rank):
+            label += f" {notes[g.rank]}"
         if not g.live:
             out.append(f"<rect x='{x0}' y='{ry:.0f}' width='{PLOT_W}' height='{ROW_H}' fill='#d9d9d9'/>")
             out.append(f"<line x1='{x0}' y1='{ry:.0f}' x2='{x0 + PLOT_W}' y2='{ry + ROW_H:.0f}' "
@@ -151,7 +160,7 @@ def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "")
                    f"{escape(label)}</text>")
 
     # ops
-    for op in sorted(schedule.ops, key=lambda o: (o.rank, o.start, o.id)):
+    for op in sorted(ops, key=lambda o: (o.rank, o.start, o.id)):
         if op.rank not in rows:
             continue
         ry = rows[op.rank]

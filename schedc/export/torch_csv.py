@@ -18,14 +18,18 @@ import io
 import os
 from pathlib import Path
 
-from schedc.schedule import Schedule
+from schedc.schedule import Schedule, _program_order
+from schedc.symmetry import SymmetricSchedule, first_copy_view
 
 
 def torch_csv_pipelines(schedule: Schedule) -> list[int]:
-    """Pipelines whose schedule torch.distributed.pipelining's CSV format can express."""
+    """Pipelines whose schedule torch.distributed.pipelining's CSV format can express (of a
+    symmetric schedule: of each class's first copy; the other copies' files would be the same)."""
     inst = schedule.instance
-    bad = {g.dp for g in inst.gpus if not g.live}
-    for op in schedule.ops:
+    gpus, ops, _, _ = first_copy_view(schedule)
+    shown = {g.dp for g in gpus}
+    bad = {g.dp for g in inst.gpus if not g.live} | (set(range(inst.dp)) - shown)
+    for op in ops:
         g = inst.gpus[op.rank] if 0 <= op.rank < len(inst.gpus) else None
         if g is None or g.dp != op.dp or g.pp != op.pp:
             bad.add(op.dp)
@@ -40,8 +44,15 @@ def pipeline_actions(schedule: Schedule, dp: int) -> list[list[str]]:
     backward = "I" if inst.decouple_backward else "B"
     letter = {"F": "F", "B": backward, "W": "W"}
     rows = []
+    if isinstance(schedule, SymmetricSchedule):  # the pipeline's own copy, not the whole expansion
+        r, j = schedule.layout.of_full[dp]
+        lay = schedule.layout
+        ops = list(schedule.expanded_ops({lay.class_of_reduced[r]: {j}}))
+        progs = {g: sorted((op for op in ops if op.rank == g), key=_program_order)
+                 for g in (inst.gpu(dp, s).rank for s in range(inst.pp))}
     for s in range(inst.pp):
-        prog = schedule.program(inst.gpu(dp, s).rank)
+        rank = inst.gpu(dp, s).rank
+        prog = progs[rank] if isinstance(schedule, SymmetricSchedule) else schedule.program(rank)
         rows.append([f"{op.pp}{letter[op.kind]}{op.mb}" for op in prog if op.kind != "O"])
     return rows
 

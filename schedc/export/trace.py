@@ -6,7 +6,8 @@ then pipeline; one complete event ("X") per op, named in torch notation
 (``d1:2F5``), with category ``forward`` / ``backward_input`` /
 ``backward_weight`` / ``optimizer``. Re-routed ops carry ``rerouted: true``
 and their owner pipeline in ``args``. Times are microseconds, as in the
-trace format.
+trace format. A symmetric schedule (`schedc.symmetry`) shows the first copy
+of each class of alike pipelines, each track noting how many it stands for.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from schedc.schedule import Schedule
+from schedc.symmetry import first_copy_view
 
 CATEGORY = {"F": "forward", "B": "backward_input", "W": "backward_weight", "O": "optimizer"}
 
@@ -23,22 +25,24 @@ CATEGORY = {"F": "forward", "B": "backward_input", "W": "backward_weight", "O": 
 def trace_events(schedule: Schedule) -> dict:
     """The trace as a JSON object (``{"traceEvents": [...], ...}``)."""
     inst = schedule.instance
-    rerouted = schedule.rerouted
-    events: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "schedc"}}]
-    order = sorted(inst.gpus, key=lambda g: (g.pp, g.dp))
+    gpus, ops, notes, heading = first_copy_view(schedule)
+    events: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name",
+                           "args": {"name": f"schedc: {heading}" if heading else "schedc"}}]
+    order = sorted(gpus, key=lambda g: (g.pp, g.dp))
     for i, g in enumerate(order):
         state = "" if g.live else " FAILED"
         speed = f" speed {g.speed:g}" if g.live and g.speed < 1.0 else ""
+        note = f" {notes[g.rank]}" if notes.get(g.rank) else ""
         events.append({"ph": "M", "pid": 0, "tid": g.rank, "name": "thread_name",
-                       "args": {"name": f"rank {g.rank} (d{g.dp}, s{g.pp}){state}{speed}"}})
+                       "args": {"name": f"rank {g.rank} (d{g.dp}, s{g.pp}){state}{speed}{note}"}})
         events.append({"ph": "M", "pid": 0, "tid": g.rank, "name": "thread_sort_index",
                        "args": {"sort_index": i}})
     category = dict(CATEGORY)
     if not inst.decouple_backward:
         category["B"] = "backward"
-    for op in sorted(schedule.ops, key=lambda o: (o.start, o.rank, o.id)):
+    for op in sorted(ops, key=lambda o: (o.start, o.rank, o.id)):
         args: dict = {"kind": op.kind, "dp": op.dp, "pp": op.pp, "mb": op.mb, "rank": op.rank}
-        if op.id in rerouted:
+        if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank:
             args["rerouted"] = True
             args["owner"] = f"pipeline {op.dp}"
         events.append({"ph": "X", "pid": 0, "tid": op.rank, "name": str(op.id),

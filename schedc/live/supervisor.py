@@ -823,7 +823,10 @@ class Supervisor:
         from schedc.codegen.generate import program_name, render_programs
 
         number = 0 if self.gen is None else self.gen.number + 1
-        files = render_programs(plan.spec, plan.schedule, metrics=plan.metrics, out_name=str(self.out))
+        schedule = plan.schedule
+        if hasattr(schedule, "expand"):  # a symmetric plan: the live job runs one program per rank
+            schedule = schedule.expand()
+        files = render_programs(plan.spec, schedule, metrics=plan.metrics, out_name=str(self.out))
         members = self._members(plan)
         programs = {r: files[program_name(r, self.world)] for r in members}
         armed = [i.to_json() for i in self.injections if i.index not in self._fired]

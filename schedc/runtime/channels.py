@@ -42,7 +42,10 @@ class ReceiveOrder:
 
 
 def receive_order(schedule, rank: int) -> ReceiveOrder:
-    """What every rank sends `rank`, in program order, from a `schedc.schedule.Schedule`."""
+    """What every rank sends `rank`, in program order, from a `schedc.schedule.Schedule` (or a
+    symmetric one: only the copy that holds `rank` is expanded; its peers are all in it)."""
+    if hasattr(schedule, "copy_holding"):
+        schedule = schedule.copy_holding(rank)
     pp = schedule.instance.pp
     executor = {(op.dp, op.mb, op.pp): op.rank for op in schedule.ops if op.kind == "F"}
     sequences: dict[tuple[int, int], list[tuple[int, int]]] = {}

@@ -52,6 +52,10 @@ class Manifest:
     # `model.data` modules are looked for there, and in the current folder, after sys.path.
     spec_dir: str | None = None
     tp: int = 1  # real GPUs per schedc GPU (tensor parallelism): planned, not run (see refuse_tensor_parallel)
+    # A symmetric plan's programs are shared by the copies of a class of alike pipelines: rank ->
+    # index into `copy_tables`, whose entries give the copy's `ranks` (R) and `pipelines` (D).
+    copy_of: dict[int, int] = field(default_factory=dict)
+    copy_tables: tuple[dict, ...] = ()
 
     @property
     def world(self) -> int:
@@ -74,6 +78,10 @@ class Manifest:
         out["live_ranks"] = list(self.live_ranks)
         out["stage_groups"] = [list(g) for g in self.stage_groups]
         out["partition"] = None if self.partition is None else [list(p) for p in self.partition]
+        out["copy_of"] = {str(r): i for r, i in self.copy_of.items()}
+        out["copy_tables"] = list(self.copy_tables)
+        if not self.copy_of:  # a plan op by op: the manifest reads as it always did
+            del out["copy_of"], out["copy_tables"]
         return {"format": FORMAT, **out}
 
     @classmethod
@@ -87,6 +95,8 @@ class Manifest:
         obj["stage_groups"] = tuple(tuple(g) for g in obj["stage_groups"])
         if obj.get("partition") is not None:
             obj["partition"] = tuple(tuple(p) for p in obj["partition"])
+        obj["copy_of"] = {int(r): i for r, i in obj.get("copy_of", {}).items()}
+        obj["copy_tables"] = tuple(obj.get("copy_tables", ()))
         return cls(**obj)
 
 

@@ -13,6 +13,7 @@ import io
 import os
 import sys
 import time
+import types
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
@@ -34,6 +35,10 @@ def load_program(out_dir: Path, manifest: Manifest, rank: int):
     except FileNotFoundError:
         raise RunError([error("E522", f"the program of rank {rank} (`{path}`) is missing",
                               hint="recompile: `schedc compile SPEC -o OUT`")])
+    if rank in manifest.copy_of:  # a class program: bind this rank's copy of the class
+        table = manifest.copy_tables[manifest.copy_of[rank]]
+        ranks, pipelines = tuple(table["ranks"]), tuple(table["pipelines"])
+        return types.SimpleNamespace(iteration=lambda rt: module.iteration(rt, ranks, pipelines))
     return module
 
 

@@ -1,0 +1,280 @@
+"""Symmetric plans (schedc.symmetry, schedc.decompose): a cluster planned by classes of alike
+pipelines is the same schedule as its expansion op by op, for the verifier, the simulator, the
+schedule file, `changed_ranks`, the exports and the generated programs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from schedc.decompose import decompose, plan_by_classes
+from schedc.instance import make_instance
+from schedc.schedule import Schedule
+from schedc.simulate import metrics_of, simulate
+from schedc.solvers import SolveOptions, get_solver
+from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule
+from schedc.verify import check_schedule, verify_schedule
+
+
+@st.composite
+def symmetric_cases(draw):
+    """A random cluster with a few faulty pipelines among untouched ones, planned by classes."""
+    dp = draw(st.integers(4, 10))
+    pp = draw(st.integers(1, 3))
+    mb = draw(st.integers(1, 3))
+    places = [(d, s) for d in range(dp) for s in range(pp)]
+    failed = draw(st.lists(st.sampled_from(places), max_size=2, unique=True))
+    slow_at = draw(st.lists(st.sampled_from(places), max_size=1, unique=True))
+    slow = {p: draw(st.sampled_from([0.5, 0.7])) for p in slow_at if p not in failed}
+    assume(all(sum(1 for d, t in failed if t == s) < dp for s in range(pp)))
+    inst = make_instance(
+        dp, pp, mb, failed=failed, slow=slow,
+        forward=draw(st.integers(1, 4)) * 500, backward_input=draw(st.integers(1, 4)) * 500,
+        backward_weight=draw(st.integers(1, 4)) * 500, optimizer=draw(st.integers(0, 3)) * 200,
+        latency=draw(st.integers(0, 50)), decouple_backward=draw(st.booleans()),
+        stagger_optimizer=draw(st.booleans()))
+    dec = decompose(inst, helpers=draw(st.integers(1, 2)), max_share=1.0)
+    assume(dec is not None)
+    return plan_by_classes(inst, dec, get_solver("greedy"), SolveOptions(time_limit=1), "greedy")
+
+
+def _same_metrics(a, b) -> None:
+    assert a.iteration_time == b.iteration_time
+    assert a.iteration_end == b.iteration_end
+    assert dict(a.busy_time) == dict(b.busy_time)
+    assert dict(a.peak_memory) == dict(b.peak_memory)
+    assert dict(a.bubble_ratio) == dict(b.bubble_ratio)
+    assert a.lower_bound == b.lower_bound
+
+
+@settings(max_examples=40)
+@given(symmetric_cases())
+def test_checked_by_classes_is_checked_op_by_op(sched):
+    """The verifier's verdict and the simulator's figures are those of the expanded schedule."""
+    expanded = sched.expand()
+    assert check_schedule(sched) == [] and check_schedule(expanded) == []
+    _same_metrics(simulate(sched), simulate(expanded))
+    assert len(expanded.ops) == sched.n_ops
+    assert sched.layout.reduced_dp < sched.instance.dp
+
+
+@settings(max_examples=60)
+@given(symmetric_cases(), st.data())
+def test_a_broken_reduced_schedule_fails_both_ways(sched, data):
+    """Corrupt one op of the reduced schedule (its time, its length or its executor within the
+    class): the symmetric schedule is rejected exactly when its expansion is."""
+    red = sched.reduced
+    i = data.draw(st.integers(0, len(red.ops) - 1))
+    op = red.ops[i]
+    how = data.draw(st.sampled_from(["earlier", "later", "shorter", "executor"]))
+    if how == "earlier":
+        op = replace(op, start=max(0, op.start - 700), end=max(0, op.start - 700) + op.duration)
+    elif how == "later":
+        op = replace(op, start=op.start + 900, end=op.end + 900)
+    elif how == "shorter":
+        op = replace(op, end=op.start + max(0, op.duration - 100))
+    else:
+        lay, pp = sched.layout, red.instance.pp
+        c = lay.class_of_reduced[op.dp]
+        ranks = [r for r in range(lay.offsets[c] * pp, (lay.offsets[c] + lay.classes[c].size) * pp)
+                 if r % pp == op.pp]
+        op = replace(op, rank=data.draw(st.sampled_from(ranks)))
+    broken_red = replace(red, ops=red.ops[:i] + (op,) + red.ops[i + 1:])
+    broken = replace(sched, reduced=broken_red)
+    assert bool(check_schedule(broken)) == bool(check_schedule(broken.expand()))
+
+
+def _planned(dp=8, pp=2, mb=2, failed=((1, 1),), slow=None, **kw) -> SymmetricSchedule:
+    inst = make_instance(dp, pp, mb, failed=list(failed), slow=slow, optimizer=300, **kw)
+    dec = decompose(inst, max_share=1.0)
+    assert dec is not None
+    return plan_by_classes(inst, dec, get_solver("greedy"), SolveOptions(time_limit=1), "greedy")
+
+
+def test_classes_are_the_untouched_pipelines_and_one_component_per_failure():
+    sched = _planned(dp=12, pp=2, mb=2, failed=((1, 1), (7, 1)))
+    classes = sched.layout.classes
+    assert classes[0].size == 1 and classes[0].count == 12 - 2 * 3  # untouched, planned once
+    assert classes[1].copies == ((1, 2, 3), (7, 8, 9))  # faulty first, then the next free pipelines
+    assert sched.layout.reduced_dp == 4
+
+
+def test_a_copy_unlike_its_class_is_refused():
+    sched = _planned()
+    cls = sched.layout.classes
+    # Swap an untouched copy with the faulty pipeline of the component: the copies no longer match.
+    untouched = cls[0].copies
+    comp = cls[1].copies[0]
+    bad = Layout(classes=(PipelineClass(copies=((comp[0],),) + untouched[1:]),
+                          PipelineClass(copies=((untouched[0][0],) + comp[1:],))))
+    broken = replace(sched, layout=bad)
+    diags = check_schedule(broken)
+    assert diags and {d.code for d in diags} == {"E409"}
+    assert "failed" in diags[0].message
+    assert check_schedule(broken.expand())  # op by op: ops on a failed GPU
+
+
+def test_an_op_on_another_class_gpu_is_refused():
+    sched = _planned()
+    red, pp = sched.reduced, sched.instance.pp
+    comp_first = sched.layout.offsets[1]
+    i = next(k for k, op in enumerate(red.ops) if op.dp == comp_first + 1 and op.kind == "F")
+    op = red.ops[i]
+    moved = replace(op, rank=0 * pp + op.pp)  # onto the untouched class's GPU
+    broken = replace(sched, reduced=replace(red, ops=red.ops[:i] + (moved,) + red.ops[i + 1:]))
+    assert [d.code for d in check_schedule(broken)][:1] == ["E410"]
+
+
+def test_schedule_file_v2_round_trip(tmp_path):
+    from schedc.schedule_io import parse_schedule, read_schedule, write_schedule
+
+    sched = _planned(dp=10, pp=3, mb=2, failed=((4, 2),), slow={(8, 0): 0.5})
+    path = write_schedule(tmp_path / "schedule.json", sched, metrics_of(sched))
+    obj = json.loads(path.read_text())
+    assert obj["format"] == "schedc.schedule/v2"
+    assert len(obj["ops"]) == len(sched.reduced.ops) < sched.n_ops  # one copy of each class
+    back, raw = read_schedule(path)
+    assert isinstance(back, SymmetricSchedule)
+    assert back.layout == sched.layout and back.instance == sched.instance
+    assert back.reduced.instance == sched.reduced.instance
+    assert sorted(back.reduced.ops, key=str) == sorted(sched.reduced.ops, key=str)
+    verify_schedule(back)
+    assert simulate(back).iteration_time == raw["iteration_time"]
+    # An op of a copy other than the first is not a v2 file's business: E603, with its path.
+    other = obj["classes"][0]["copies"][1][0]
+    obj["ops"][0]["dp"] = other
+    from schedc.schedule_io import ScheduleFileError
+
+    with pytest.raises(ScheduleFileError) as exc:
+        parse_schedule(obj)
+    assert exc.value.diagnostics[0].code == "E603" and "$.ops[0].dp" in exc.value.diagnostics[0].message
+    obj = json.loads(path.read_text())
+    obj["classes"][0]["copies"][0].append(obj["classes"][1]["copies"][0][0])
+    with pytest.raises(ScheduleFileError) as exc:
+        parse_schedule(obj)
+    assert exc.value.diagnostics[0].code == "E603"
+
+
+def test_exports_draw_the_first_copies(tmp_path):
+    from schedc.export import write_torch_csvs
+    from schedc.export.svg import render_timeline
+    from schedc.export.torch_csv import dumps_pipeline_csv
+    from schedc.export.trace import trace_events
+
+    sched = _planned(dp=12, pp=2, mb=2, failed=((1, 1),))
+    tracks = [e for e in trace_events(sched)["traceEvents"] if e.get("name") == "thread_name"]
+    assert len(tracks) == sched.layout.reduced_dp * 2
+    assert any("x9" in t["args"]["name"] for t in tracks)  # the untouched pipeline, 9 copies
+    svg = render_timeline(sched, metrics_of(sched))
+    assert "first copy of each of 2 classes" in svg and "stands for 9" in svg
+    paths = write_torch_csvs(tmp_path, sched)
+    assert [p.name for p in paths] == ["pipeline_0.csv"]  # the untouched class's first copy
+    assert paths[0].read_text() == dumps_pipeline_csv(sched.expand(), 0)
+
+
+def test_compile_plans_large_clusters_by_classes(tmp_path):
+    """From 1,024 GPUs on compile plans by classes on its own; the plan is no slower than planning
+    every pipeline (greedy both ways), and writes one program per rank of each class."""
+    from schedc.plan import compile
+
+    spec = """
+cluster { dp = 128  pp = 8  gpus_per_node = 8  gpu { memory = 40GiB }  link { latency = 20us  bandwidth = 25GB/s } }
+stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 0.8ms  optimizer = 0.4ms
+               activation = 2GiB  stash = 512MiB  static = 12GiB  send = 16MiB } }
+train { microbatches = 8 }
+failures { fail gpu(dp=5, pp=3) }
+schedule { solver = greedy }
+"""
+    plan = compile(spec)
+    assert isinstance(plan.schedule, SymmetricSchedule)
+    assert plan.schedule.layout.reduced_dp == 1 + 9
+    whole = compile(spec, symmetric=False)
+    assert isinstance(whole.schedule, Schedule)
+    assert plan.metrics.iteration_time <= whole.metrics.iteration_time
+    out = plan.write(tmp_path / "out")
+    names = sorted(p.name for p in out.iterdir())
+    assert not any(n.startswith("rank_") for n in names)
+    assert sum(n.startswith("program_c") for n in names) == (1 + 9) * 8 - 1  # the failed GPU has none
+    manifest = json.loads((out / "programs.json").read_text())
+    assert len(manifest["programs"]) == 1023 and len(manifest["copy_tables"]) == 119 + 1
+
+
+def test_small_clusters_stay_op_by_op():
+    from schedc.plan import compile
+
+    plan = compile("specs/example.sched")
+    assert isinstance(plan.schedule, Schedule) and plan.changed_ranks is None
+
+
+def test_replan_reuses_classes_and_says_which_ranks_changed():
+    """A failure like an earlier one adds a copy: no search, the same reduced schedule; the
+    ranks it reports changed are exactly those whose program changed op by op."""
+    from schedc.plan import compile
+    from schedc.replan import changed_ranks, replan
+
+    spec = """
+cluster { dp = 12  pp = 2  gpus_per_node = 2  gpu { memory = 40GiB } }
+stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 1ms  optimizer = 0.2ms
+               activation = 1GiB  stash = 256MiB  static = 1GiB  send = 1MiB } }
+train { microbatches = 2 }
+failures { fail gpu(dp=1, pp=1) }
+schedule { solver = greedy }
+"""
+    plan = compile(spec, symmetric=True)
+    assert isinstance(plan.schedule, SymmetricSchedule)
+    again = replan(plan, "fail gpu(dp=6, pp=1)", deadline=5.0, solver="greedy", symmetric=True)
+    assert again.schedule.reduced is plan.schedule.reduced  # a copy more, nothing planned
+    assert again.schedule.layout.classes[1].copies == ((1, 2, 3), (6, 7, 8))
+    verify_schedule(again.schedule)
+    op_by_op = changed_ranks(plan.schedule.expand(), again.schedule.expand())
+    assert again.changed_ranks == op_by_op
+    inst = again.instance
+    assert inst.gpu(6, 0).rank in again.changed_ranks  # sends its activations to helpers now
+    assert {g.rank for g in plan.instance.live_gpus(1)} <= again.changed_ranks  # the group changed
+    # Stage 0 of the helpers and of untouched pipelines run what they ran (a helper's extra work
+    # is at stage 1), with the same all-reduce group.
+    assert not {inst.gpu(d, 0).rank for d in (7, 8, 10)} & again.changed_ranks
+    # A slowdown unlike anything before: one new class, planned; the old components are kept.
+    slower = replan(again, "slow gpu(dp=10, pp=0) speed = 0.5", deadline=5.0, solver="greedy",
+                    symmetric=True)
+    assert {c.copies for c in slower.schedule.layout.classes} >= {((1, 2, 3), (6, 7, 8)), ((10, 11),)}
+    assert changed_ranks(again.schedule.expand(), slower.schedule.expand()) == slower.changed_ranks
+    # The GPU comes back: its component goes, and the plan is what a fresh compile would give.
+    back = replan(slower, "recover gpu(dp=6, pp=1)", deadline=5.0, solver="greedy", symmetric=True)
+    verify_schedule(back.schedule)
+    assert all(6 not in copy for c in back.schedule.layout.classes[1:] for copy in c.copies
+               if c.size > 1 and copy[0] == 6)
+    assert changed_ranks(slower.schedule.expand(), back.schedule.expand()) == back.changed_ranks
+
+
+def test_symmetric_programs_train_exactly(tmp_path):
+    """Class programs (shared by copies, bound to their copy's ranks at load) on real gloo
+    processes give the weights of single-process training."""
+    from schedc.codegen import write_programs
+    from schedc.runtime import launch, load_manifest, reference_train
+    from test_runtime_support import max_weight_diff, spec_for
+
+    sched = _planned(dp=4, pp=2, mb=1, failed=((0, 1),), latency=10)
+    assert sched.layout.reduced_dp == 3  # pipelines 2 and 3 share one program per stage
+    verify_schedule(sched)
+    spec = spec_for(sched.instance, source="schedc.models.mlp:build", optimizer="sgd", lr=0.05)
+    write_programs(spec, sched, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("program_c*.py")) == [
+        "program_c0_000.py", "program_c0_001.py", "program_c1_000.py", "program_c1_002.py",
+        "program_c1_003.py"]
+    result = launch(tmp_path, iterations=2, want_weights=True, timeout=30)
+    ref, _ = reference_train(load_manifest(tmp_path), 2)
+    assert max_weight_diff(result.state_dict, ref) <= 1e-5
+
+
+def test_nccl_receive_order_reads_the_rank_copy_only():
+    from schedc.runtime.channels import receive_order
+
+    sched = _planned(dp=10, pp=3, mb=2, failed=((4, 1),))
+    whole = sched.expand()
+    for rank in range(len(sched.instance.gpus)):
+        assert receive_order(sched, rank) == receive_order(whole, rank)
