@@ -36,11 +36,9 @@ from schedc.spec import Gpu
 from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, reduced_instance
 from schedc.timing import schedule_from_programs
 
-#: Planned by classes only from this many GPUs on (below it, planning every pipeline takes
-#: well under a second and the plans stay op by op, as they always were) ...
+#: Planned by classes from this many GPUs on (below it, planning every pipeline takes well
+#: under a second and the plans stay op by op, as they always were).
 MIN_GPUS = 1024
-#: ... and only when the reduced instance has at most this share of the pipelines.
-MAX_REDUCED_SHARE = 0.5
 
 Signature = tuple[tuple[tuple[str, float], ...], ...]  # per local pipeline, per stage: (state, speed)
 LocalPrograms = dict[int, list[OpId]]  # local rank -> program
@@ -122,9 +120,9 @@ class Decomposition:
 
 
 def decompose(instance: Instance, previous: "Decomposition | None" = None,
-              helpers: int | None = None, max_share: float = MAX_REDUCED_SHARE) -> Decomposition | None:
-    """The classes of `instance`'s pipelines, or None when the reduced instance would have more
-    than `max_share` of the pipelines (or all of them)."""
+              helpers: int | None = None) -> Decomposition | None:
+    """The classes of `instance`'s pipelines, or None when no pipeline would repeat another
+    (or the untouched pipelines are too few to help every faulty one)."""
     comps = components(instance, helpers, previous)
     if comps is None:
         return None
@@ -143,13 +141,13 @@ def decompose(instance: Instance, previous: "Decomposition | None" = None,
         classes.append(PipelineClass(copies=tuple(by_sig[sig])))
         signatures.append(sig)
     layout = Layout(classes=tuple(classes))
-    if layout.reduced_dp > max_share * instance.dp or layout.reduced_dp == instance.dp:
+    if layout.reduced_dp == instance.dp:
         return None
     return Decomposition(layout=layout, components=sigs, signatures=tuple(signatures))
 
 
 def worth_it(instance: Instance) -> bool:
-    """Whether `compile`/`replan` plan `instance` by classes (when the classes halve it)."""
+    """Whether `compile`/`replan` plan `instance` by classes on their own (when some repeat)."""
     return instance.dp * instance.pp >= MIN_GPUS
 
 

@@ -272,9 +272,9 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
 
     `solver` overrides `spec.schedule.solver`; `time_limit` (seconds)
     overrides `spec.schedule.time_limit`. Deterministic for the same input.
-    `symmetric`: plan by classes of alike pipelines (`schedc.decompose`): None (the
-    default) from 1,024 GPUs on when that halves the pipelines to plan, True whenever
-    at least one pipeline repeats another, False never (every pipeline op by op).
+    `symmetric`: plan by classes of alike pipelines (`schedc.decompose`) whenever at
+    least one pipeline repeats another: None (the default) from 1,024 GPUs on, True at
+    any size, False never (every pipeline op by op).
 
     >>> plan = compile("specs/example.sched", solver="1f1b")  # doctest: +SKIP
     >>> plan.metrics.iteration_time  # doctest: +SKIP
@@ -319,15 +319,14 @@ def _compile(spec: Spec, solver: str | None, time_limit: float | None, seed: int
 
 def _by_classes(solve, name: str, symmetric: bool | None):
     """`solve`, planning by classes of alike pipelines where `symmetric` asks for it
-    (None: `decompose.worth_it`) and the classes halve the pipelines to plan."""
+    (None: `decompose.worth_it`) and some pipelines repeat others."""
     from schedc.decompose import decompose, plan_by_classes, worth_it
 
     if symmetric is False:
         return solve
 
     def solve_by_classes(instance, options):
-        dec = (decompose(instance, max_share=1.0) if symmetric
-               else decompose(instance) if worth_it(instance) else None)
+        dec = decompose(instance) if (symmetric or worth_it(instance)) else None
         if dec is None:
             return solve(instance, options)
         return plan_by_classes(instance, dec, solve, options, name)

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from schedc.diagnostics import InfeasibleError, VerificationError, error
-from schedc.decompose import MAX_REDUCED_SHARE, decompose, decomposition_of, plan_by_classes, worth_it
+from schedc.decompose import decompose, decomposition_of, plan_by_classes, worth_it
 from schedc.events import apply_events
 from schedc.instance import Instance, from_spec
 from schedc.plan import Plan
@@ -110,8 +110,7 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
     instance = from_spec(spec)
     dec = None
     if symmetric is not False and (symmetric or worth_it(instance)):
-        dec = decompose(instance, previous=decomposition_of(plan.schedule), max_share=1.0 if symmetric else
-                        MAX_REDUCED_SHARE)
+        dec = decompose(instance, previous=decomposition_of(plan.schedule))
     checked = instance if dec is None else replace(instance, dp=dec.layout.reduced_dp)
     reserve = max(_CHECK_S_MIN, _CHECK_S_PER_OP * _n_ops(checked))
     budget = max(0.0, min(deadline * _SOLVER_SHARE, deadline - reserve - (time.monotonic() - started)))

@@ -140,7 +140,7 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
 
 
 def _reduced_runs():
-    from schedc.symmetry import IdentityCache
+    from schedc.memo import IdentityCache
 
     return IdentityCache()
 

@@ -23,7 +23,6 @@ W is the same in every copy (tests/test_symmetry.py checks both ways).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Iterator, Mapping
@@ -315,24 +314,3 @@ def _healthy(inst: Instance, d: int) -> bool:
 def n_ops(schedule) -> int:
     """Ops of a schedule, compact or not, without expanding it."""
     return schedule.n_ops if isinstance(schedule, SymmetricSchedule) else len(schedule.ops)
-
-
-class IdentityCache:
-    """Results computed for an object, kept while it lives, found by identity (`is`), never by
-    equality: a frozen reduced schedule that a replan reuses as it is need not be verified or
-    simulated again. Small: the last `size` objects."""
-
-    def __init__(self, size: int = 4):
-        self._size = size
-        self._items: list[tuple[weakref.ref, object, object]] = []
-
-    def get(self, obj, key=None):
-        for ref, k, value in self._items:
-            if ref() is obj and k == key:
-                return value
-        return None
-
-    def put(self, obj, value, key=None) -> None:
-        self._items = [(ref, k, v) for ref, k, v in self._items if ref() is not None and ref() is not obj]
-        self._items.append((weakref.ref(obj), key, value))
-        del self._items[:-self._size]

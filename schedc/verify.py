@@ -602,7 +602,7 @@ def _check_symmetric(schedule) -> list[Diagnostic]:
 
 
 def _passed_cache():
-    from schedc.symmetry import IdentityCache
+    from schedc.memo import IdentityCache
 
     return IdentityCache()
 

@@ -37,7 +37,7 @@ def symmetric_cases(draw):
         backward_weight=draw(st.integers(1, 4)) * 500, optimizer=draw(st.integers(0, 3)) * 200,
         latency=draw(st.integers(0, 50)), decouple_backward=draw(st.booleans()),
         stagger_optimizer=draw(st.booleans()))
-    dec = decompose(inst, helpers=draw(st.integers(1, 2)), max_share=1.0)
+    dec = decompose(inst, helpers=draw(st.integers(1, 2)))
     assume(dec is not None)
     return plan_by_classes(inst, dec, get_solver("greedy"), SolveOptions(time_limit=1), "greedy")
 
@@ -90,7 +90,7 @@ def test_a_broken_reduced_schedule_fails_both_ways(sched, data):
 
 def _planned(dp=8, pp=2, mb=2, failed=((1, 1),), slow=None, **kw) -> SymmetricSchedule:
     inst = make_instance(dp, pp, mb, failed=list(failed), slow=slow, optimizer=300, **kw)
-    dec = decompose(inst, max_share=1.0)
+    dec = decompose(inst)
     assert dec is not None
     return plan_by_classes(inst, dec, get_solver("greedy"), SolveOptions(time_limit=1), "greedy")
 
