@@ -7,9 +7,9 @@ program. So a cluster is cut into *components* (a faulty pipeline and
 it has microbatches: one extra microbatch each is the best a peer can do) and
 the *untouched* pipelines. Components whose GPUs are in the same states at
 the same places form one class (`schedc.symmetry.PipelineClass`); each class
-is planned once, as a small instance of its own with the chosen solver, and
-the classes' programs are put side by side in the reduced instance and timed
-together (the optimizer barrier couples them). `replan` keeps the components
+is planned once, as a small instance of its own with the chosen solver (its
+*part*); the optimizer's barriers couple the parts, which the verifier and the
+simulator account for (`schedc.symmetry`). `replan` keeps the components
 an event leaves alone (same pipelines, same states) and reuses the programs
 of classes it has planned before, so a new failure like an earlier one costs
 no search at all, and an unlike one costs one small instance.
@@ -31,17 +31,14 @@ from typing import Callable
 
 from schedc.diagnostics import VerificationError
 from schedc.instance import Instance
-from schedc.schedule import OpId, Schedule, SolverInfo
-from schedc.spec import Gpu
-from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, reduced_instance
-from schedc.timing import schedule_from_programs
+from schedc.schedule import Schedule, SolverInfo
+from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, part_instance
 
 #: Planned by classes from this many GPUs on (below it, planning every pipeline takes well
 #: under a second and the plans stay op by op, as they always were).
 MIN_GPUS = 1024
 
 Signature = tuple[tuple[tuple[str, float], ...], ...]  # per local pipeline, per stage: (state, speed)
-LocalPrograms = dict[int, list[OpId]]  # local rank -> program
 
 
 def faulty(instance: Instance, d: int) -> bool:
@@ -151,37 +148,16 @@ def worth_it(instance: Instance) -> bool:
     return instance.dp * instance.pp >= MIN_GPUS
 
 
-def local_instance(instance: Instance, sig: Signature) -> Instance:
-    """A class planned on its own: `len(sig)` pipelines with these GPU states, ranks pipeline-major."""
-    pp = instance.pp
-    gpus = tuple(Gpu(rank=d * pp + s, dp=d, pp=s, node=(d * pp + s) // 8, state=st, speed=sp)
-                 for d, row in enumerate(sig) for s, (st, sp) in enumerate(row))
-    return replace(instance, dp=len(sig), gpus=gpus)
-
-
-def known_programs(schedule) -> dict[Signature, LocalPrograms]:
-    """The programs of every class of a symmetric schedule, by signature, in local numbering."""
+def known_parts(schedule) -> dict[Signature, Schedule]:
+    """The part (a class planned alone) of every class of a symmetric schedule, by signature."""
     if not isinstance(schedule, SymmetricSchedule):
         return {}
-    lay, red = schedule.layout, schedule.reduced
-    pp = red.instance.pp
-    out: dict[Signature, LocalPrograms] = {}
-    for c, (cls, sig) in enumerate(zip(lay.classes, class_signatures(schedule))):
-        off = lay.offsets[c]
-        progs: LocalPrograms = {}
-        for i in range(cls.size):
-            for s in range(pp):
-                rank = (off + i) * pp + s
-                progs[i * pp + s] = [OpId(op.kind, op.dp - off, op.pp, op.mb) for op in red.program(rank)]
-        out[sig] = progs
-    return out
+    return dict(zip(class_signatures(schedule), schedule.parts))
 
 
 def class_signatures(schedule: SymmetricSchedule) -> tuple[Signature, ...]:
-    """Each class's signature, read from the reduced instance."""
-    lay, red = schedule.layout, schedule.reduced.instance
-    return tuple(signature(red, tuple(range(off, off + cls.size)))
-                 for off, cls in zip(lay.offsets, lay.classes))
+    """Each class's signature, read from its part's instance."""
+    return tuple(signature(part.instance, tuple(range(part.instance.dp))) for part in schedule.parts)
 
 
 Solve = Callable[[Instance, object], Schedule]
@@ -189,11 +165,10 @@ Solve = Callable[[Instance, object], Schedule]
 
 def plan_by_classes(instance: Instance, decomposition: Decomposition, solve: Solve, options,
                     name: str, previous: SymmetricSchedule | None = None) -> SymmetricSchedule:
-    """Plan each class that `previous` (the plan `replan` starts from) has no programs for on its
-    own (the `solve` of solver `name`), time all classes' programs together on the reduced
-    instance, and return the symmetric schedule. When every class is one `previous` has, in the
-    same order, its reduced schedule is reused as it is (the same object: what the verifier and
-    the simulator found for it still holds), and only the copies change.
+    """Plan each class that `previous` (the plan `replan` starts from) has no part for on its
+    own (the `solve` of solver `name`) and return the symmetric schedule of all parts. A part
+    `previous` has is reused as it is (the same object: what the verifier and the simulator
+    found for it still holds), so a replan costs the classes it plans, not the cluster.
 
     `options.deadline` (replan) is shared out evenly among the classes still to plan."""
     from schedc.solvers import get_solver
@@ -201,18 +176,11 @@ def plan_by_classes(instance: Instance, decomposition: Decomposition, solve: Sol
 
     started = time.perf_counter()
     lay = decomposition.layout
-    if not isinstance(previous, SymmetricSchedule):
-        previous = None
-    known = known_programs(previous) if previous is not None else {}
-    if previous is not None and decomposition.signatures == class_signatures(previous):
-        info = SolverInfo(name=name, status=previous.solver.status, wall_s=time.perf_counter() - started,
-                          detail=(f"planned by classes: {lay.full_dp:,} pipelines as {lay.reduced_dp:,} "
-                                  f"({len(lay.classes)} classes, 0 planned, all reused)"))
-        return SymmetricSchedule(instance=instance, layout=lay, reduced=previous.reduced, solver=info)
-    todo = [sig for sig in decomposition.signatures if sig not in known]
+    known = known_parts(previous)
+    todo = [c for c, sig in enumerate(decomposition.signatures) if sig not in known]
     details, statuses, stopped = [], [], "work"
-    for k, sig in enumerate(todo):
-        local = local_instance(instance, sig)
+    for k, c in enumerate(todo):
+        local = part_instance(instance, lay.classes[c].copies[0])
         # The work budget is shared out evenly (the same plan under any load); a deadline too.
         opts = replace(options, time_limit=options.time_limit / len(todo), hint=None)
         if options.deadline is not None:
@@ -225,27 +193,22 @@ def plan_by_classes(instance: Instance, decomposition: Decomposition, solve: Sol
             # A solver bug must not reach the user: the greedy list scheduler plans this class.
             sched = get_solver("greedy")(local, opts)
             verify_schedule(sched)
-        known[sig] = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
+        known[decomposition.signatures[c]] = sched
         statuses.append(sched.solver.status)
-        details.append(f"{len(sig)} pipelines: {sched.solver.name} {sched.solver.status}")
+        details.append(f"{lay.classes[c].size} pipelines: {sched.solver.name} {sched.solver.status}")
         if sched.solver.stopped_by == "deadline":
             stopped = "deadline"
-    red = reduced_instance(instance, lay)
-    pp = instance.pp
-    programs: dict[int, list[OpId]] = {}
-    for c, sig in enumerate(decomposition.signatures):
-        off = lay.offsets[c]
-        for local_rank, prog in known[sig].items():
-            programs[off * pp + local_rank] = [OpId(op.kind, op.dp + off, op.pp, op.mb) for op in prog]
     reused = len(decomposition.signatures) - len(todo)
+    if not todo and previous is not None:
+        statuses.append(previous.solver.status)
     info = SolverInfo(
         name=name, status="fallback" if "fallback" in statuses else "feasible",
         wall_s=time.perf_counter() - started, stopped_by=stopped,
         detail=(f"planned by classes: {lay.full_dp:,} pipelines as {lay.reduced_dp:,} "
                 f"({len(lay.classes)} classes, {len(todo)} planned, {reused} reused)"
                 + (": " + "; ".join(details) if details else "")))
-    reduced = schedule_from_programs(red, programs, info)
-    return SymmetricSchedule(instance=instance, layout=lay, reduced=reduced, solver=info)
+    parts = tuple(known[sig] for sig in decomposition.signatures)
+    return SymmetricSchedule(instance=instance, layout=lay, parts=parts, solver=info)
 
 
 def decomposition_of(schedule) -> Decomposition | None:

@@ -33,7 +33,7 @@ from schedc.diagnostics import Diagnostic, SchedcError, error
 from schedc.instance import Instance
 from schedc.schedule import Schedule, ScheduledOp, SolverInfo
 from schedc.spec import STAGE_KEYS, Gpu, LinkSpec, StageCosts
-from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, reduced_instance
+from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, part_instance
 
 FORMAT = "schedc.schedule/v1"
 FORMAT_V2 = "schedc.schedule/v2"
@@ -373,18 +373,27 @@ def _parse_v2(obj: dict, where: str) -> tuple[SymmetricSchedule, dict]:
         raise ScheduleFileError(diags[:20])
     of_full = layout.of_full
     pp = inst.pp
-    ops = []
+    parts_ops: list[list[ScheduledOp]] = [[] for _ in layout.classes]
     for i, op in enumerate(full.ops):
         runner = inst.gpu_of_rank(op.rank) if 0 <= op.rank < len(inst.gpus) else None
-        for what, d in (("dp", op.dp), ("rank", None if runner is None else runner.dp)):
-            if d is None or d not in of_full or of_full[d][1] != 0:
-                diags.append(error("E603", f"{where}: `$.ops[{i}].{what}` = {getattr(op, what)} is not in the "
-                                           "first copy of a class",
-                                   hint="a v2 file lists the ops of each class's first copy only"))
-                break
-        else:
-            ops.append(replace(op, rank=of_full[runner.dp][0] * pp + runner.pp, dp=of_full[op.dp][0]))
+        bad = next((name for name, d in (("dp", op.dp), ("rank", None if runner is None else runner.dp))
+                    if d is None or d not in of_full or of_full[d][1] != 0), None)
+        if bad is not None:
+            diags.append(error("E603", f"{where}: `$.ops[{i}].{bad}` = {getattr(op, bad)} is not in "
+                                       "the first copy of a class",
+                               hint="a v2 file lists the ops of each class's first copy only"))
+            continue
+        r = of_full[op.dp][0]
+        c = layout.class_of_reduced[r]
+        if layout.class_of_reduced[of_full[runner.dp][0]] != c:
+            diags.append(error("E603", f"{where}: `$.ops[{i}]` ({op}) runs on rank {op.rank}, a GPU of "
+                                       "another class",
+                               hint="an op of a class runs on the GPUs of its own copy"))
+            continue
+        off = layout.offsets[c]
+        parts_ops[c].append(replace(op, rank=(of_full[runner.dp][0] - off) * pp + runner.pp, dp=r - off))
     if diags:
         raise ScheduleFileError(diags[:20])
-    reduced = Schedule(instance=reduced_instance(inst, layout), ops=tuple(ops), solver=full.solver)
-    return SymmetricSchedule(instance=inst, layout=layout, reduced=reduced, solver=full.solver), raw
+    parts = tuple(Schedule(instance=part_instance(inst, cls.copies[0]), ops=tuple(ops), solver=full.solver)
+                  for cls, ops in zip(layout.classes, parts_ops))
+    return SymmetricSchedule(instance=inst, layout=layout, parts=parts, solver=full.solver), raw

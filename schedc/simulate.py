@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from schedc.schedule import Schedule, SolverInfo
-from schedc.timing import STEADY_ITERATIONS, ProgramRun, run_programs, steady_period
+from schedc.timing import STEADY_ITERATIONS, ProgramRun, combine_summaries, program_graph, run_programs, steady_period
 from schedc.verify import memory_profile
 
 #: Iterations simulated back to back (K); the window averaged over is `schedc.timing.STEADY_WINDOW`.
@@ -35,7 +35,7 @@ class SimResult:
     peak_memory: Mapping[int, int]  # rank -> bytes
     memory_limit: int
     lower_bound: float
-    run: ProgramRun = field(repr=False, compare=False)
+    run: ProgramRun | None = field(repr=False, compare=False)  # None for a symmetric schedule
 
     @property
     def ratio_to_lower_bound(self) -> float:
@@ -139,23 +139,57 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
     )
 
 
-def _reduced_runs():
+def _summaries():
     from schedc.memo import IdentityCache
 
-    return IdentityCache()
+    return IdentityCache(size=64)
 
 
-#: Simulations of reduced schedules (a replan that only adds copies reuses the same object).
-_REDUCED_RUNS = _reduced_runs()
+#: Per part: its barrier summary, busy time and peak memory per local rank (a replan reuses parts).
+_PARTS = _summaries()
+
+
+def _part_summary(part: Schedule):
+    known = _PARTS.get(part)
+    if known is None:
+        inst = part.instance
+        programs = part.programs
+        graph = program_graph(inst, {r: [op.id for op in prog] for r, prog in programs.items()})
+        busy = {r: sum(inst.duration(op.kind, op.pp, r) for op in prog) for r, prog in programs.items()}
+        peak = {r: memory_profile(inst, r, prog).peak for r, prog in programs.items()}
+        known = (graph.barrier_summary(), busy, peak)
+        _PARTS.put(part, known)
+    return known
 
 
 def _simulate_symmetric(schedule, iterations: int) -> SimResult:
-    """A symmetric schedule runs as its reduced schedule does: every copy of a reduced GPU's program
-    has that GPU's busy time, bubble and peak memory; the lower bound is the whole cluster's."""
-    red = _REDUCED_RUNS.get(schedule.reduced, iterations)
-    if red is None:
-        red = simulate(schedule.reduced, iterations=iterations)
-        _REDUCED_RUNS.put(schedule.reduced, red, iterations)
+    """A symmetric schedule: each part (a class planned alone) is summarised once by how its
+    optimizer barriers carry over from one iteration to the next (`ProgramGraph.barrier_summary`),
+    and the parts run together through the barriers they share (`combine_summaries`): the
+    iteration ends of running the whole reduced schedule, at a cost per class. Every copy of a
+    GPU's program has its busy time, bubble and peak memory; the lower bound is the cluster's."""
+    summaries = [_part_summary(part) for part in schedule.parts]
+    if any(s[0] is None for s in summaries):  # a rank with no ops: run the reduced schedule instead
+        return _expand_metrics(schedule, simulate(schedule.reduced, iterations=iterations))
+    ends = combine_summaries([s[0] for s in summaries], iterations)
+    period = steady_period(ends)
+    lay, pp = schedule.layout, schedule.instance.pp
+    busy, bubble, peak = {}, {}, {}
+    for off, (_, part_busy, part_peak) in zip(lay.offsets, summaries):
+        for local, b in part_busy.items():
+            for full in schedule.full_ranks[off * pp + local]:
+                busy[full], peak[full] = b, part_peak[local]
+                bubble[full] = 1.0 - b / period if period > 0 else 0.0
+    return SimResult(iteration_time=period, iteration_end=ends,
+                     busy_time=MappingProxyType(dict(sorted(busy.items()))),
+                     bubble_ratio=MappingProxyType(dict(sorted(bubble.items()))),
+                     peak_memory=MappingProxyType(dict(sorted(peak.items()))),
+                     memory_limit=schedule.instance.gpu_memory, lower_bound=schedule.instance.lower_bound,
+                     run=None)
+
+
+def _expand_metrics(schedule, red: SimResult) -> SimResult:
+    """The reduced schedule's simulation, per-GPU figures given to every copy."""
     busy, bubble, peak = {}, {}, {}
     for r, fulls in enumerate(schedule.full_ranks):
         if r in red.busy_time:

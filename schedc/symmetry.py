@@ -8,17 +8,25 @@ same stage leave two groups with the same programs. A `Layout` names these
 *classes*: each class is a group of `size` pipelines and the *copies* of it
 in the cluster (tuples of full pipeline indices, copy 0 the representative).
 
-A `SymmetricSchedule` is a `Schedule` of the *reduced instance* (one copy
-of every class, its pipelines numbered 0.. in class order, ranks
-pipeline-major) plus the layout. Its meaning is the *expanded* schedule:
-every copy of a class runs the reduced ops of that class with its own
-pipelines and GPUs. The verifier (`schedc.verify`) and the simulator
-(`schedc.simulate`) check and time the reduced schedule, after checking that
-the expansion is sound (every copy's GPUs are in the same state and speed as
-the representative's, and no op of a class runs outside its class); they give
-the same verdict and the same times as the expanded schedule op by op,
-because copies share nothing but the optimizer's barrier, whose latest
-W is the same in every copy (tests/test_symmetry.py checks both ways).
+A `SymmetricSchedule` holds one `Schedule` per class, its *part*: the class
+planned alone, on an instance of its own pipelines (numbered 0.., ranks
+pipeline-major), plus the layout. Its meaning is the *expanded* schedule:
+every copy of a class runs the part's ops with its own pipelines and GPUs,
+each optimizer step O starting once its GPU's other ops have ended and its
+barrier is reached (the latest W of its stage, or of every stage, in any
+part: the optimizer's barrier is the one thing copies and classes share).
+The O times a part stores are not part of the meaning; the verifier checks
+each part with its O ops at its own barriers, which holds for the later
+shared ones too (an O is its GPU's last op and holds no memory). `reduced` is
+that schedule for one copy of every class, side by side (the *reduced
+instance*); the exports, the schedule file and the programs are written
+from it. The verifier (`schedc.verify`) checks every part on its own and
+that every copy's GPUs are in the same state and speed as its part's; the
+simulator (`schedc.simulate`) times the parts together through their
+barriers (`schedc.timing.combine_summaries`). Both give the verdict and the
+times of the expanded schedule op by op (tests/test_symmetry.py checks both
+ways), at a cost per class, not per pipeline; a part reused as it is (the
+same object) is not checked or summarised again.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from functools import cached_property
 from typing import Iterator, Mapping
 
 from schedc.instance import Instance
+from schedc.opgraph import optimizer_waits_for
 from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo, _program_order
 from schedc.spec import Gpu
 
@@ -116,12 +125,26 @@ def reduced_instance(full: Instance, layout: Layout) -> Instance:
     return replace(full, dp=layout.reduced_dp, gpus=reduced_gpus(full, layout))
 
 
-def layout_problems(full: Instance, layout: Layout, reduced: Instance) -> list[str]:
-    """Why expanding a schedule of `reduced` over `layout` would not be a schedule of `full`
-    (empty: it would). Checks every GPU of every copy against its class's representative."""
+def part_instance(full: Instance, copy: tuple[int, ...]) -> Instance:
+    """A class on its own: the pipelines of `copy` renumbered 0.., ranks pipeline-major."""
+    pp = full.pp
+    gpus = []
+    for i, d in enumerate(copy):
+        for s in range(pp):
+            g = full.gpu(d, s)
+            gpus.append(Gpu(rank=i * pp + s, dp=i, pp=s, node=g.node, state=g.state, speed=g.speed))
+    return replace(full, dp=len(copy), gpus=tuple(gpus))
+
+
+_SHARED = ("pp", "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages")
+
+
+def layout_problems(full: Instance, layout: Layout, parts: tuple[Instance, ...]) -> list[str]:
+    """Why expanding parts on these instances over `layout` would not be a schedule of `full`
+    (empty: it would). Checks every GPU of every copy against its part's."""
     problems: list[str] = []
-    if not layout.classes:
-        return ["the layout has no classes"]
+    if not layout.classes or len(parts) != len(layout.classes):
+        return [f"{len(parts)} parts for {len(layout.classes)} classes"]
     seen: set[int] = set()
     for c, cls in enumerate(layout.classes):
         if cls.size == 0 or any(len(copy) != cls.size for copy in cls.copies):
@@ -140,21 +163,20 @@ def layout_problems(full: Instance, layout: Layout, reduced: Instance) -> list[s
         missing = sorted(set(range(full.dp)) - seen)
         return [f"pipelines {', '.join(map(str, missing[:5]))}{' ...' if len(missing) > 5 else ''} "
                 "are in no class"]
-    if (reduced.dp, reduced.pp) != (layout.reduced_dp, full.pp) or any(
-            getattr(reduced, k) != getattr(full, k) for k in (
-                "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages")):
-        return ["the reduced instance differs from the cluster in shape, options or costs"]
-    for c, cls in enumerate(layout.classes):
-        off = layout.offsets[c]
+    for c, (cls, part) in enumerate(zip(layout.classes, parts)):
+        if part.dp != cls.size or any(getattr(part, k) != getattr(full, k) for k in _SHARED) or any(
+                (g.rank, g.dp, g.pp) != (i * full.pp + s, i, s)
+                for i in range(cls.size) for s in range(full.pp) for g in (part.gpus[i * full.pp + s],)):
+            return [f"class {c}'s schedule is for another shape, options, costs or GPU numbering"]
         for i in range(cls.size):
             for s in range(full.pp):
-                rep = reduced.gpu(off + i, s)
-                for j, copy in enumerate(cls.copies):
+                rep = part.gpus[i * full.pp + s]
+                for copy in cls.copies:
                     g = full.gpu(copy[i], s)
                     if (g.state, g.speed) != (rep.state, rep.speed):
                         problems.append(
                             f"GPU (dp={g.dp}, pp={s}) is {_condition(g)} but the pipeline it repeats "
-                            f"(reduced pipeline {off + i}) has {_condition(rep)} there")
+                            f"(pipeline {i} of class {c}) has {_condition(rep)} there")
                         if len(problems) >= 10:
                             return problems
     return problems
@@ -166,24 +188,67 @@ def _condition(g: Gpu) -> str:
     return f"slow ({g.speed:g})" if g.speed < 1.0 else "live at full speed"
 
 
-def ops_outside_class(layout: Layout, reduced: Schedule) -> list[ScheduledOp]:
-    """Reduced ops run by a GPU of another class (their copies would run on GPUs of other copies)."""
-    of = layout.class_of_reduced
-    pp = reduced.instance.pp
-    return [op for op in reduced.ops if op.dp >= len(of) or op.rank // pp >= len(of)
-            or of[op.dp] != of[op.rank // pp]]
+def barrier_times(instance: Instance, parts) -> dict[tuple[int, ...], int]:
+    """Each optimizer barrier's time in the first iteration: the latest end of a W (B without
+    decoupling) of its stages in any part."""
+    last = "W" if instance.decouple_backward else "B"
+    by_stage: dict[int, int] = {}
+    for part in parts:
+        for op in part.ops:
+            if op.kind == last and op.end > by_stage.get(op.pp, -1):
+                by_stage[op.pp] = op.end
+    groups = {optimizer_waits_for(instance, s) for s in range(instance.pp)}
+    return {grp: max((by_stage.get(s, 0) for s in grp), default=0) for grp in groups}
+
+
+def with_optimizer_at_barrier(instance: Instance, ops, bars: dict[tuple[int, ...], int]) -> list[ScheduledOp]:
+    """`ops` with every O starting as soon as its GPU's other ops have ended and its barrier
+    (`bars`, by group of stages) is reached; its length is kept. In a symmetric schedule that is
+    when an O runs: the times its part gives it are not part of the schedule's meaning."""
+    last_end: dict[int, int] = {}
+    for op in ops:
+        if op.kind != "O" and op.end > last_end.get(op.rank, 0):
+            last_end[op.rank] = op.end
+    out = []
+    for op in ops:
+        if op.kind == "O":
+            start = max(last_end.get(op.rank, 0), bars.get(optimizer_waits_for(instance, op.pp), 0))
+            op = replace(op, start=start, end=start + op.duration)
+        out.append(op)
+    return out
+
+
+def normalized_part(part: Schedule) -> Schedule:
+    """A part with its O ops at the barriers of the part alone (what the verifier checks)."""
+    inst = part.instance
+    return replace(part, ops=tuple(with_optimizer_at_barrier(inst, part.ops, barrier_times(inst, [part]))))
 
 
 @dataclass(frozen=True)
 class SymmetricSchedule:
-    """A schedule of `instance` stored as `reduced` (a `Schedule` of the reduced instance) and
-    the `layout` that repeats it. Reads like a `Schedule`: `ops`, `programs` and `rerouted` expand
-    on first use (op by op; at scale use `reduced` and `layout` instead)."""
+    """A schedule of `instance` stored as one `part` per class of alike pipelines (a `Schedule`
+    of that class alone) and the `layout` that repeats them. Reads like a `Schedule`: `ops`,
+    `programs` and `rerouted` expand on first use (op by op; at scale use `parts`, `reduced`
+    and `layout` instead)."""
 
     instance: Instance
     layout: Layout
-    reduced: Schedule
+    parts: tuple[Schedule, ...]
     solver: SolverInfo
+
+    # -- one copy of every class side by side ---------------------------------------------
+
+    @cached_property
+    def reduced(self) -> Schedule:
+        """One copy of every class as one schedule of the reduced instance, each O at its barrier."""
+        inst, lay, pp = self.instance, self.layout, self.instance.pp
+        bars = barrier_times(inst, self.parts)
+        ops = []
+        for off, part in zip(lay.offsets, self.parts):
+            for op in with_optimizer_at_barrier(inst, part.ops, bars):
+                ops.append(ScheduledOp(rank=op.rank + off * pp, kind=op.kind, dp=op.dp + off, pp=op.pp,
+                                       mb=op.mb, start=op.start, end=op.end))
+        return Schedule(instance=reduced_instance(inst, lay), ops=tuple(ops), solver=self.solver)
 
     # -- the map between reduced and full ranks -----------------------------------------
 
@@ -261,11 +326,7 @@ class SymmetricSchedule:
     @property
     def n_ops(self) -> int:
         """Ops of the expanded schedule, without expanding it."""
-        per_class: dict[int, int] = {}
-        for op in self.reduced.ops:
-            c = self.layout.class_of_reduced[op.dp]
-            per_class[c] = per_class.get(c, 0) + 1
-        return sum(n * self.layout.classes[c].count for c, n in per_class.items())
+        return sum(len(part.ops) * cls.count for part, cls in zip(self.parts, self.layout.classes))
 
     def describe(self) -> str:
         """One line: how many pipelines the reduced schedule stands for."""

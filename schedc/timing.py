@@ -320,6 +320,53 @@ class ProgramGraph:
             ends.append(max((end[o] for o in self.o_nodes), default=0))
         return end, ends
 
+    def barrier_summary(self) -> "BarrierSummary | None":
+        """What the rest of a cluster needs to know of these programs to run them beside others
+        that share its optimizer barriers (`combine_summaries`): the barriers' times in the first
+        iteration, and how each barrier's time in iteration k+1 follows from every barrier's
+        time in iteration k (max-plus: bar'[h] = max over g of bar[g] + transfer[h][g]).
+
+        It holds when every rank's last op is one its optimizer waits for (a rank's O then
+        starts at its barrier): what every schedule that passes the verifier has. None when
+        it does not hold; run the programs instead."""
+        groups = self._groups()
+        pred_sets = [set(p) for p in self.bar_preds]
+        index = {self.bar0 + k: k for k in range(len(groups))}
+        for o in self.o_nodes:
+            last = self.pa[o]
+            if last >= self.o0 or last not in pred_sets[index[self.pb[o]]]:
+                return None  # a rank without ops, or whose last op its barrier does not wait for
+        end, _ = self.run(1)
+        first = tuple(end[self.bar0 + k] for k in range(len(groups)))
+        transfer = []
+        for g in range(len(groups)):
+            start = [NEG] * (self.n + 1)  # the zero node too: from iteration 1 on, every path starts at an O
+            for o in self.o_nodes:
+                if index[self.pb[o]] == g:
+                    start[o] = self.dur[o]  # O(k) of group g ends at bar_g(k) + its duration
+            end = self._one_iteration(start)
+            transfer.append(tuple(end[self.bar0 + h] for h in range(len(groups))))
+        tail = [NEG] * len(groups)
+        for o in self.o_nodes:
+            k = index[self.pb[o]]
+            tail[k] = max(tail[k], self.dur[o])
+        perm = sorted(range(len(groups)), key=lambda k: groups[k])  # the same order in every part
+        return BarrierSummary(groups=tuple(groups[k] for k in perm), first=tuple(first[k] for k in perm),
+                              transfer=tuple(tuple(transfer[g][h] for g in perm) for h in perm),
+                              tail=tuple(tail[k] for k in perm))
+
+    def _one_iteration(self, end: list[int]) -> list[int]:
+        """The compute ops and barriers of one iteration after O ends given in `end` (in place)."""
+        pa, pb, db, dur, zero = self.pa, self.pb, self.db, self.dur, self.n
+        for i in self.order:
+            b = pb[i] if pb[i] >= 0 else zero
+            t = end[pa[i]]
+            e = end[b] + db[i]
+            end[i] = (e if e > t else t) + dur[i]
+        for k, preds in enumerate(self.bar_preds):
+            end[self.bar0 + k] = max([end[j] for j in preds], default=NEG)
+        return end
+
     def period(self, iterations: int = STEADY_ITERATIONS, window: int = STEADY_WINDOW) -> int:
         """Steady-state iteration time (docs/architecture.md, the simulator)."""
         return steady_period(self.run(iterations)[1], window)
@@ -356,6 +403,41 @@ class ProgramGraph:
             out.append(ScheduledOp(rank=r, kind="O", dp=g.dp, pp=g.pp, mb=None,
                                    start=end[o] - dur[o], end=end[o]))
         return tuple(out)
+
+
+#: Minus infinity for max-plus sums in integers: "no path".
+NEG = -(1 << 62)
+
+
+@dataclass(frozen=True)
+class BarrierSummary:
+    """`ProgramGraph.barrier_summary`: groups of stages that share an optimizer barrier, each
+    barrier's time in iteration 0, `transfer[h][g]` (bar_h(k+1) - bar_g(k) along the longest
+    path, NEG if none) and `tail[g]`, the longest O after barrier g (an iteration ends at the
+    latest bar_g + tail[g])."""
+
+    groups: tuple[tuple[int, ...], ...]
+    first: tuple[int, ...]
+    transfer: tuple[tuple[int, ...], ...]
+    tail: tuple[int, ...]
+
+
+def combine_summaries(parts: Sequence[BarrierSummary], iterations: int) -> tuple[int, ...]:
+    """T_k, the end of every iteration k < `iterations`, of programs that share optimizer
+    barriers and nothing else (the classes of a symmetric schedule): the barrier of a group
+    waits for the latest W of it in every part. Exactly what running them all together gives."""
+    groups = parts[0].groups
+    if any(p.groups != groups for p in parts):
+        raise ValueError("the parts group their optimizer barriers differently")
+    G = len(groups)
+    bar = [max(p.first[g] for p in parts) for g in range(G)]
+    tail = [max(p.tail[g] for p in parts) for g in range(G)]
+    ends = []
+    for k in range(iterations):
+        ends.append(max(bar[g] + tail[g] for g in range(G)))
+        if k + 1 < iterations:
+            bar = [max(p.transfer[h][g] + bar[g] for p in parts for g in range(G)) for h in range(G)]
+    return tuple(ends)
 
 
 def program_graph(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -> ProgramGraph:

@@ -17,12 +17,12 @@ Codes (stable, documented in docs/verifier.md):
     E403 dependency (with transfer time)     E408 malformed times
     E404 two ops overlap on one GPU          E409 a repeated pipeline differs from
                                                   the one it repeats (symmetric schedules)
-    E410 an op runs outside its class        (E420/E421: the program runner)
+    (E420/E421: the program runner)
 
 A `schedc.symmetry.SymmetricSchedule` (a large cluster planned by classes of
-pipelines) is checked as its reduced schedule, after E409/E410 make sure that
-expanding it gives a schedule of the cluster; the verdict is the one the
-expanded schedule gets op by op (tests/test_symmetry.py).
+pipelines) is checked part by part (each class planned alone), after E409
+makes sure that expanding it gives a schedule of the cluster; the verdict is
+the one the expanded schedule gets op by op (tests/test_symmetry.py).
 
 Messages name ops in torch.distributed.pipelining's notation prefixed by the
 owning pipeline (``d1:2F5``); where a rank's program is involved the
@@ -32,7 +32,7 @@ like torch's ``_format_pipeline_order``, with ``<-- ERROR HERE``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from operator import add, eq, lt
 from typing import Iterable, Mapping, Sequence
@@ -578,41 +578,33 @@ def verify_schedule(schedule: Schedule) -> None:
 
 
 def _check_symmetric(schedule) -> list[Diagnostic]:
-    """A symmetric schedule: its layout repeats only like pipelines (E409), no op of a class runs
-    on another class's GPU (E410), and the reduced schedule obeys every rule."""
-    from schedc.symmetry import layout_problems, ops_outside_class
+    """A symmetric schedule: its layout repeats only like pipelines (E409), and every part (a
+    class planned alone), its O ops at its own barriers, obeys every rule. Starting an O later
+    (at the barrier it shares with the other parts) breaks none: it is its GPU's last op and
+    holds no memory."""
+    from schedc.symmetry import layout_problems, normalized_part
 
-    problems = layout_problems(schedule.instance, schedule.layout, schedule.reduced.instance)
+    problems = layout_problems(schedule.instance, schedule.layout, tuple(p.instance for p in schedule.parts))
     if problems:
         return [error("E409", f"the schedule repeats pipelines that are not alike: {p}",
-                      hint="recompile the spec: a hand edit of `symmetry` or `gpus` broke the repetition")
+                      hint="recompile the spec: a hand edit of `classes` or `gpus` broke the repetition")
                 for p in problems]
-    outside = ops_outside_class(schedule.layout, schedule.reduced)
-    if outside:
-        lay = schedule.layout
-        return [error("E410", f"{op} runs on rank {op.rank} of another class of pipelines",
-                      hint="an op of a repeated pipeline may only run on a GPU of the same repeated group "
-                           f"(reduced pipelines {_class_range(lay, op.dp)})") for op in outside[:10]]
-    if _PASSED.get(schedule.reduced) is not None:
-        return []
-    diags = check_schedule(schedule.reduced)
-    if not diags:
-        _PASSED.put(schedule.reduced, True)
-    return diags
+    diags: list[Diagnostic] = []
+    for c, part in enumerate(schedule.parts):
+        if _PASSED.get(part) is not None:
+            continue
+        found = check_schedule(normalized_part(part))
+        if not found:
+            _PASSED.put(part, True)
+        diags.extend(replace(d, message=f"class {c} (its pipelines numbered from 0): {d.message}") for d in found)
+    return diags[:MAX_DIAGNOSTICS]
 
 
 def _passed_cache():
     from schedc.memo import IdentityCache
 
-    return IdentityCache()
+    return IdentityCache(size=64)
 
 
-#: Reduced schedules that passed (a replan that only adds copies reuses the same object).
+#: Parts that passed (a replan reuses the parts of classes it does not plan again).
 _PASSED = _passed_cache()
-
-
-def _class_range(layout, reduced_dp: int) -> str:
-    if reduced_dp >= len(layout.class_of_reduced):
-        return "none: the pipeline does not exist"
-    c = layout.class_of_reduced[reduced_dp]
-    return f"{layout.offsets[c]}..{layout.offsets[c] + layout.classes[c].size - 1}"
