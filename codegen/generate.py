@@ -127,9 +127,12 @@ def _render_class_programs(spec: Spec, schedule: SymmetricSchedule, metrics: Map
     manifest = replace(_manifest(spec, schedule, live, metrics), programs=program_of, copy_of=copy_of,
                        copy_tables=tuple(tables))
     files[MANIFEST_NAME] = json.dumps(manifest.to_json(), separators=(",", ":")) + "\n"
-    for name, text in files.items():
-        if name.endswith(".py"):
-            compile(text, name, "exec")  # a template bug must never reach the disk
+    # A template bug must never reach the disk: main.py and the first program of every class
+    # (whose lines the same code writes as every other's) are compiled. Compiling all of them
+    # took 2.5 s of a 16,384-GPU write.
+    firsts = {name.rsplit("_", 1)[0]: name for name in reversed(list(files)) if name.startswith("program_c")}
+    for name in ["main.py", *firsts.values()]:
+        compile(files[name], name, "exec")
     return files
 
 

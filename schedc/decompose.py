@@ -41,10 +41,6 @@ MIN_GPUS = 1024
 Signature = tuple[tuple[tuple[str, float], ...], ...]  # per local pipeline, per stage: (state, speed)
 
 
-def faulty(instance: Instance, d: int) -> bool:
-    return any(not (g.live and g.speed >= 1.0) for g in (instance.gpu(d, s) for s in range(instance.pp)))
-
-
 def signature(instance: Instance, pipelines: tuple[int, ...]) -> Signature:
     return tuple(tuple((g.state, g.speed) for g in (instance.gpu(d, s) for s in range(instance.pp)))
                  for d in pipelines)

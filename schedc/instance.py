@@ -46,9 +46,12 @@ class Instance:
     def _live_by_stage(self) -> dict[int | None, tuple[Gpu, ...]]:
         # Asked for per op by solvers and the verifier: computed once per (frozen) instance.
         live = tuple(g for g in self.gpus if g.live)
+        stages: list[list[Gpu]] = [[] for _ in range(self.pp)]
+        for g in live:  # one pass, rank order kept within each stage
+            stages[g.pp].append(g)
         by_stage: dict[int | None, tuple[Gpu, ...]] = {None: live}
         for s in range(self.pp):
-            by_stage[s] = tuple(g for g in live if g.pp == s)
+            by_stage[s] = tuple(stages[s])
         return by_stage
 
     def live_gpus(self, pp: int | None = None) -> list[Gpu]:

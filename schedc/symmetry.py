@@ -267,9 +267,6 @@ class SymmetricSchedule:
         """Full rank -> (reduced rank, copy)."""
         return {full: (r, j) for r, fulls in enumerate(self.full_ranks) for j, full in enumerate(fulls)}
 
-    def full_rank(self, reduced_rank: int, copy: int) -> int:
-        return self.full_ranks[reduced_rank][copy]
-
     # -- expansion -------------------------------------------------------------------
 
     def expanded_ops(self, copies: Mapping[int, set[int]] | None = None) -> Iterator[ScheduledOp]:
@@ -285,6 +282,11 @@ class SymmetricSchedule:
                     yield ScheduledOp(rank=self.full_ranks[op.rank][j], kind=op.kind,
                                       dp=lay.full_pipeline(op.dp, j), pp=op.pp, mb=op.mb,
                                       start=op.start, end=op.end)
+
+    @cached_property
+    def first_copy_ops(self) -> tuple[ScheduledOp, ...]:
+        """The ops of copy 0 of every class, in the cluster's numbering (what exports draw)."""
+        return tuple(self.expanded_ops({c: {0} for c in range(len(self.layout.classes))}))
 
     def copy_holding(self, rank: int) -> Schedule:
         """The ops of the one copy that full rank `rank` belongs to (every peer it sends to or
@@ -328,13 +330,6 @@ class SymmetricSchedule:
         """Ops of the expanded schedule, without expanding it."""
         return sum(len(part.ops) * cls.count for part, cls in zip(self.parts, self.layout.classes))
 
-    def describe(self) -> str:
-        """One line: how many pipelines the reduced schedule stands for."""
-        lay = self.layout
-        biggest = max(lay.classes, key=lambda c: (c.count, -c.size))
-        return (f"{lay.full_dp:,} pipelines planned as {lay.reduced_dp:,} in {len(lay.classes)} "
-                f"classes; the largest repeats {biggest.count:,} times")
-
 
 def first_copy_view(schedule, helpers_shown: int | None = None
                     ) -> tuple[list[Gpu], list[ScheduledOp], dict[int, str], str]:
@@ -359,8 +354,7 @@ def first_copy_view(schedule, helpers_shown: int | None = None
                 if cls.count > 1:
                     notes[rank] = f"x{cls.count:,}"
     gpus = [g for g in inst.gpus if g.dp in shown]
-    ops = [op for op in schedule.expanded_ops({c: {0} for c in range(len(lay.classes))})
-           if inst.gpus[op.rank].dp in shown]
+    ops = [op for op in schedule.first_copy_ops if inst.gpus[op.rank].dp in shown]
     untouched = next((cls.count for cls in lay.classes if cls.size == 1 and _healthy(inst, cls.copies[0][0])), 0)
     heading = (f"the first copy of each of {len(lay.classes)} classes of alike pipelines"
                + (f", {hidden:,} more alike helper pipelines not drawn" if hidden else "")
@@ -370,8 +364,3 @@ def first_copy_view(schedule, helpers_shown: int | None = None
 
 def _healthy(inst: Instance, d: int) -> bool:
     return all(g.live and g.speed >= 1.0 for g in (inst.gpu(d, s) for s in range(inst.pp)))
-
-
-def n_ops(schedule) -> int:
-    """Ops of a schedule, compact or not, without expanding it."""
-    return schedule.n_ops if isinstance(schedule, SymmetricSchedule) else len(schedule.ops)
