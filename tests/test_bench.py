@@ -80,3 +80,15 @@ def test_zero_bubble_grid_row_and_csv(tmp_path):
     assert grid_main(["--quick", "--solver", "greedy", "--csv", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 16 and list(rows[0])[:len(PLAN_COLUMNS)] == PLAN_COLUMNS
+
+
+def test_scale_bench_point():
+    """bench/scale.py's smallest point, planned by classes: compile, write, and one replan of
+    each event (figures are the benchmark's business; here only that it runs and is consistent)."""
+    from bench.scale import point
+
+    row = point(1024, 8, calls=1, deadline=5.0, symmetric=None)
+    assert row["mode"] == "classes" and row["reduced_dp"] < row["dp"] == 128
+    assert row["files"] < 1024 and set(row["events"]) == {"fail gpu", "fail node", "slow gpu"}
+    for ev in row["events"].values():
+        assert ev["iteration_ms"] >= row["iteration_ms"] * 0.99 and "classes" in ev["classes"]
