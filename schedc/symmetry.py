@@ -37,7 +37,7 @@ from typing import Iterator, Mapping
 
 from schedc.instance import Instance
 from schedc.opgraph import optimizer_waits_for
-from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo, _program_order
+from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo
 from schedc.spec import Gpu
 
 
@@ -298,32 +298,32 @@ class SymmetricSchedule:
             ops = tuple(self.expanded_ops({c: {hit[1]}}))
         return Schedule(instance=self.instance, ops=ops, solver=self.solver)
 
-    def expand(self) -> Schedule:
-        """The same schedule, op by op (what this stands for)."""
+    @cached_property
+    def expanded(self) -> Schedule:
+        """The same schedule, op by op (what this stands for), built on first use."""
         return Schedule(instance=self.instance, ops=tuple(self.expanded_ops()), solver=self.solver)
 
-    @cached_property
-    def ops(self) -> tuple[ScheduledOp, ...]:
-        return tuple(self.expanded_ops())
+    def expand(self) -> Schedule:
+        return self.expanded
 
-    @cached_property
+    @property
+    def ops(self) -> tuple[ScheduledOp, ...]:
+        return self.expanded.ops
+
+    @property
     def programs(self) -> dict[int, tuple[ScheduledOp, ...]]:
-        progs: dict[int, list[ScheduledOp]] = {g.rank: [] for g in self.instance.gpus if g.live}
-        for op in self.ops:
-            progs.setdefault(op.rank, []).append(op)
-        return {r: tuple(sorted(ops, key=_program_order)) for r, ops in progs.items()}
+        return self.expanded.programs
 
     def program(self, rank: int) -> tuple[ScheduledOp, ...]:
-        return self.programs.get(rank, ())
+        return self.expanded.program(rank)
 
     @property
     def makespan(self) -> int:
         return self.reduced.makespan
 
-    @cached_property
+    @property
     def rerouted(self) -> frozenset[OpId]:
-        inst = self.instance
-        return frozenset(op.id for op in self.ops if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank)
+        return self.expanded.rerouted
 
     @property
     def n_ops(self) -> int:
