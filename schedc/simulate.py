@@ -174,16 +174,21 @@ def _simulate_symmetric(schedule, iterations: int) -> SimResult:
     ends = combine_summaries([s[0] for s in summaries], iterations)
     period = steady_period(ends)
     lay, pp = schedule.layout, schedule.instance.pp
-    busy, bubble, peak = {}, {}, {}
+    n = len(schedule.instance.gpus)
+    busy_at: list[int | None] = [None] * n  # by full rank, so the maps come out in rank order
+    peak_at: list[int] = [0] * n
     for off, (_, part_busy, part_peak) in zip(lay.offsets, summaries):
         for local, b in part_busy.items():
+            p = part_peak[local]
             for full in schedule.full_ranks[off * pp + local]:
-                busy[full], peak[full] = b, part_peak[local]
-                bubble[full] = 1.0 - b / period if period > 0 else 0.0
+                busy_at[full], peak_at[full] = b, p
+    live = [r for r in range(n) if busy_at[r] is not None]
+    busy = {r: busy_at[r] for r in live}
     return SimResult(iteration_time=period, iteration_end=ends,
-                     busy_time=MappingProxyType(dict(sorted(busy.items()))),
-                     bubble_ratio=MappingProxyType(dict(sorted(bubble.items()))),
-                     peak_memory=MappingProxyType(dict(sorted(peak.items()))),
+                     busy_time=MappingProxyType(busy),
+                     bubble_ratio=MappingProxyType({r: 1.0 - b / period if period > 0 else 0.0
+                                                    for r, b in busy.items()}),
+                     peak_memory=MappingProxyType({r: peak_at[r] for r in live}),
                      memory_limit=schedule.instance.gpu_memory, lower_bound=schedule.instance.lower_bound,
                      run=None)
 
