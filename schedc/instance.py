@@ -39,6 +39,14 @@ class Instance:
     def gpu(self, dp: int, pp: int) -> Gpu:
         return self._by_coords[(dp, pp)]
 
+    @cached_property
+    def rank_grid(self) -> tuple[tuple[int, ...], ...]:
+        """rank_grid[d][s]: the rank of GPU (d, s), for loops over every GPU of a large cluster."""
+        grid = [[0] * self.pp for _ in range(self.dp)]
+        for g in self.gpus:
+            grid[g.dp][g.pp] = g.rank
+        return tuple(tuple(row) for row in grid)
+
     def gpu_of_rank(self, rank: int) -> Gpu:
         return self.gpus[rank]
 

@@ -168,12 +168,14 @@ def layout_problems(full: Instance, layout: Layout, parts: tuple[Instance, ...])
                 (g.rank, g.dp, g.pp) != (i * full.pp + s, i, s)
                 for i in range(cls.size) for s in range(full.pp) for g in (part.gpus[i * full.pp + s],)):
             return [f"class {c}'s schedule is for another shape, options, costs or GPU numbering"]
+        grid, gpus = full.rank_grid, full.gpus
         for i in range(cls.size):
             for s in range(full.pp):
                 rep = part.gpus[i * full.pp + s]
+                want = (rep.state, rep.speed)
                 for copy in cls.copies:
-                    g = full.gpu(copy[i], s)
-                    if (g.state, g.speed) != (rep.state, rep.speed):
+                    g = gpus[grid[copy[i]][s]]
+                    if (g.state, g.speed) != want:
                         problems.append(
                             f"GPU (dp={g.dp}, pp={s}) is {_condition(g)} but the pipeline it repeats "
                             f"(pipeline {i} of class {c}) has {_condition(rep)} there")
@@ -255,11 +257,12 @@ class SymmetricSchedule:
     @cached_property
     def full_ranks(self) -> tuple[tuple[int, ...], ...]:
         """full_ranks[reduced rank][copy] = the full rank that runs that copy of its program."""
-        inst, lay, pp = self.instance, self.layout, self.instance.pp
+        lay, pp, grid = self.layout, self.instance.pp, self.instance.rank_grid
         out = []
         for r in range(lay.reduced_dp):
+            rows = [grid[d] for d in lay.stands_for(r)]
             for s in range(pp):
-                out.append(tuple(inst.gpu(d, s).rank for d in lay.stands_for(r)))
+                out.append(tuple(row[s] for row in rows))
         return tuple(out)
 
     @cached_property
