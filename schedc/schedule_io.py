@@ -70,11 +70,7 @@ def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
         metrics_json = metrics.to_json()
     # The schedule's own solver record is authoritative, so reading back gives the same Schedule.
     metrics_json["solver"] = schedule.solver.to_json()
-    if symmetric:  # per-rank metrics of copy 0's ranks: every copy's are the same
-        shown = {str(r) for fulls in schedule.full_ranks for r in fulls[:1]}
-        for key in ("bubble_ratio", "busy_time", "peak_memory"):
-            if isinstance(metrics_json.get(key), dict):
-                metrics_json[key] = {r: v for r, v in metrics_json[key].items() if r in shown}
+    metrics_json = metrics_of_first_copies(schedule, metrics_json)
     head = {
         "format": FORMAT_V2 if symmetric else FORMAT,
         "dp": inst.dp,
@@ -115,6 +111,20 @@ def dumps_schedule(schedule: Schedule, metrics: Any = None) -> str:
     lines.append('  "metrics": ' + json.dumps(metrics_json, indent=2).replace("\n", "\n  "))
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def metrics_of_first_copies(schedule, metrics_json: dict) -> dict:
+    """A symmetric schedule's ``metrics`` object with per-rank maps (bubble, busy time, peak
+    memory) of copy 0's ranks only: every copy's are the same, and 65,536 entries each would
+    make megabytes. Any other schedule's is returned as it is."""
+    if not isinstance(schedule, SymmetricSchedule):
+        return metrics_json
+    shown = {str(r) for fulls in schedule.full_ranks for r in fulls[:1]}
+    out = dict(metrics_json)
+    for key in ("bubble_ratio", "busy_time", "peak_memory"):
+        if isinstance(out.get(key), dict):
+            out[key] = {r: v for r, v in out[key].items() if r in shown}
+    return out
 
 
 def _op_json(row: dict) -> str:

@@ -273,3 +273,32 @@ def test_nccl_receive_order_reads_the_rank_copy_only():
     whole = sched.expand()
     for rank in range(len(sched.instance.gpus)):
         assert receive_order(sched, rank) == receive_order(whole, rank)
+
+
+def test_cli_json_lists_first_copies_only(tmp_path):
+    """`schedc compile --json` and `schedc simulate --json` of a plan by classes give per-rank
+    figures of each class's first copy (the same as schedule.json), not of every GPU."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "big.sched"
+    spec.write_text("""
+cluster { dp = 128  pp = 8  gpus_per_node = 8  gpu { memory = 40GiB } }
+stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 0.8ms  optimizer = 0.4ms
+               activation = 2GiB  stash = 512MiB  static = 12GiB  send = 16MiB } }
+train { microbatches = 4 }
+failures { fail gpu(dp=5, pp=3) }
+schedule { solver = greedy }
+""")
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "schedc", "compile", str(spec), "-o", str(out), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    compiled = json.loads(run.stdout)["metrics"]
+    assert len(compiled["busy_time"]) == (1 + 1 + 4) * 8 - 1  # untouched; failed + 4 helpers; not the failed GPU
+    run = subprocess.run([sys.executable, "-m", "schedc", "simulate", str(out / "schedule.json"), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    simulated = json.loads(run.stdout)["metrics"]
+    assert simulated["busy_time"] == compiled["busy_time"]
+    assert simulated["iteration_time"] == compiled["iteration_time"]

@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from schedc.cli.simulate import summary_table
+    from schedc.schedule_io import metrics_of_first_copies
     from schedc.load import load_argument
     from schedc.plan import check_output_dir, compile
 
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     files = sorted(p.name for p in out.iterdir() if p.is_file())
     if args.json:
         print(json.dumps({"ok": True, "out": str(out), "files": files,
-                          "metrics": plan.metrics.to_json()}, indent=2))
+                          "metrics": metrics_of_first_copies(plan.schedule, plan.metrics.to_json())}, indent=2))
     else:
         print(summary_table(plan.metrics))
         print(f"wrote {describe_files(files)} to {out}")
