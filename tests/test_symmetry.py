@@ -171,19 +171,20 @@ def test_exports_draw_the_first_copies(tmp_path):
     assert paths[0].read_text() == dumps_pipeline_csv(sched.expand(), 0)
 
 
+def _spec_text(dp: int, pp: int, mb: int, failure: str, gpus_per_node: int = 8) -> str:
+    """A spec with explicit costs, one failure and greedy (the specs of the tests below)."""
+    return (f"cluster {{ dp = {dp}  pp = {pp}  gpus_per_node = {gpus_per_node}  gpu {{ memory = 40GiB }} }}\n"
+            "stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 0.8ms  optimizer = 0.4ms\n"
+            "               activation = 2GiB  stash = 512MiB  static = 12GiB  send = 16MiB } }\n"
+            f"train {{ microbatches = {mb} }}\nfailures {{ {failure} }}\nschedule {{ solver = greedy }}\n")
+
+
 def test_compile_plans_large_clusters_by_classes(tmp_path):
     """From 1,024 GPUs on compile plans by classes on its own; the plan is no slower than planning
     every pipeline (greedy both ways), and writes one program per rank of each class."""
     from schedc.plan import compile
 
-    spec = """
-cluster { dp = 128  pp = 8  gpus_per_node = 8  gpu { memory = 40GiB }  link { latency = 20us  bandwidth = 25GB/s } }
-stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 0.8ms  optimizer = 0.4ms
-               activation = 2GiB  stash = 512MiB  static = 12GiB  send = 16MiB } }
-train { microbatches = 8 }
-failures { fail gpu(dp=5, pp=3) }
-schedule { solver = greedy }
-"""
+    spec = _spec_text(128, 8, 8, "fail gpu(dp=5, pp=3)")
     plan = compile(spec)
     assert isinstance(plan.schedule, SymmetricSchedule)
     assert plan.schedule.layout.reduced_dp == 1 + 9
@@ -211,14 +212,7 @@ def test_replan_reuses_classes_and_says_which_ranks_changed():
     from schedc.plan import compile
     from schedc.replan import changed_ranks, replan
 
-    spec = """
-cluster { dp = 12  pp = 2  gpus_per_node = 2  gpu { memory = 40GiB } }
-stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 1ms  optimizer = 0.2ms
-               activation = 1GiB  stash = 256MiB  static = 1GiB  send = 1MiB } }
-train { microbatches = 2 }
-failures { fail gpu(dp=1, pp=1) }
-schedule { solver = greedy }
-"""
+    spec = _spec_text(12, 2, 2, "fail gpu(dp=1, pp=1)", gpus_per_node=2)
     plan = compile(spec, symmetric=True)
     assert isinstance(plan.schedule, SymmetricSchedule)
     again = replan(plan, "fail gpu(dp=6, pp=1)", deadline=5.0, solver="greedy", symmetric=True)
@@ -282,14 +276,7 @@ def test_cli_json_lists_first_copies_only(tmp_path):
     import sys
 
     spec = tmp_path / "big.sched"
-    spec.write_text("""
-cluster { dp = 128  pp = 8  gpus_per_node = 8  gpu { memory = 40GiB } }
-stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 0.8ms  optimizer = 0.4ms
-               activation = 2GiB  stash = 512MiB  static = 12GiB  send = 16MiB } }
-train { microbatches = 4 }
-failures { fail gpu(dp=5, pp=3) }
-schedule { solver = greedy }
-""")
+    spec.write_text(_spec_text(128, 8, 4, "fail gpu(dp=5, pp=3)"))
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, "-m", "schedc", "compile", str(spec), "-o", str(out), "--json"],
                          capture_output=True, text=True, timeout=300)
