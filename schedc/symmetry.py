@@ -334,32 +334,38 @@ class SymmetricSchedule:
         return sum(len(part.ops) * cls.count for part, cls in zip(self.parts, self.layout.classes))
 
 
-def first_copy_view(schedule, helpers_shown: int | None = None
+def first_copy_view(schedule, helpers_shown: int | None = None, classes_shown: int | None = None
                     ) -> tuple[list[Gpu], list[ScheduledOp], dict[int, str], str]:
     """What the exports draw: (GPUs, ops, a note per rank, a heading note). A schedule op by op
     is drawn whole; a symmetric one as the first copy of every class, each GPU noting how many
-    copies it stands for, and (with `helpers_shown`) only that many of a component's helper
-    pipelines, the others being alike."""
+    copies it stands for; with `helpers_shown`, only that many of a component's helper
+    pipelines (the others are alike); with `classes_shown`, only that many classes: the
+    untouched one and the components repeated most often."""
     inst = schedule.instance
     if not isinstance(schedule, SymmetricSchedule):
         return list(inst.gpus), list(schedule.ops), {}, ""
     lay = schedule.layout
+    order = sorted(range(len(lay.classes)), key=lambda c: (lay.classes[c].size > 1, -lay.classes[c].count, c))
+    drawn = set(order if classes_shown is None else order[:classes_shown])
     shown: set[int] = set()
     notes: dict[int, str] = {}
     hidden = 0
     for c, cls in enumerate(lay.classes):
+        if c not in drawn:
+            continue
         keep = cls.size if helpers_shown is None else min(cls.size, 1 + helpers_shown)
         hidden += cls.size - keep
-        for i, d in enumerate(cls.copies[0][:keep]):
+        for d in cls.copies[0][:keep]:
             shown.add(d)
             for s in range(inst.pp):
-                rank = inst.gpu(d, s).rank
                 if cls.count > 1:
-                    notes[rank] = f"x{cls.count:,}"
+                    notes[inst.rank_grid[d][s]] = f"x{cls.count:,}"
     gpus = [g for g in inst.gpus if g.dp in shown]
     ops = [op for op in schedule.first_copy_ops if inst.gpus[op.rank].dp in shown]
     untouched = next((cls.count for cls in lay.classes if cls.size == 1 and _healthy(inst, cls.copies[0][0])), 0)
-    heading = (f"the first copy of each of {len(lay.classes)} classes of alike pipelines"
+    left_out = len(lay.classes) - len(drawn)
+    heading = (f"the first copy of {len(drawn)} of {len(lay.classes)} classes of alike pipelines"
+               + (f" ({left_out} more in trace.json)" if left_out else "")
                + (f", {hidden:,} more alike helper pipelines not drawn" if hidden else "")
                + (f"; the untouched pipeline stands for {untouched:,}" if untouched else ""))
     return gpus, ops, notes, heading

@@ -165,7 +165,12 @@ def test_exports_draw_the_first_copies(tmp_path):
     assert len(tracks) == sched.layout.reduced_dp * 2
     assert any("x9" in t["args"]["name"] for t in tracks)  # the untouched pipeline, 9 copies
     svg = render_timeline(sched, metrics_of(sched))
-    assert "first copy of each of 2 classes" in svg and "stands for 9" in svg
+    assert "first copy of 2 of 2 classes" in svg and "stands for 9" in svg
+    assert "1 more alike helper pipelines not drawn" in svg  # the component has 2 helpers, 1 drawn
+    big = _planned(dp=20, pp=4, mb=2, failed=((1, 0), (5, 1), (9, 2), (13, 3)))
+    assert len(big.layout.classes) == 5  # untouched, and a failed GPU at each of the 4 stages
+    drawn = render_timeline(big, metrics_of(big))
+    assert "first copy of 4 of 5 classes of alike pipelines (1 more in trace.json)" in drawn
     paths = write_torch_csvs(tmp_path, sched)
     assert [p.name for p in paths] == ["pipeline_0.csv"]  # the untouched class's first copy
     assert paths[0].read_text() == dumps_pipeline_csv(sched.expand(), 0)

@@ -26,8 +26,11 @@ PLOT_W = 1200  # width of the time axis
 ROW_H = 22
 ROW_GAP = 3
 STAGE_GAP = 14
-#: Helper pipelines drawn per component of a symmetric schedule (the others are alike).
-TIMELINE_HELPERS = 2
+#: Of a symmetric schedule, the timeline draws this many helper pipelines per component (the
+#: others are alike) and this many classes (the untouched one and the most repeated), so that
+#: it stays a page or two tall at any scale; trace.json has every class.
+TIMELINE_HELPERS = 1
+TIMELINE_CLASSES = 4
 FONT = "font-family='DejaVu Sans, Arial, Helvetica, sans-serif'"
 
 
@@ -76,7 +79,8 @@ def _metric_line(schedule: Schedule, metrics: Any) -> str:
 def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "") -> str:
     """The timeline as SVG text. `metrics`: a `Metrics`, its JSON dict, or None."""
     inst = schedule.instance
-    gpus, ops, notes, view_note = first_copy_view(schedule, helpers_shown=TIMELINE_HELPERS)
+    gpus, ops, notes, view_note = first_copy_view(schedule, helpers_shown=TIMELINE_HELPERS,
+                                                  classes_shown=TIMELINE_CLASSES)
     rerouted = {op.id for op in ops if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank}
     horizon = max(schedule.makespan, 1)
     scale = PLOT_W / horizon
@@ -112,7 +116,7 @@ def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "")
     out.append(f"<text x='10' y='42' font-size='12'>{escape(_metric_line(schedule, metrics))}</text>")
     if view_note:
         out.append(f"<text x='10' y='60' font-size='11' fill='#444'>Drawn: {escape(view_note)}"
-                   " (trace.json has every pipeline of each first copy)</text>")
+                   "</text>")
 
     # time axis with a grid line per tick
     step = _nice_step(horizon)
