@@ -139,9 +139,14 @@ def decompose(instance: Instance, previous: "Decomposition | None" = None,
     return Decomposition(layout=layout, components=sigs, signatures=tuple(signatures))
 
 
-def worth_it(instance: Instance) -> bool:
-    """Whether `compile`/`replan` plan `instance` by classes on their own (when some repeat)."""
-    return instance.dp * instance.pp >= MIN_GPUS
+def classes_for(instance: Instance, symmetric: bool | None,
+                previous: Decomposition | None = None) -> Decomposition | None:
+    """The classes `compile` and `replan` plan `instance` by, or None to plan it op by op:
+    `symmetric` True at any size, None (the default) from `MIN_GPUS` GPUs on, False never;
+    and only where some pipeline repeats another (`decompose`)."""
+    if symmetric is False or (symmetric is None and instance.dp * instance.pp < MIN_GPUS):
+        return None
+    return decompose(instance, previous=previous)
 
 
 def known_parts(schedule) -> dict[Signature, Schedule]:
@@ -214,9 +219,8 @@ def decomposition_of(schedule) -> Decomposition | None:
     lay = schedule.layout
     signatures = class_signatures(schedule)
     comps: dict[tuple[int, ...], Signature] = {}
-    for cls, sig in zip(lay.classes, signatures):
-        if cls.size == 1 and all(st == "live" and sp >= 1.0 for st, sp in sig[0]):
-            continue  # the untouched pipelines
-        for copy in cls.copies:
-            comps[copy] = sig
+    for c, (cls, sig) in enumerate(zip(lay.classes, signatures)):
+        if c != schedule.untouched:
+            for copy in cls.copies:
+                comps[copy] = sig
     return Decomposition(layout=lay, components=comps, signatures=signatures)

@@ -123,6 +123,12 @@ class Instance:
         """No schedule's iteration time can be below this."""
         return max(self.stage_lower_bound(s) for s in range(self.pp))
 
+    def same_costs(self, other: "Instance") -> bool:
+        """Whether `other` is the same job on as many stages (shape, options, memory, link, stage
+        costs), whatever its number of pipelines and its GPUs' states."""
+        return all(getattr(self, k) == getattr(other, k) for k in (
+            "pp", "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages"))
+
     def without_failures(self) -> "Instance":
         return replace(self, gpus=tuple(replace(g, state="live", speed=1.0) for g in self.gpus))
 

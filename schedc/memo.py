@@ -7,8 +7,8 @@ import weakref
 
 class IdentityCache:
     """Results computed for an object, kept while it lives, found by identity (`is`), never by
-    equality: a frozen reduced schedule that a replan reuses as it is need not be verified or
-    simulated again. Small: the last `size` objects."""
+    equality: a part of a symmetric schedule that a replan reuses as it is need not be verified
+    or summarised again. Small: the last `size` objects."""
 
     def __init__(self, size: int = 4):
         self._size = size

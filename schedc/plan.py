@@ -319,14 +319,14 @@ def _compile(spec: Spec, solver: str | None, time_limit: float | None, seed: int
 
 def _by_classes(solve, name: str, symmetric: bool | None):
     """`solve`, planning by classes of alike pipelines where `symmetric` asks for it
-    (None: `decompose.worth_it`) and some pipelines repeat others."""
-    from schedc.decompose import decompose, plan_by_classes, worth_it
+    (`decompose.classes_for`)."""
+    from schedc.decompose import classes_for, plan_by_classes
 
     if symmetric is False:
         return solve
 
     def solve_by_classes(instance, options):
-        dec = decompose(instance) if (symmetric or worth_it(instance)) else None
+        dec = classes_for(instance, symmetric)
         if dec is None:
             return solve(instance, options)
         return plan_by_classes(instance, dec, solve, options, name)

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from schedc.diagnostics import InfeasibleError, VerificationError, error
-from schedc.decompose import decompose, decomposition_of, known_parts, plan_by_classes, worth_it
+from schedc.decompose import classes_for, decomposition_of, known_parts, plan_by_classes
 from schedc.events import apply_events
 from schedc.instance import Instance, from_spec
 from schedc.plan import Plan
@@ -111,10 +111,9 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                                      hint="pass deadline in seconds, e.g. deadline=1.0")])
     spec = apply_events(plan.spec, event)
     instance = from_spec(spec)
-    dec = None
-    if symmetric is not False and (symmetric or worth_it(instance)):
-        dec = decompose(instance, previous=decomposition_of(plan.schedule))
-    previous = plan.schedule if _same_costs(plan.instance, instance) else None
+    dec = classes_for(instance, symmetric, previous=decomposition_of(plan.schedule))
+    # Class programs carry over when only GPU states changed (what events change).
+    previous = plan.schedule if plan.instance.dp == instance.dp and plan.instance.same_costs(instance) else None
     if dec is None:
         reserve = _CHECK_S_PER_OP * _n_ops(instance)
     else:  # only the classes to plan are verified and simulated op by op; the rest is per GPU
@@ -148,12 +147,6 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                 metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
                                    fault_free_solver=plan.metrics.fault_free_solver),
                 previous=plan.schedule)
-
-
-def _same_costs(a: Instance, b: Instance) -> bool:
-    """Whether two instances differ at most in their GPUs' states (so class programs carry over)."""
-    return all(getattr(a, k) == getattr(b, k) for k in (
-        "dp", "pp", "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages"))
 
 
 def _program_signatures(schedule: Schedule, ranks=None) -> dict[int, tuple]:
@@ -197,26 +190,19 @@ def _component_ranks(schedule) -> set[int] | None:
         return None
     lay, pp = schedule.layout, schedule.instance.pp
     out: set[int] = set()
-    for c, (cls, part) in enumerate(zip(lay.classes, schedule.parts)):
-        if cls.size > 1 or _faulty(part):
+    for c, cls in enumerate(lay.classes):
+        if c != schedule.untouched:
             for r in range(lay.offsets[c] * pp, (lay.offsets[c] + cls.size) * pp):
                 out.update(schedule.full_ranks[r])
     return out
 
 
-def _faulty(part: Schedule) -> bool:
-    return any(not (g.live and g.speed >= 1.0) for g in part.instance.gpus)
-
-
 def _untouched_programs(schedule) -> tuple | None:
     """The untouched pipelines' programs (None: not symmetric, or none)."""
-    if not isinstance(schedule, SymmetricSchedule):
+    if not isinstance(schedule, SymmetricSchedule) or schedule.untouched is None:
         return None
-    for cls, part in zip(schedule.layout.classes, schedule.parts):
-        if cls.size == 1 and not _faulty(part):
-            return tuple(tuple((op.kind, op.pp, op.mb) for op in part.program(s))
-                         for s in range(part.instance.pp))
-    return None
+    part = schedule.parts[schedule.untouched]
+    return tuple(tuple((op.kind, op.pp, op.mb) for op in part.program(s)) for s in range(part.instance.pp))
 
 
 def changed_ranks(old: Schedule, new: Schedule) -> frozenset[int]:

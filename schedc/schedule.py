@@ -83,6 +83,11 @@ class SolverInfo:
                 "stopped_by": self.stopped_by}
 
 
+def is_rerouted(instance: Instance, op: ScheduledOp) -> bool:
+    """Whether `op` runs on another GPU than its own pipeline's at its stage (an O never does)."""
+    return op.kind != "O" and op.rank != instance.gpu(op.dp, op.pp).rank
+
+
 @dataclass(frozen=True)
 class Schedule:
     instance: Instance
@@ -107,6 +112,4 @@ class Schedule:
     @cached_property
     def rerouted(self) -> frozenset[OpId]:
         """Ops whose executor is not the GPU of their own pipeline and stage."""
-        inst = self.instance
-        return frozenset(op.id for op in self.ops
-                         if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank)
+        return frozenset(op.id for op in self.ops if is_rerouted(self.instance, op))

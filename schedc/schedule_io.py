@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from schedc.diagnostics import Diagnostic, SchedcError, error
 from schedc.instance import Instance
-from schedc.schedule import Schedule, ScheduledOp, SolverInfo
+from schedc.schedule import Schedule, ScheduledOp, SolverInfo, is_rerouted
 from schedc.spec import STAGE_KEYS, Gpu, LinkSpec, StageCosts
 from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, part_instance
 
@@ -51,7 +51,7 @@ def _op_rows(ops, instance: Instance) -> list[dict]:
     for op in ops:
         row = {"rank": op.rank, "kind": op.kind, "dp": op.dp, "pp": op.pp, "mb": op.mb,
                "start": op.start, "end": op.end}
-        if op.kind != "O" and op.rank != instance.gpu(op.dp, op.pp).rank:
+        if is_rerouted(instance, op):
             row["rerouted"] = True
         rows.append(row)
     return rows

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
+from schedc.memo import IdentityCache
 from schedc.schedule import Schedule, SolverInfo
 from schedc.timing import STEADY_ITERATIONS, ProgramRun, combine_summaries, program_graph, run_programs, steady_period
 from schedc.verify import memory_profile
@@ -139,14 +140,8 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
     )
 
 
-def _summaries():
-    from schedc.memo import IdentityCache
-
-    return IdentityCache(size=64)
-
-
 #: Per part: its barrier summary, busy time and peak memory per local rank (a replan reuses parts).
-_PARTS = _summaries()
+_PARTS = IdentityCache(size=64)
 
 
 def _part_summary(part: Schedule):

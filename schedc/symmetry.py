@@ -109,22 +109,6 @@ class Layout:
         return [{"pipelines": c.size, "copies": [list(copy) for copy in c.copies]} for c in self.classes]
 
 
-def reduced_gpus(full: Instance, layout: Layout) -> tuple[Gpu, ...]:
-    """The reduced instance's GPUs: reduced (r, s) is copy 0's GPU, ranked r * pp + s."""
-    out = []
-    for r in range(layout.reduced_dp):
-        d = layout.full_pipeline(r, 0)
-        for s in range(full.pp):
-            g = full.gpu(d, s)
-            out.append(Gpu(rank=r * full.pp + s, dp=r, pp=s, node=g.node, state=g.state, speed=g.speed))
-    return tuple(out)
-
-
-def reduced_instance(full: Instance, layout: Layout) -> Instance:
-    """The instance of one copy of every class (its pipelines in class order)."""
-    return replace(full, dp=layout.reduced_dp, gpus=reduced_gpus(full, layout))
-
-
 def part_instance(full: Instance, copy: tuple[int, ...]) -> Instance:
     """A class on its own: the pipelines of `copy` renumbered 0.., ranks pipeline-major."""
     pp = full.pp
@@ -136,7 +120,9 @@ def part_instance(full: Instance, copy: tuple[int, ...]) -> Instance:
     return replace(full, dp=len(copy), gpus=tuple(gpus))
 
 
-_SHARED = ("pp", "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages")
+def reduced_instance(full: Instance, layout: Layout) -> Instance:
+    """The instance of one copy (copy 0) of every class, side by side in class order."""
+    return part_instance(full, tuple(d for cls in layout.classes for d in cls.copies[0]))
 
 
 def layout_problems(full: Instance, layout: Layout, parts: tuple[Instance, ...]) -> list[str]:
@@ -164,7 +150,7 @@ def layout_problems(full: Instance, layout: Layout, parts: tuple[Instance, ...])
         return [f"pipelines {', '.join(map(str, missing[:5]))}{' ...' if len(missing) > 5 else ''} "
                 "are in no class"]
     for c, (cls, part) in enumerate(zip(layout.classes, parts)):
-        if part.dp != cls.size or any(getattr(part, k) != getattr(full, k) for k in _SHARED) or any(
+        if part.dp != cls.size or not part.same_costs(full) or any(
                 (g.rank, g.dp, g.pp) != (i * full.pp + s, i, s)
                 for i in range(cls.size) for s in range(full.pp) for g in (part.gpus[i * full.pp + s],)):
             return [f"class {c}'s schedule is for another shape, options, costs or GPU numbering"]
@@ -328,6 +314,14 @@ class SymmetricSchedule:
     def rerouted(self) -> frozenset[OpId]:
         return self.expanded.rerouted
 
+    @cached_property
+    def untouched(self) -> int | None:
+        """The class of the untouched pipelines (one healthy pipeline per copy), or None."""
+        for c, (cls, part) in enumerate(zip(self.layout.classes, self.parts)):
+            if cls.size == 1 and all(g.live and g.speed >= 1.0 for g in part.instance.gpus):
+                return c
+        return None
+
     @property
     def n_ops(self) -> int:
         """Ops of the expanded schedule, without expanding it."""
@@ -345,7 +339,7 @@ def first_copy_view(schedule, helpers_shown: int | None = None, classes_shown: i
     if not isinstance(schedule, SymmetricSchedule):
         return list(inst.gpus), list(schedule.ops), {}, ""
     lay = schedule.layout
-    order = sorted(range(len(lay.classes)), key=lambda c: (lay.classes[c].size > 1, -lay.classes[c].count, c))
+    order = sorted(range(len(lay.classes)), key=lambda c: (c != schedule.untouched, -lay.classes[c].count, c))
     drawn = set(order if classes_shown is None else order[:classes_shown])
     shown: set[int] = set()
     notes: dict[int, str] = {}
@@ -362,14 +356,10 @@ def first_copy_view(schedule, helpers_shown: int | None = None, classes_shown: i
                     notes[inst.rank_grid[d][s]] = f"x{cls.count:,}"
     gpus = [g for g in inst.gpus if g.dp in shown]
     ops = [op for op in schedule.first_copy_ops if inst.gpus[op.rank].dp in shown]
-    untouched = next((cls.count for cls in lay.classes if cls.size == 1 and _healthy(inst, cls.copies[0][0])), 0)
+    untouched = 0 if schedule.untouched is None else lay.classes[schedule.untouched].count
     left_out = len(lay.classes) - len(drawn)
     heading = (f"the first copy of {len(drawn)} of {len(lay.classes)} classes of alike pipelines"
                + (f" ({left_out} more in trace.json)" if left_out else "")
                + (f", {hidden:,} more alike helper pipelines not drawn" if hidden else "")
                + (f"; the untouched pipeline stands for {untouched:,}" if untouched else ""))
     return gpus, ops, notes, heading
-
-
-def _healthy(inst: Instance, d: int) -> bool:
-    return all(g.live and g.speed >= 1.0 for g in (inst.gpu(d, s) for s in range(inst.pp)))

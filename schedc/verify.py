@@ -39,6 +39,7 @@ from typing import Iterable, Mapping, Sequence
 
 from schedc.diagnostics import Diagnostic, VerificationError, error
 from schedc.instance import Instance
+from schedc.memo import IdentityCache
 from schedc.opgraph import OpGraph, data_deps, last_backward_kind, optimizer_waits_for
 from schedc.schedule import OpId, Schedule, ScheduledOp
 
@@ -600,11 +601,5 @@ def _check_symmetric(schedule) -> list[Diagnostic]:
     return diags[:MAX_DIAGNOSTICS]
 
 
-def _passed_cache():
-    from schedc.memo import IdentityCache
-
-    return IdentityCache(size=64)
-
-
 #: Parts that passed (a replan reuses the parts of classes it does not plan again).
-_PASSED = _passed_cache()
+_PASSED = IdentityCache(size=64)

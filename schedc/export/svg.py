@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from schedc.schedule import Schedule
+from schedc.schedule import Schedule, is_rerouted
 from schedc.symmetry import first_copy_view
 
 COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b", "O": "#8e6c8a"}
@@ -81,7 +81,7 @@ def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "")
     inst = schedule.instance
     gpus, ops, notes, view_note = first_copy_view(schedule, helpers_shown=TIMELINE_HELPERS,
                                                   classes_shown=TIMELINE_CLASSES)
-    rerouted = {op.id for op in ops if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank}
+    rerouted = {op.id for op in ops if is_rerouted(inst, op)}
     horizon = max(schedule.makespan, 1)
     scale = PLOT_W / horizon
 

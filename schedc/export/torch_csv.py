@@ -18,7 +18,7 @@ import io
 import os
 from pathlib import Path
 
-from schedc.schedule import Schedule, _program_order
+from schedc.schedule import Schedule
 from schedc.symmetry import SymmetricSchedule, first_copy_view
 
 
@@ -45,14 +45,9 @@ def pipeline_actions(schedule: Schedule, dp: int) -> list[list[str]]:
     letter = {"F": "F", "B": backward, "W": "W"}
     rows = []
     if isinstance(schedule, SymmetricSchedule):  # the pipeline's own copy, not the whole expansion
-        r, j = schedule.layout.of_full[dp]
-        lay = schedule.layout
-        ops = list(schedule.expanded_ops({lay.class_of_reduced[r]: {j}}))
-        progs = {g: sorted((op for op in ops if op.rank == g), key=_program_order)
-                 for g in (inst.gpu(dp, s).rank for s in range(inst.pp))}
+        schedule = schedule.copy_holding(inst.gpu(dp, 0).rank)
     for s in range(inst.pp):
-        rank = inst.gpu(dp, s).rank
-        prog = progs[rank] if isinstance(schedule, SymmetricSchedule) else schedule.program(rank)
+        prog = schedule.program(inst.gpu(dp, s).rank)
         rows.append([f"{op.pp}{letter[op.kind]}{op.mb}" for op in prog if op.kind != "O"])
     return rows
 

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from schedc.schedule import Schedule
+from schedc.schedule import Schedule, is_rerouted
 from schedc.symmetry import first_copy_view
 
 CATEGORY = {"F": "forward", "B": "backward_input", "W": "backward_weight", "O": "optimizer"}
@@ -42,7 +42,7 @@ def trace_events(schedule: Schedule) -> dict:
         category["B"] = "backward"
     for op in sorted(ops, key=lambda o: (o.start, o.rank, o.id)):
         args: dict = {"kind": op.kind, "dp": op.dp, "pp": op.pp, "mb": op.mb, "rank": op.rank}
-        if op.kind != "O" and op.rank != inst.gpu(op.dp, op.pp).rank:
+        if is_rerouted(inst, op):
             args["rerouted"] = True
             args["owner"] = f"pipeline {op.dp}"
         events.append({"ph": "X", "pid": 0, "tid": op.rank, "name": str(op.id),
