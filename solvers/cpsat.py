@@ -207,7 +207,7 @@ class _Result:
     schedule: Schedule | None
     status: str  # CP-SAT's status name
     objective: float | None
-    bound: float | None
+    bound: float | None  # CP-SAT's proven bound, when the model was the whole instance's
     detail: str
     cut_by_deadline: bool = False  # the wall-clock deadline, not the work budget, ended the search
 
@@ -248,7 +248,11 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     kinds = compute_kinds(inst)
     lastk = last_backward_kind(inst)
     seed_ops = {op.id: op for op in seed.ops}
-    horizon = seed.makespan + span_bound(seed) + 1
+    # Every schedule with a period P has a shift inside [0, 3P]: take a GPU that starts first
+    # (at 0); its stage's ops all end by P, every B below it (which precedes them) and every F
+    # above it too, and each GPU's ops lie within P of such an op. So no plan at least as fast
+    # as the seed is cut off, and the model's bound stays a bound.
+    horizon = max(seed.makespan, 3 * span_bound(seed)) + 1
     m = cp_model.CpModel()
 
     start: dict[OpId, object] = {}
@@ -335,10 +339,15 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
             else:
                 m.Add(st >= fixed_end[dep.op] + dep.delay)
 
-    # Symmetry: microbatches of one pipeline are interchangeable, so fix their forward order
-    # at each stage wherever the seed agrees (a hint the model forbids would be lost).
+    # Symmetry: the microbatches of a pipeline whose every stage has one executor are
+    # interchangeable (relabelling them keeps every schedule's times), so their forward order is
+    # fixed at each stage wherever the seed agrees (a hint the model forbids would be lost). Not
+    # for pipelines whose work may move: a microbatch re-routed to a faster GPU may overtake,
+    # and the model's bound must stay a bound on every schedule (`_Result.bound`).
     for s in range(inst.pp):
         for d in free:
+            if any(len(candidate_executors(inst, d, t)) > 1 for t in range(inst.pp)):
+                continue
             for mb in range(inst.microbatches - 1):
                 a, b = OpId("F", d, s, mb), OpId("F", d, s, mb + 1)
                 if seed_ops[a].start <= seed_ops[b].start:
@@ -436,7 +445,8 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
         return _Result(None, name, None, None, f"CP-SAT: {name}" + (" at the deadline" if cut else ""),
                        cut_by_deadline=cut)
     objective = solver.ObjectiveValue()
-    bound = solver.BestObjectiveBound()
+    # With pipelines fixed to the seed the model is a restriction, and its bound bounds only it.
+    bound = solver.BestObjectiveBound() if len(free) == inst.dp else None
 
     programs: dict[int, list[tuple[int, int, OpId]]] = {g.rank: [] for g in inst.live_gpus()}
     for s in range(inst.pp):

@@ -2,44 +2,52 @@
 
 Two bounds, each valid for every schedule of the instance:
 
-- `chain_bound`: a pipeline's round trip through its busiest stage (below);
+- `chain_bound`: the round trip from a stage through the busiest GPU of a
+  later stage and back (below);
 - `placement_bound`: the busiest GPU once whole microbatches are placed
   (see its docstring).
+
+Both rest on one fact: in the steady state every GPU runs one iteration's
+ops between its first op and its O, and the next iteration starts after that
+O, so the period is at least any GPU's span in one iteration.
 
 The chain bound:
 
 `Instance.lower_bound` (docs/architecture.md, the simulator) counts work per stage only. It misses
 what limits most pipelines in practice: a GPU's iteration spans from its
-first op to its O, and between those it must wait for its microbatches to
-travel down the pipeline, queue through a downstream stage, and come back.
+first op to its O, and between those its stage's microbatches must travel
+down the pipeline, queue through a downstream stage, and come back.
 
-For a pipeline d whose GPUs g (stage a) and h (stage b >= a) are the only
-candidates for (d, a) and (d, b) (live and at full speed, so every
-microbatch of d runs there, `candidate_executors`):
+Take stages a <= b. Let T be the earliest first start of any live GPU of
+stage a, and g a GPU that starts then. Every F of stage a runs on a GPU of
+stage a, so it starts at or after T, and every F of stage b at or after
+T + fwd(a -> b) (F durations and transfers, on the fastest live GPU of each
+stage between). Stage b's GPUs then run every microbatch's F and B, each GPU
+one op at a time, so some GPU h of stage b ends its last B at or after
+T + fwd(a -> b) + load(h), where load(h) is its microbatches' F + B time.
+Whatever the placement, the busiest GPU's load is at least the smallest
+largest load over all placements (`_least_largest_load`: a live GPU at
+full speed keeps its own pipeline's M microbatches; a failed or slow GPU's
+may go to any live GPU of the stage). That microbatch's B reaches stage a
+after back(b -> a), then its W runs, then g's O waits for every W of stage a
+(with a staggered optimizer; every W of every stage without). So g's span,
+and with it the period, is at least
 
-- every F(d, m, a) starts at or after g's first start f_g, so every F(d, m, b)
-  starts at or after f_g + fwd(a -> b) (F durations and transfers);
-- h runs all M forwards and M backwards of d at stage b, one at a time, each
-  B after its own F: the last of them ends at or after
-  f_g + fwd(a -> b) + M * (F_b + B_b);
-- that microbatch's B reaches stage a after back(b -> a) (transfers and B
-  durations), then its W runs on g, then g's O (which waits for every W of
-  its stage).
-
-So g's span, and with it the period (the steady state's iteration is a
-one-iteration schedule whose spans are at most its period; docs/planner.md),
-is at least the sum.
+    fwd(a -> b) + least largest F + B load at b + back(b -> a) + W_a + O_a.
 
 With a global optimizer barrier (no staggering) every iteration also fills
-and drains the pipeline: h's first F of an iteration starts at least
-fwd(a -> b) after g's, h then runs all its F, B (and W) of d before the
-barrier, and g's next iteration starts only after the barrier and g's own O.
-So the period is also at least fwd(a -> b) + M * (F_b + B_b + W_b) + O_a.
+and drains the pipeline: every op of stage b starts at or after
+T + fwd(a -> b), h runs all its F, B (and W) before the barrier, and g's O
+comes after it. So the period is also at least
+fwd(a -> b) + least largest F + B + W load at b + O_a.
 On the Zero Bubble grid (bench/zero_bubble_grid.py, p = 4, m = 8, F = B = W
 = 1 ms, 10 us) it is 27.03 ms where the work bound says 24 ms, and greedy's
-plan reaches it: proven optimal. Chain ops between a and b may run on any candidate; the
-fastest one's duration is used. Re-routed work that lands on g or h only
-lengthens the span, so the bound holds whatever the placement.
+plan reaches it: proven optimal. Durations of a and b's neighbours, W_a and
+O_a are the fastest live GPU's, so the bound holds whoever runs them.
+With one GPU failed the busiest peer at stage b runs M + ceil(M / (D - 1))
+microbatches of it, not M: on the bench's 4 x 4 x 8 explicit scenario with
+GPU (1, 3) failed that is 43.452 ms (greedy's plan, now proven optimal)
+where the pipeline's own round trip said 41.1 ms.
 """
 
 from __future__ import annotations
@@ -75,92 +83,64 @@ def placement_bound(instance: Instance) -> int:
     microbatches on 3 live GPUs take 11 on one of them, not 10.67; a GPU at
     speed 0.5 among 3 at full speed cannot take exactly its share.
     """
-    inst = instance
-    kinds = compute_kinds(inst)
-    M = inst.microbatches
-    pool = [0] * inst.pp  # microbatches of stage s that may go to any live GPU of it
-    slots: list[list[tuple[int, int, int]]] = [[] for _ in range(inst.pp)]
-    for g in inst.gpus:
-        # slots[s]: (load after one more microbatch, per-microbatch time, load now)
-        s = g.pp
-        if not g.live or g.speed < 1.0:
-            pool[s] += M
-        if not g.live:
-            continue
-        w = sum(inst.duration(k, s, g.rank) for k in kinds)
-        load = inst.duration("O", s, g.rank) + (M * w if g.speed >= 1.0 else 0)
-        slots[s].append((load + w, w, load))
-    best = 0
-    for s in range(inst.pp):
-        heap = slots[s]
-        if not heap:
-            continue  # no live GPU: E301, no schedule at all
-        heapq.heapify(heap)
-        for _ in range(pool[s]):
-            after, w, _ = heapq.heappop(heap)
-            heapq.heappush(heap, (after + w, w, after))
-        best = max(best, max(load for _, _, load in heap))
-    return best
+    return max((_least_largest_load(instance, s, compute_kinds(instance), optimizer=True)
+                for s in range(instance.pp)), default=0)
 
 
 def chain_bound(instance: Instance) -> int:
-    """Largest pipeline-chain lower bound (microseconds) on any schedule's iteration time.
-
-    0 when no pipeline has a GPU whose work cannot move. Pipelines with the
-    same forced GPUs and speeds have the same bound, so each pattern is
-    computed once (thousands of pipelines at scale).
-    """
+    """Largest round-trip lower bound (microseconds) on any schedule's iteration time: the
+    module docstring's bound over every pair of stages a <= b."""
     inst = instance
     S = inst.pp
-    # An unforced (d, s) may run on any live GPU of stage s (candidate_executors: a failed
-    # GPU's live peers, or a slow GPU and its peers), so the fastest of them bounds its chain.
     live = [inst.live_gpus(s) for s in range(S)]
     if not all(live):
-        return 0
-    fastest = [max(live[s], key=lambda g: g.speed).rank for s in range(S)]
-    min_f = [inst.duration("F", s, fastest[s]) for s in range(S)]
-    min_b = [inst.duration("B", s, fastest[s]) for s in range(S)]
-    best = 0
-    seen: set[tuple] = set()
-    for d in range(inst.dp):
-        # candidate_executors' rule, without its per-call scan of the stage: a live GPU at
-        # full speed is the only candidate for its own work.
-        own = [inst.gpu(d, s) for s in range(S)]
-        forced = [g.rank if g.live and g.speed >= 1.0 else None for g in own]
-        key = tuple(None if r is None else inst.gpus[r].speed for r in forced)
-        if key in seen:
-            continue
-        seen.add(key)
-        best = max(best, _pipeline_bound(inst, forced, min_f, min_b))
-    return best
+        return 0  # E301: no schedule at all
 
+    quickest = [max(live[s], key=lambda g: g.speed).rank for s in range(S)]
 
-def _pipeline_bound(inst: Instance, forced: list[int | None], min_f: list[int],
-                    min_b: list[int]) -> int:
-    """Max over stage pairs a <= b, both forced, of g's round trip through h (module docstring)."""
-    S, M = inst.pp, inst.microbatches
+    def fastest(kind: str, s: int) -> int:
+        return inst.duration(kind, s, quickest[s])
+
     tr = [inst.boundary_transfer(s) for s in range(S - 1)]
+    queue = [_least_largest_load(inst, s, ("F", "B")) for s in range(S)]
+    work = ([_least_largest_load(inst, s, compute_kinds(inst)) for s in range(S)]
+            if not inst.stagger_optimizer else None)
     best = 0
     for a in range(S):
-        g = forced[a]
-        if g is None:
-            continue
-        tail = inst.duration("O", a, g)
-        if inst.decouple_backward:
-            tail += inst.duration("W", a, g)
+        tail = fastest("O", a) + (fastest("W", a) if inst.decouple_backward else 0)
         fwd = back = 0
         for b in range(a, S):
             if b > a:
-                fwd += min_f[b - 1] + tr[b - 1]
-                back += tr[b - 1] + min_b[b - 1]
-            h = forced[b]
-            if h is None:
-                continue
-            queue = M * (inst.duration("F", b, h) + inst.duration("B", b, h))
-            best = max(best, fwd + queue + back + tail)
-            if not inst.stagger_optimizer:
-                # The fill a global barrier forces (module docstring): h starts its iteration
-                # `fwd` after g, runs all its work, then every O waits for the barrier.
-                work = queue + (M * inst.duration("W", b, h) if inst.decouple_backward else 0)
-                best = max(best, fwd + work + inst.duration("O", a, g))
+                fwd += fastest("F", b - 1) + tr[b - 1]
+                back += tr[b - 1] + fastest("B", b - 1)
+            best = max(best, fwd + queue[b] + back + tail)
+            if work is not None:
+                best = max(best, fwd + work[b] + fastest("O", a))
     return best
+
+
+def _least_largest_load(inst: Instance, s: int, kinds: tuple[str, ...], optimizer: bool = False) -> int:
+    """The smallest possible largest time a live GPU of stage s spends on the `kinds` ops of its
+    microbatches (and on its O with `optimizer`), over every placement `candidate_executors`
+    allows: a live GPU at full speed keeps its own M microbatches; a failed or slow GPU's M go,
+    one at a time, to the GPU that would finish them soonest (`placement_bound` says why that
+    is the least largest load). 0 when the stage has no live GPU (E301)."""
+    M = inst.microbatches
+    live = inst.live_gpus(s)
+    full = [g for g in live if g.speed >= 1.0]
+    pool = M * (inst.dp - len(full))
+    slots: list[tuple[int, int, int]] = []  # (load after one more microbatch, per microbatch, load)
+    w_full = sum(inst.base_duration(k, s) for k in kinds)
+    o_full = inst.base_duration("O", s) if optimizer else 0
+    if full:
+        slots = [(o_full + (M + 1) * w_full, w_full, o_full + M * w_full)] * len(full)
+    for g in live:
+        if g.speed < 1.0:
+            w = sum(inst.duration(k, s, g.rank) for k in kinds)
+            load = inst.duration("O", s, g.rank) if optimizer else 0
+            slots.append((load + w, w, load))
+    heapq.heapify(slots)
+    for _ in range(pool):
+        after, w, _ = heapq.heappop(slots)
+        heapq.heappush(slots, (after + w, w, after))
+    return max((load for _, _, load in slots), default=0)

@@ -7,6 +7,14 @@ from hypothesis import strategies as st
 from schedc.instance import Instance, make_instance
 
 
+def bench_explicit(**kwargs) -> Instance:
+    """The bench's explicit-cost 4 x 4 x 8 scenario (`schedc bench`), with `failed=`/`slow=` and
+    any other `make_instance` argument on top."""
+    return make_instance(4, 4, 8, **{**dict(
+        forward=[1200, 1000, 1000, 1400], backward_input=[1000, 1000, 1000, 1500],
+        backward_weight=800, optimizer=400, send=16 << 20, latency=20), **kwargs})
+
+
 @st.composite
 def instances(
     draw,

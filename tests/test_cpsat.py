@@ -17,7 +17,7 @@ from schedc.solvers import SolveOptions, get_solver
 from schedc.solvers.cpsat import check_feasible, period_lower_bound, solve, warm_up
 from schedc.solvers.cpsat_bound import chain_bound, placement_bound
 from schedc.verify import verify_schedule
-from tests.strategies import instances
+from tests.strategies import bench_explicit, instances
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "infeasible"
 FAST = SolveOptions(time_limit=0.05)  # a work budget: small, so 100 examples stay quick
@@ -92,18 +92,22 @@ def test_chain_bound_by_hand():
     assert chain_bound(whole) == 105 + 3 * 660 + 5 + 350 + 10
 
 
-def test_chain_bound_skips_gpus_whose_work_can_move():
-    # The bound may only queue work on GPUs that must run it: a failed or slow GPU's work may
-    # move to peers (candidate_executors), so such a pipeline stage is skipped.
+def test_chain_bound_queues_moved_work_on_the_busiest_gpu():
+    # The round trip runs through stage 1's busiest GPU whatever the placement: a failed or slow
+    # GPU's microbatches land on some live GPU of the stage and queue there.
     base = dict(forward=[100, 200], backward_input=[300, 400], backward_weight=[50, 60],
                 optimizer=[10, 20], latency=5, send=0)
     healthy = chain_bound(make_instance(2, 2, 3, **base))
     assert healthy == 2270
-    # Pipeline 0's stage 1 failed: pipeline 1 still has its own round trip.
-    assert chain_bound(make_instance(2, 2, 3, failed=[(0, 1)], **base)) == healthy
-    # Both pipelines' stage 1 slow: nobody is forced at stage 1, only stage-0 queues remain.
+    # Pipeline 0's stage 1 failed: the one live GPU of stage 1 runs all 6 microbatches' F + B.
+    assert chain_bound(make_instance(2, 2, 3, failed=[(0, 1)], **base)) == 105 + 6 * 600 + 305 + 60
+    # Both GPUs of stage 1 at half speed (F + B = 1200 us): 3 microbatches each at best.
     both_slow = make_instance(2, 2, 3, slow={(0, 1): 0.5, (1, 1): 0.5}, **base)
-    assert chain_bound(both_slow) == 3 * (100 + 300) + 60
+    assert chain_bound(both_slow) == 105 + 3 * 1200 + 305 + 60
+    # One at half speed: its 3 microbatches go to the earliest completions, 1 on the slow GPU
+    # (1200) and 2 more on the full-speed one (1800 + 600, then the slow one's 2400): 2400.
+    one_slow = make_instance(2, 2, 3, slow={(0, 1): 0.5}, **base)
+    assert chain_bound(one_slow) == 105 + 2400 + 305 + 60
 
 
 # -- the placement bound ------------------------------------------------------------
@@ -160,9 +164,7 @@ def test_placement_bound_regression_rounded_durations():
 def test_cpsat_proves_greedy_optimal_on_the_bench_fault_free_4x4x8():
     # Instance.lower_bound (30 ms, the last stage's work) cannot prove this plan optimal;
     # the chain bound (stage 0 waits for 8 microbatches through stage 3 and back) can.
-    inst = make_instance(4, 4, 8, forward=[1200, 1000, 1000, 1400],
-                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800,
-                         optimizer=400, send=16 << 20, latency=20, gpu_memory=1 << 40)
+    inst = bench_explicit(gpu_memory=1 << 40)
     schedule = solve(inst, FAST)
     assert inst.lower_bound == 30_000
     assert schedule.solver.status == "optimal"
@@ -204,10 +206,9 @@ def test_a_search_the_deadline_cuts_short_ends_in_time_and_says_so(monkeypatch):
     import schedc.solvers.cpsat as cpsat
 
     monkeypatch.setattr(cpsat, "deterministic_budget", lambda *_: 1e6)  # the work budget is never reached
-    # specs/example.sched's costs: greedy's 40.552 ms is above the proven 37.4 ms, so CP-SAT runs.
-    inst = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
-                         send=16 << 20, forward=[1200, 1000, 1000, 1400],
-                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800)
+    # The bench's explicit 4 x 4 x 8 costs with two slow GPUs: greedy's 39.122 ms is above the
+    # proven 37.652 ms, so CP-SAT runs.
+    inst = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
     warm_up()
     greedy = get_solver("greedy")(inst, SolveOptions())
     began = time.monotonic()

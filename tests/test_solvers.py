@@ -14,7 +14,7 @@ from schedc.simulate import simulate
 from schedc.solvers import SolveOptions, get_solver, solve
 from schedc.solvers.common import steady_iteration_time
 from schedc.verify import verify_schedule
-from tests.strategies import instances
+from tests.strategies import bench_explicit, instances
 
 BASELINES = ["gpipe", "1f1b", "zb-h1", "zb-h2", "reroute-1f1b", "drop-pipeline", "redundant", "greedy"]
 OPTS = SolveOptions()
@@ -283,10 +283,9 @@ def test_list_scheduler_drops_limits_that_would_stop_every_gpu():
 def test_greedy_is_anytime_under_a_deadline_that_has_passed():
     """With no time left before the deadline greedy still returns its first candidate, verified,
     and says the deadline decided it; a time limit (a work budget) never cuts its list."""
-    # specs/example.sched's costs: no candidate reaches the proven bound, so all would be tried.
-    inst = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
-                         send=16 << 20, forward=[1200, 1000, 1000, 1400],
-                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800)
+    # The bench's explicit 4 x 4 x 8 costs with two slow GPUs: no candidate reaches the proven
+    # bound, so all would be tried.
+    inst = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
     quick = get_solver("greedy")(inst, SolveOptions(deadline=time.monotonic()))
     verify_schedule(quick)
     assert "1 candidates" in quick.solver.detail and "skipped at the deadline" in quick.solver.detail
@@ -309,9 +308,7 @@ def test_greedy_stops_at_the_proven_lower_bound():
     assert plan.solver.objective == bound == simulate(plan).iteration_time
     assert "best of 1 candidates" in plan.solver.detail and "proven lower bound" in plan.solver.detail
     # Where no candidate reaches it, every candidate is tried and the plan is only feasible.
-    hard = make_instance(4, 4, 8, failed=[(1, 1)], slow={(0, 3): 0.5}, optimizer=400, latency=20,
-                         send=16 << 20, forward=[1200, 1000, 1000, 1400],
-                         backward_input=[1000, 1000, 1000, 1500], backward_weight=800)
+    hard = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
     other = get_solver("greedy")(hard, SolveOptions())
     assert other.solver.status == "feasible" and other.solver.objective > period_lower_bound(hard)
     assert "best of 1 candidates" not in other.solver.detail
