@@ -237,6 +237,26 @@ def _free_pipelines(instance: Instance, seed: Schedule, ops_per_pipeline: int) -
     return free
 
 
+def _forward_order_cuts(inst: Instance, seed: Schedule, free: set[int]) -> list[tuple[OpId, OpId]]:
+    """Symmetry cuts: pairs (F of microbatch m, F of m + 1) at one stage whose order the model
+    fixes. The microbatches of a pipeline whose every stage has one executor are interchangeable
+    (relabelling them keeps every schedule's times), so their forward order may be fixed at each
+    stage, here wherever the seed agrees (a hint the model forbids would be lost). Not for
+    pipelines whose work may move: a microbatch re-routed to a faster GPU may overtake, and the
+    model's bound must stay a bound on every schedule (`_Result.bound`)."""
+    seed_start = {op.id: op.start for op in seed.ops if op.kind == "F"}
+    cuts = []
+    for d in sorted(free):
+        if any(len(candidate_executors(inst, d, t)) > 1 for t in range(inst.pp)):
+            continue
+        for s in range(inst.pp):
+            for mb in range(inst.microbatches - 1):
+                a, b = OpId("F", d, s, mb), OpId("F", d, s, mb + 1)
+                if seed_start[a] <= seed_start[b]:
+                    cuts.append((a, b))
+    return cuts
+
+
 def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: SolveOptions,
                  wall_left: float | None) -> _Result:
     """Build and solve the model, pipelines outside `free` fixed to `seed`. CP-SAT ends on its
@@ -339,19 +359,8 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
             else:
                 m.Add(st >= fixed_end[dep.op] + dep.delay)
 
-    # Symmetry: the microbatches of a pipeline whose every stage has one executor are
-    # interchangeable (relabelling them keeps every schedule's times), so their forward order is
-    # fixed at each stage wherever the seed agrees (a hint the model forbids would be lost). Not
-    # for pipelines whose work may move: a microbatch re-routed to a faster GPU may overtake,
-    # and the model's bound must stay a bound on every schedule (`_Result.bound`).
-    for s in range(inst.pp):
-        for d in free:
-            if any(len(candidate_executors(inst, d, t)) > 1 for t in range(inst.pp)):
-                continue
-            for mb in range(inst.microbatches - 1):
-                a, b = OpId("F", d, s, mb), OpId("F", d, s, mb + 1)
-                if seed_ops[a].start <= seed_ops[b].start:
-                    m.Add(start[a] <= start[b])
+    for a, b in _forward_order_cuts(inst, seed, free):
+        m.Add(start[a] <= start[b])
 
     # Optimizer barriers and O per live GPU.
     barriers: dict[tuple[int, ...], object] = {}

@@ -218,3 +218,25 @@ def test_a_search_the_deadline_cuts_short_ends_in_time_and_says_so(monkeypatch):
     assert "deadline" in plan.solver.detail, plan.solver.detail
     verify_schedule(plan)
     assert cpsat.iteration_time(plan) <= cpsat.iteration_time(greedy)
+
+
+def test_cpsat_bound_is_claimed_only_for_the_whole_instance():
+    """With pipelines fixed to the seed the model is a restricted problem: its optimum may lie
+    above the instance's, so its bound is no bound on every schedule and is not reported."""
+    import schedc.solvers.cpsat as cpsat
+
+    inst = make_instance(6, 2, 2, failed=[(0, 1)])
+    seed = get_solver("greedy")(inst, FAST)
+    # The failed GPU's two microbatches run on pipelines 1 and 2: those three stay free.
+    assert {inst.gpu_of_rank(op.rank).dp for op in seed.ops if op.dp == 0 and op.pp == 1} == {1, 2}
+    whole = cpsat._solve_model(inst, seed, set(range(inst.dp)), FAST, None)
+    part = cpsat._solve_model(inst, seed, {0, 1, 2}, FAST, None)
+    assert whole.schedule is not None and part.schedule is not None
+    assert whole.bound is not None and whole.bound <= simulate(seed).iteration_time
+    assert part.bound is None
+    inst = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
+    seed = get_solver("greedy")(inst, FAST)
+    # Symmetry cuts only where relabelling microbatches loses no schedule: pipelines whose
+    # every stage has one executor (here 0, 2 and 3, not the slow GPUs' pipeline 1).
+    cuts = cpsat._forward_order_cuts(inst, seed, set(range(inst.dp)))
+    assert {a.dp for a, _ in cuts} == {0, 2, 3}
