@@ -15,7 +15,7 @@ from typing import Iterable, Literal
 
 from schedc.spec import Gpu, LinkSpec, Spec, StageCosts, scaled_duration
 
-OpKind = Literal["F", "B", "W", "O"]
+OpKind = Literal["F", "B", "W", "R", "O"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ class Instance:
     link: LinkSpec
     stages: tuple[StageCosts, ...]
     gpus: tuple[Gpu, ...]  # rank order
+    #: Bamboo's redundant computation (the `redundant` baseline, docs/baselines.md): each GPU
+    #: (d, s) also holds stage s + 1's layers (the last stage: stage 0's) and runs their forward
+    #: on every microbatch of its pipeline (an R op); a failed GPU's stage runs on its holder
+    #: (d, s - 1). `stages[s].static` then already includes the copy's.
+    redundant_forward: bool = False
 
     # -- lookups -----------------------------------------------------------
 
@@ -95,7 +100,35 @@ class Instance:
 
     def duration(self, kind: OpKind, pp: int, rank: int) -> int:
         """Duration of an op of stage `pp` on GPU `rank`, at that GPU's speed."""
+        if self.redundant_forward and kind in ("R", "O"):
+            return scaled_duration(self._redundant_base(kind, pp, rank), self.gpus[rank].speed)
         return scaled_duration(self.base_duration(kind, pp), self.gpus[rank].speed)
+
+    # -- redundant computation (Bamboo) ------------------------------------
+
+    def shadowed(self, pp: int) -> int:
+        """The stage whose copy the GPUs of stage `pp` hold: the next one (the last: stage 0)."""
+        return (pp + 1) % self.pp
+
+    def holder(self, dp: int, pp: int) -> Gpu:
+        """The GPU that holds the copy of GPU (dp, pp)'s stage and takes it over if it fails."""
+        return self.gpu(dp, (pp - 1) % self.pp)
+
+    def runs_redundant(self, dp: int, pp: int) -> bool:
+        """Whether GPU (dp, pp) runs R ops: it is live, and so is the GPU its copy stands for
+        (if that one failed, this GPU runs the stage itself)."""
+        return (self.redundant_forward and self.pp > 1 and self.gpu(dp, pp).live
+                and self.gpu(dp, self.shadowed(pp)).live)
+
+    def _redundant_base(self, kind: OpKind, pp: int, rank: int) -> int:
+        """R: the forward of the shadowed stage. O: the GPU's own optimizer step, plus the
+        stage it took over from its failed successor (its layers now live here)."""
+        if kind == "R":
+            return self.stages[self.shadowed(pp)].forward
+        g = self.gpus[rank]
+        nxt = self.gpu(g.dp, self.shadowed(pp))
+        extra = self.stages[nxt.pp].optimizer if self.pp > 1 and not nxt.live else 0
+        return self.stages[pp].optimizer + extra
 
     def boundary_transfer(self, pp: int) -> int:
         """Transfer time across the boundary between stage `pp` and `pp + 1`.
@@ -121,13 +154,31 @@ class Instance:
     @cached_property
     def lower_bound(self) -> float:
         """No schedule's iteration time can be below this."""
+        if self.redundant_forward:
+            return float(max((self.redundant_load(g.rank) for g in self.live_gpus()), default=0))
         return max(self.stage_lower_bound(s) for s in range(self.pp))
+
+    def redundant_load(self, rank: int) -> int:
+        """With redundant computation no work moves between pipelines, so a GPU's busy time per
+        iteration is fixed: its stage's F and B of every microbatch, those of the failed stage
+        it took over, its R ops and its O (`duration` already counts both stages' steps)."""
+        g = self.gpus[rank]
+        M = self.microbatches
+        stages = [g.pp]
+        nxt = self.gpu(g.dp, self.shadowed(g.pp))
+        if self.pp > 1 and not nxt.live:
+            stages.append(nxt.pp)
+        load = sum(M * (self.duration("F", s, rank) + self.duration("B", s, rank)) for s in stages)
+        if self.runs_redundant(g.dp, g.pp):
+            load += M * self.duration("R", g.pp, rank)
+        return load + self.duration("O", g.pp, rank)
 
     def same_costs(self, other: "Instance") -> bool:
         """Whether `other` is the same job on as many stages (shape, options, memory, link, stage
         costs), whatever its number of pipelines and its GPUs' states."""
         return all(getattr(self, k) == getattr(other, k) for k in (
-            "pp", "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages"))
+            "pp", "microbatches", "decouple_backward", "stagger_optimizer", "gpu_memory", "link", "stages",
+            "redundant_forward"))
 
     def without_failures(self) -> "Instance":
         return replace(self, gpus=tuple(replace(g, state="live", speed=1.0) for g in self.gpus))

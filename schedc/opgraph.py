@@ -31,6 +31,8 @@ class Dep:
 
 
 def compute_kinds(instance: Instance) -> tuple[str, ...]:
+    """The kinds of every microbatch's ops at every stage (R, Bamboo's redundant forward, only
+    where `Instance.runs_redundant`; `redundant_ops`)."""
     return ("F", "B", "W") if instance.decouple_backward else ("F", "B")
 
 
@@ -47,11 +49,29 @@ def data_deps(instance: Instance, op: OpId) -> tuple[Dep, ...]:
         return (Dep(OpId("F", d, s - 1, m), instance.boundary_transfer(s - 1)),) if s > 0 else ()
     if op.kind == "B":
         if s == last:
-            return (Dep(OpId("F", d, s, m), 0),)
-        return (Dep(OpId("B", d, s + 1, m), instance.boundary_transfer(s)),)
+            deps: tuple[Dep, ...] = (Dep(OpId("F", d, s, m), 0),)
+        else:
+            deps = (Dep(OpId("B", d, s + 1, m), instance.boundary_transfer(s)),)
+        if instance.redundant_forward and instance.runs_redundant(d, s):
+            # The copy's forward must be done before the microbatch's backward passes: it is
+            # what the holder would need to take over with this microbatch in flight.
+            deps += (Dep(OpId("R", d, s, m), 0),)
+        return deps
     if op.kind == "W":
         return (Dep(OpId("B", d, s, m), 0),)
+    if op.kind == "R":
+        # The copy's forward takes the output of this GPU's own forward; the last stage's copy
+        # (of stage 0) takes the microbatch's input, which is there from the start.
+        return (Dep(OpId("F", d, s, m), 0),) if s < last else ()
     raise ValueError(f"{op} has no data dependencies (optimizer ops wait on a barrier)")
+
+
+def redundant_ops(instance: Instance) -> tuple[OpId, ...]:
+    """Every R op (Bamboo's redundant forward): one per microbatch on each GPU that runs them."""
+    if not instance.redundant_forward:
+        return ()
+    return tuple(OpId("R", d, s, m) for s in range(instance.pp) for d in range(instance.dp)
+                 if instance.runs_redundant(d, s) for m in range(instance.microbatches))
 
 
 def optimizer_waits_for(instance: Instance, pp: int) -> tuple[int, ...]:
@@ -60,8 +80,16 @@ def optimizer_waits_for(instance: Instance, pp: int) -> tuple[int, ...]:
 
 
 def candidate_executors(instance: Instance, dp: int, pp: int) -> tuple[int, ...]:
-    """Ranks that may execute the F/B/W ops of pipeline `dp` at stage `pp`."""
+    """Ranks that may execute the F/B/W ops of pipeline `dp` at stage `pp`.
+
+    With redundant computation (Bamboo) work never moves to another pipeline: a live GPU runs
+    its own, and a failed GPU's stage runs on its holder, GPU (dp, pp - 1), which keeps a copy."""
     own = instance.gpu(dp, pp)
+    if instance.redundant_forward:
+        if own.live:
+            return (own.rank,)
+        holder = instance.holder(dp, pp)
+        return (holder.rank,) if holder.live and instance.pp > 1 else ()
     peers = [g.rank for g in instance.live_gpus(pp) if g.dp != dp]
     if not own.live:
         return tuple(peers)
@@ -90,9 +118,13 @@ class OpGraph:
     def optimizer_ops(self) -> tuple[OpId, ...]:
         return tuple(OpId("O", g.dp, g.pp) for g in self.instance.live_gpus())
 
+    @cached_property
+    def redundant_ops(self) -> tuple[OpId, ...]:
+        return redundant_ops(self.instance)
+
     @property
     def ops(self) -> tuple[OpId, ...]:
-        return self.compute_ops + self.optimizer_ops
+        return self.compute_ops + self.redundant_ops + self.optimizer_ops
 
     def deps(self, op: OpId) -> tuple[Dep, ...]:
         if op.kind == "O":
@@ -106,7 +138,7 @@ class OpGraph:
         return data_deps(self.instance, op)
 
     def candidates(self, op: OpId) -> tuple[int, ...]:
-        if op.kind == "O":
+        if op.kind in ("O", "R"):
             return (self.instance.gpu(op.dp, op.pp).rank,)
         return candidate_executors(self.instance, op.dp, op.pp)
 

@@ -87,7 +87,10 @@ class Plan:
             write_timeline(tmp / "timeline.svg", self.schedule, self.metrics)
             write_torch_csvs(tmp, self.schedule)
             (tmp / "spec.sched").write_text(print_spec(self.spec), encoding="utf-8")
-            programs = render_programs(self.spec, self.schedule, metrics=self.metrics, out_name=str(out))
+            # The `redundant` baseline models Bamboo for comparison: its holders would run another
+            # stage's layers, which the runtime does not do, so it gets no programs.
+            programs = ({} if self.instance.redundant_forward else
+                        render_programs(self.spec, self.schedule, metrics=self.metrics, out_name=str(out)))
             for name, text in programs.items():
                 (tmp / name).write_text(text, encoding="utf-8")
             if not out.exists():

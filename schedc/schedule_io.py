@@ -82,6 +82,8 @@ def schedule_to_json(schedule: Schedule, metrics: Any = None) -> dict:
         "link": {"latency": inst.link.latency, "bandwidth": inst.link.bandwidth},
         "stages": [{"pp": c.pp, **{k: getattr(c, k) for k in STAGE_KEYS}} for c in inst.stages],
     }
+    if inst.redundant_forward:
+        head["redundant_forward"] = True  # only then: other plans' files stay as they were
     if symmetric:
         return {**head, "gpus": [[g.dp, g.pp, g.node, g.state, g.speed] for g in inst.gpus],
                 "classes": schedule.layout.to_json(), "ops": ops, "metrics": metrics_json}
@@ -179,7 +181,7 @@ class _Gpu(_Model):
 
 class _Op(_Model):
     rank: StrictInt
-    kind: Literal["F", "B", "W", "O"]
+    kind: Literal["F", "B", "W", "R", "O"]
     dp: StrictInt
     pp: StrictInt
     mb: Optional[StrictInt]
@@ -208,6 +210,7 @@ class _File(_Model):
     microbatches: StrictInt = Field(ge=1)
     decouple_backward: StrictBool
     stagger_optimizer: StrictBool
+    redundant_forward: StrictBool = False  # the `redundant` baseline's plans (Bamboo)
     gpu_memory: StrictInt = Field(gt=0)
     link: _Link
     stages: list[_Stage]
@@ -248,6 +251,9 @@ def _check_consistent(f: _File, where: str) -> list[Diagnostic]:
         if st.stash > st.activation:
             diags.append(error("E603", f"{where}: `$.stages[{i}].stash` = {st.stash} exceeds "
                                        f"`activation` = {st.activation}"))
+    if f.redundant_forward and f.decouple_backward:
+        diags.append(error("E603", f"{where}: `$.redundant_forward` with `decouple_backward`: "
+                                   "redundant computation runs the full backward (no W)"))
     if len(f.gpus) != f.dp * f.pp:
         diags.append(error("E603", f"{where}: `$.gpus` has {len(f.gpus)} entries but dp x pp = {f.dp * f.pp}"))
     seen: dict[tuple[int, int], int] = {}
@@ -300,6 +306,7 @@ def parse_schedule(obj: Any, where: str = "schedule.json") -> tuple[Schedule, di
         stages=tuple(StageCosts(**{k: getattr(s, k) for k in ("pp",) + STAGE_KEYS}) for s in f.stages),
         gpus=tuple(Gpu(rank=g.rank, dp=g.dp, pp=g.pp, node=g.node, state=g.state, speed=float(g.speed))
                    for g in f.gpus),
+        redundant_forward=f.redundant_forward,
     )
     ops = tuple(ScheduledOp(rank=o.rank, kind=o.kind, dp=o.dp, pp=o.pp, mb=o.mb, start=o.start, end=o.end)
                 for o in f.ops)

@@ -42,6 +42,19 @@ STEADY_WINDOW = 4
 
 KINDS = ("F", "B", "W")
 _KIND_CODE = {"F": 0, "B": 1, "W": 2}
+#: With redundant computation (Bamboo) there is no W (B is the full backward) and the third
+#: slot of a code holds R, the redundant forward.
+REDUNDANT_KINDS = ("F", "B", "R")
+_REDUNDANT_CODE = {"F": 0, "B": 1, "R": 2}
+
+
+def kind_names(instance: Instance) -> tuple[str, str, str]:
+    """The op kind of each code slot (code % 3) for `instance`."""
+    return REDUNDANT_KINDS if instance.redundant_forward else KINDS
+
+
+def _kind_codes(instance: Instance) -> dict[str, int]:
+    return _REDUNDANT_CODE if instance.redundant_forward else _KIND_CODE
 
 
 class DeadlockError(VerificationError):
@@ -63,21 +76,23 @@ def steady_period(iteration_end: Sequence[int], window: int = STEADY_WINDOW) -> 
 
 
 def encode_op(instance: Instance, op: OpId) -> int:
-    """Integer code of a compute op: ((d*M + m)*S + s)*3 + kind (F=0, B=1, W=2)."""
-    return ((op.dp * instance.microbatches + op.mb) * instance.pp + op.pp) * 3 + _KIND_CODE[op.kind]
+    """Integer code of a compute op: ((d*M + m)*S + s)*3 + kind (F=0, B=1, W=2; R=2 with
+    redundant computation, which has no W)."""
+    return ((op.dp * instance.microbatches + op.mb) * instance.pp + op.pp) * 3 + _kind_codes(instance)[op.kind]
 
 
 def decode_op(instance: Instance, code: int) -> OpId:
     us, k = divmod(code, 3)
     u, s = divmod(us, instance.pp)
     d, m = divmod(u, instance.microbatches)
-    return OpId(KINDS[k], d, s, m)
+    return OpId(kind_names(instance)[k], d, s, m)
 
 
 def encode(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -> dict[int, list[int]]:
     """Compute ops of each program as integer codes (O dropped)."""
     S, M = instance.pp, instance.microbatches
-    return {r: [((op.dp * M + op.mb) * S + op.pp) * 3 + _KIND_CODE[op.kind] for op in prog if op.kind != "O"]
+    code = _kind_codes(instance)
+    return {r: [((op.dp * M + op.mb) * S + op.pp) * 3 + code[op.kind] for op in prog if op.kind != "O"]
             for r, prog in programs.items()}
 
 
@@ -89,6 +104,8 @@ def decode(instance: Instance, programs: Mapping[int, Sequence[int]]) -> dict[in
 def _check_ops(instance: Instance, programs: Mapping[int, Sequence[OpId]]) -> dict[int, list[int]]:
     """Codes of the programs, after checking every op can be encoded and O comes last."""
     kinds = ("F", "B", "W") if instance.decouple_backward else ("F", "B")
+    if instance.redundant_forward:
+        kinds += ("R",)
     n_gpus = len(instance.gpus)
     for rank, prog in programs.items():
         if not 0 <= rank < n_gpus or not instance.gpus[rank].live:
@@ -170,12 +187,15 @@ class ProgramGraph:
         owner = [-1] * n_compute  # rank running each compute op, -1 if none
         tr = [inst.boundary_transfer(s) for s in range(S)]
         last_kind = 2 if inst.decouple_backward else 1
+        redundant = inst.redundant_forward
         for g in live:
             r = g.rank
             prog = programs.get(r, ())
             dF = inst.duration("F", g.pp, r)
             dB = inst.duration("B", g.pp, r)
             dW = inst.duration("W", g.pp, r) if inst.decouple_backward else 0
+            if redundant:
+                dW = inst.duration("R", g.pp, r)
             o = o0 + r
             prev = o
             for c in prog:
@@ -201,9 +221,16 @@ class ProgramGraph:
                     else:
                         pb[c] = c + 3  # B of stage s+1
                         db[c] = tr[s]
-                else:
+                elif not redundant:
                     dur[c] = dW
                     pb[c] = c - 1  # B of the same stage
+                else:
+                    dur[c] = dW  # R: the shadowed stage's forward; its F, if any, ran before
+                    if s < S - 1:
+                        pb[c] = c - 2  # F of the same stage
+                if redundant and s != g.pp:
+                    # An op of the failed successor's stage, run by its holder (Bamboo).
+                    dur[c] = inst.duration(kind_names(inst)[k], s, r)
             pa[o] = prev
             pb[o] = bar_node[group_of[g.pp]]
             dur[o] = inst.duration("O", g.pp, r)
@@ -391,13 +418,14 @@ class ProgramGraph:
         dur = self.dur
         out = []
         S, M = inst.pp, inst.microbatches
+        names = kind_names(inst)
         for g in inst.live_gpus():
             r = g.rank
             for c in self.programs.get(r, ()):
                 us, k = divmod(c, 3)  # decode_op, inlined: this runs once per op of every plan
                 u, s = divmod(us, S)
                 d, m = divmod(u, M)
-                out.append(ScheduledOp(rank=r, kind=KINDS[k], dp=d, pp=s, mb=m,
+                out.append(ScheduledOp(rank=r, kind=names[k], dp=d, pp=s, mb=m,
                                        start=end[c] - dur[c], end=end[c]))
             o = self.o0 + r
             out.append(ScheduledOp(rank=r, kind="O", dp=g.dp, pp=g.pp, mb=None,

@@ -81,13 +81,17 @@ def memory_profile(instance: Instance, rank: int, program: Sequence[ScheduledOp 
     peak, peak_step = static, -1
     for step, op in enumerate(program):
         kind = op.kind
-        if kind == "F":
-            in_flight += stages[op.pp].activation
+        if kind == "F" or kind == "R":
+            # R (Bamboo's redundant forward) keeps the shadowed stage's activation until the
+            # microbatch's own B here: what a holder needs to take over with it in flight.
+            in_flight += stages[instance.shadowed(op.pp) if kind == "R" else op.pp].activation
             if static + in_flight > peak:
                 peak, peak_step = static + in_flight, step
         elif kind == "B":
             c = stages[op.pp]
             in_flight -= c.activation - c.stash if decouple else c.activation
+            if instance.redundant_forward and instance.runs_redundant(op.dp, op.pp):
+                in_flight -= stages[instance.shadowed(op.pp)].activation
         elif kind == "W":
             in_flight -= stages[op.pp].stash
     return MemoryProfile(static=static, peak=peak, peak_step=peak_step)
@@ -205,6 +209,8 @@ class _Checker:
         inst = self.inst
         n_ranks = len(inst.gpus)
         kinds = {"F", "B", "W", "O"} if inst.decouple_backward else {"F", "B", "O"}
+        if inst.redundant_forward:
+            kinds.add("R")
         by_id: dict[OpId, ScheduledOp] = {}
         for op in ops:
             if not 0 <= op.rank < n_ranks:
@@ -212,7 +218,11 @@ class _Checker:
                                  f"(ranks are 0..{n_ranks - 1})")
                 continue
             if op.kind not in kinds:
-                if op.kind == "W":
+                if op.kind == "R":
+                    self.add("E401", f"{op} is a redundant forward (R), but this instance has no "
+                                     "redundant computation",
+                             hint="R ops belong to the `redundant` baseline's plans only")
+                elif op.kind == "W":
                     self.add("E401", f"{op} is a W op, but decouple_backward is off",
                              hint="without decoupling B is the full backward and there is no W")
                 else:
@@ -237,7 +247,13 @@ class _Checker:
                 continue
             by_id[op.id] = op
         graph = OpGraph(inst)
-        missing = [o for o in graph.compute_ops if o not in by_id]
+        missing = [o for o in graph.compute_ops + graph.redundant_ops if o not in by_id]
+        for op in list(by_id.values()):
+            if op.kind == "R" and not inst.runs_redundant(op.dp, op.pp):
+                self.add("E401", f"{op} is a redundant forward on GPU (dp={op.dp}, pp={op.pp}), "
+                                 "which runs none (it failed, or the GPU it stands for did and it "
+                                 "runs that stage itself)")
+                del by_id[op.id]
         for o in missing[:MAX_DIAGNOSTICS]:
             self.add("E401", f"{o} is missing: no rank runs it",
                      hint="every F, B" + (", W" if inst.decouple_backward else "")
@@ -253,13 +269,23 @@ class _Checker:
 
     def check_executors(self, by_id: dict[OpId, ScheduledOp]) -> None:
         inst = self.inst
+        graph = OpGraph(inst)
         for op in by_id.values():
             gpu = inst.gpus[op.rank]
-            if not gpu.live:
+            if inst.redundant_forward and gpu.live and op.rank not in graph.candidates(op.id):
+                own = inst.gpu(op.dp, op.pp)
+                runs = (f"its own GPU, rank {own.rank}" if own.live or op.kind in ("O", "R") else
+                        f"the holder of its stage's copy, rank {inst.holder(op.dp, op.pp).rank}")
+                self.add("E402", f"{op} runs on rank {op.rank} (dp={gpu.dp}, pp={gpu.pp}); with "
+                                 f"redundant computation it runs on {runs}",
+                         hint="Bamboo moves no work between pipelines: a failed GPU's stage runs on "
+                              "the GPU before it in its pipeline, which holds a copy",
+                         detail="" if self.full() else self.grid(op))
+            elif not gpu.live:
                 self.add("E402", f"{op} runs on rank {op.rank} (dp={gpu.dp}, pp={gpu.pp}), which failed",
                          hint="failed GPUs run nothing; re-route the op to a live GPU of its stage",
                          detail="" if self.full() else self.grid(op))
-            elif gpu.pp != op.pp:
+            elif gpu.pp != op.pp and not inst.redundant_forward:
                 self.add("E402", f"{op} of stage {op.pp} runs on rank {op.rank}, a GPU of stage {gpu.pp}",
                          hint=f"an op runs on a live GPU of its own stage; stage {op.pp} has ranks "
                               + ", ".join(str(g.rank) for g in inst.live_gpus(op.pp)),
@@ -270,6 +296,8 @@ class _Checker:
                          hint="each O runs on its own GPU")
         # F, B and W of one (d, m, s) share one executor: the activations live there.
         kinds = ("B", "W") if inst.decouple_backward else ("B",)
+        if inst.redundant_forward:
+            kinds += ("R",)
         for f in by_id.values():
             if f.kind != "F":
                 continue
@@ -334,7 +362,8 @@ class _Checker:
                     break
                 if op.kind == "O":
                     seen_o = op
-            if not inst.gpus[rank].live or any(o.pp != inst.gpus[rank].pp for o in prog):
+            if not inst.gpus[rank].live or (not inst.redundant_forward
+                                            and any(o.pp != inst.gpus[rank].pp for o in prog)):
                 continue  # reported as executor errors; memory would be meaningless
             mem = memory_profile(inst, rank, prog)
             if mem.peak > inst.gpu_memory:
@@ -422,8 +451,8 @@ def schedule_passes(schedule: Schedule) -> bool:
     D, S, M = inst.dp, inst.pp, inst.microbatches
     gpus = inst.gpus
     n_ranks = len(gpus)
-    if not ops or D * S * M == 0 or len(inst.stages) != S:
-        return False
+    if not ops or D * S * M == 0 or len(inst.stages) != S or inst.redundant_forward:
+        return False  # (redundant computation: a baseline's plans, checked rule by rule)
     coords = {(g.dp, g.pp) for g in gpus}
     if (len(coords) != n_ranks or coords != {(d, s) for d in range(D) for s in range(S)}
             or any(g.rank != i for i, g in enumerate(gpus))):

@@ -98,3 +98,25 @@ def test_not_json_and_missing_file(tmp_path):
     with pytest.raises(ScheduleFileError) as exc:
         read_schedule(p)
     assert exc.value.codes == ["E602"]
+
+
+def test_round_trip_of_a_redundant_plan(tmp_path):
+    """The `redundant` baseline's plans (Bamboo) carry R ops and a holder running a failed
+    GPU's stage; the file says `redundant_forward` and reads back to the same schedule, which
+    verifies again. Other plans' files have no such key."""
+    from schedc.instance import make_instance
+    from schedc.solvers import SolveOptions, get_solver
+    from schedc.verify import verify_schedule
+
+    sched = get_solver("redundant")(make_instance(2, 3, 4, failed=[(1, 1)]), SolveOptions())
+    path = write_schedule(tmp_path / "schedule.json", sched, metrics_of(sched))
+    obj = json.loads(path.read_text())
+    assert obj["redundant_forward"] is True and any(o["kind"] == "R" for o in obj["ops"])
+    back, _ = read_schedule(path)
+    assert back == sched
+    verify_schedule(back)
+    plain = hand_schedule(base_instance(), one_f_one_b_programs)
+    assert "redundant_forward" not in schedule_to_json(plain)
+    # With decoupled B/W there is no R slot: the file is refused, not misread.
+    err = _read_bad(tmp_path, lambda o: o.update(redundant_forward=True))
+    assert err.codes == ["E603"] and "redundant_forward" in err.diagnostics[0].message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
+from schedc.schedule import OpId
 from schedc.simulate import simulate
 from schedc.solvers import SolveOptions, get_solver, solve
 from schedc.solvers.common import steady_iteration_time
@@ -132,9 +134,13 @@ def test_one_microbatch_that_does_not_fit_is_E310(name):
         solve(inst, name)
     assert set(exc.value.codes) == {"E310"}
     msg = exc.value.diagnostics[0].message
-    assert "pp=1" in msg and "gpu.memory is 3MiB" in msg
-    # redundant also holds the shadowed stage's weights: 2MiB static instead of 1MiB
-    assert ("= 5MiB" if name == "redundant" else "= 4MiB") in msg
+    assert "gpu.memory is 3MiB" in msg
+    if name == "redundant":
+        # It also holds the next stage's weights (static 2MiB) and its redundant forward's
+        # activation: stage 0 already needs 2 + 1 + 3 MiB.
+        assert "pp=0" in msg and "= 6MiB" in msg
+    else:
+        assert "pp=1" in msg and "= 4MiB" in msg
 
 
 def test_drop_pipeline_needs_a_whole_pipeline():
@@ -159,19 +165,71 @@ def test_drop_pipeline_moves_whole_microbatches_and_keeps_dropped_gpus_in_sync()
         assert [op.kind for op in sched.program(r)] == ["O"]
 
 
-def test_redundant_pays_the_shadow_forward_and_needs_the_holder():
+def test_redundant_runs_the_copy_forward_in_bubbles_and_the_holder_takes_over():
     inst = uniform(pp=3, f=[100, 200, 300], static=[10, 20, 30])
     sched = solve(inst, "redundant")
-    assert [c.forward for c in sched.instance.stages] == [300, 500, 400]
-    assert [c.static for c in sched.instance.stages] == [30, 50, 40]
-    failed = solve(uniform(dp=2, pp=3, failed=[(1, 0)]), "redundant")
+    verify_schedule(sched)
+    bamboo = sched.instance
+    assert bamboo.redundant_forward and not bamboo.decouple_backward and not bamboo.stagger_optimizer
+    assert [c.forward for c in bamboo.stages] == [100, 200, 300]  # forwards are not lengthened
+    assert [c.static for c in bamboo.stages] == [30, 50, 40]  # each stage also keeps the next one's
+    # One R per microbatch on every GPU, as long as the next stage's forward, after its own F
+    # (the last stage's copy of stage 0 needs only the input) and before its own B.
+    rs = [op for op in sched.ops if op.kind == "R"]
+    assert len(rs) == 3 * 8
+    by_id = {op.id: op for op in sched.ops}
+    for r in rs:
+        assert r.end - r.start == bamboo.stages[(r.pp + 1) % 3].forward
+        assert r.rank == bamboo.gpu(r.dp, r.pp).rank
+        assert by_id[OpId("B", r.dp, r.pp, r.mb)].start >= r.end
+        if r.pp < 2:
+            assert r.start >= by_id[OpId("F", r.dp, r.pp, r.mb)].end
+    # In bubbles: cheaper than lengthening every forward by the next stage's (the old model).
+    longer = uniform(pp=3, f=[300, 500, 400], static=[30, 50, 40])
+    assert iteration_time(sched) < iteration_time(solve(longer, "1f1b"))
+    # A failed GPU's stage runs on its holder, the GPU before it in its pipeline (stage 0's on
+    # the last stage), whose O also steps the stage it took over; the other pipeline is untouched.
+    failed = solve(uniform(dp=2, pp=3, failed=[(1, 1)]), "redundant")
     verify_schedule(failed)
-    g = failed.instance.gpu(1, 0)
-    assert g.live and g.speed == 0.5 and failed.instance.gpu(1, 2).speed == 0.5
-    assert "approximation" in failed.solver.detail
+    inst = failed.instance
+    holder = inst.gpu(1, 0).rank
+    assert {op.pp for op in failed.program(holder) if op.kind != "O"} == {0, 1}
+    assert not any(op.kind == "R" for op in failed.program(holder))  # it runs stage 1 itself
+    o = failed.program(holder)[-1]
+    assert o.kind == "O" and o.end - o.start == 2 * 100
+    assert all(op.dp == d for d in (0, 1) for r in (inst.gpu(d, s).rank for s in range(3))
+               if inst.gpus[r].live for op in failed.program(r))
+    wrapped = solve(uniform(dp=2, pp=3, failed=[(1, 0)]), "redundant")
+    verify_schedule(wrapped)
+    assert {op.pp for op in wrapped.program(wrapped.instance.gpu(1, 2).rank) if op.kind != "O"} == {0, 2}
     with pytest.raises(InfeasibleError) as exc:
         solve(uniform(dp=2, pp=3, failed=[(1, 0), (1, 2)]), "redundant")
     assert exc.value.codes == ["E314"]
+
+
+def test_verifier_holds_redundant_plans_to_their_rules():
+    from schedc.diagnostics import VerificationError
+
+    sched = solve(uniform(dp=2, pp=3, failed=[(1, 1)]), "redundant")
+    ops = list(sched.ops)
+
+    def codes(changed):
+        with pytest.raises(VerificationError) as exc:
+            verify_schedule(replace(sched, ops=tuple(changed)))
+        return set(exc.value.codes)
+
+    # An R after its microbatch's B: the holder would have nothing to take over with.
+    i = next(i for i, op in enumerate(ops) if op.kind == "R" and op.dp == 0 and op.pp == 1 and op.mb == 0)
+    late = ops[i]
+    assert "E403" in codes(ops[:i] + [replace(late, start=late.start + 10**6, end=late.end + 10**6)] + ops[i + 1:])
+    # An R missing, an R on a GPU whose next stage failed (it runs that stage itself).
+    assert codes(ops[:i] + ops[i + 1:]) == {"E401"}
+    extra = replace(late, dp=1, pp=0, rank=sched.instance.gpu(1, 0).rank, start=10**7, end=10**7 + 100)
+    assert "E401" in codes(ops + [extra])
+    # The failed GPU's stage on a peer of another pipeline: Bamboo moves no work across pipelines.
+    j = next(j for j, op in enumerate(ops) if op.kind == "F" and op.dp == 1 and op.pp == 1)
+    moved = replace(ops[j], rank=sched.instance.gpu(0, 1).rank)
+    assert "E402" in codes(ops[:j] + [moved] + ops[j + 1:])
 
 
 # -- properties over random instances ---------------------------------------------

@@ -18,8 +18,8 @@ from xml.sax.saxutils import escape
 from schedc.schedule import Schedule, is_rerouted
 from schedc.symmetry import first_copy_view
 
-COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b", "O": "#8e6c8a"}
-TEXT_ON = {"F": "#ffffff", "B": "#000000", "W": "#ffffff", "O": "#ffffff"}
+COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b", "R": "#9ecae9", "O": "#8e6c8a"}
+TEXT_ON = {"F": "#ffffff", "B": "#000000", "W": "#ffffff", "R": "#000000", "O": "#ffffff"}
 
 LABEL_W = 190  # left column with the GPU names
 PLOT_W = 1200  # width of the time axis
@@ -195,8 +195,11 @@ def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "")
     # legend
     lx = x0
     names = {"F": "F forward", "B": "B backward-input" if inst.decouple_backward else "B backward (full)",
-             "W": "W backward-weight", "O": "O all-reduce + optimizer"}
+             "W": "W backward-weight", "R": "R redundant forward (the next stage's copy)",
+             "O": "O all-reduce + optimizer"}
     kinds = ("F", "B", "W", "O") if inst.decouple_backward else ("F", "B", "O")
+    if inst.redundant_forward:
+        kinds = kinds[:-1] + ("R", "O")
     for k in kinds:
         out.append(f"<rect x='{lx}' y='{legend_y - 11:.0f}' width='16' height='14' fill='{COLOURS[k]}'/>")
         out.append(f"<text x='{lx + 22}' y='{legend_y:.0f}'>{escape(names[k])}</text>")

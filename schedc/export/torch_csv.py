@@ -24,8 +24,11 @@ from schedc.symmetry import SymmetricSchedule, first_copy_view
 
 def torch_csv_pipelines(schedule: Schedule) -> list[int]:
     """Pipelines whose schedule torch.distributed.pipelining's CSV format can express (of a
-    symmetric schedule: of each class's first copy; the other copies' files would be the same)."""
+    symmetric schedule: of each class's first copy; the other copies' files would be the same).
+    None with redundant computation: torch has no action for a redundant forward."""
     inst = schedule.instance
+    if inst.redundant_forward:
+        return []
     gpus, ops, _, _ = first_copy_view(schedule)
     shown = {g.dp for g in gpus}
     bad = {g.dp for g in inst.gpus if not g.live} | (set(range(inst.dp)) - shown)

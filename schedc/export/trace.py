@@ -19,7 +19,8 @@ from pathlib import Path
 from schedc.schedule import Schedule, is_rerouted
 from schedc.symmetry import first_copy_view
 
-CATEGORY = {"F": "forward", "B": "backward_input", "W": "backward_weight", "O": "optimizer"}
+CATEGORY = {"F": "forward", "B": "backward_input", "W": "backward_weight", "R": "redundant_forward",
+            "O": "optimizer"}
 
 
 def trace_events(schedule: Schedule) -> dict:

@@ -113,14 +113,25 @@ def refuse_tensor_parallel(tp: int) -> None:
                                    "compile the spec with tp = 1, or drive your own TP training from the plan")])
 
 
+def _text_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def load_manifest(out_dir: Path | str) -> Manifest:
     """Read ``OUT/programs.json``; E520 when it is missing or unreadable."""
     path = Path(out_dir) / MANIFEST_NAME
     try:
         return Manifest.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
-        raise RunError([error("E520", f"no {MANIFEST_NAME} in `{out_dir}`",
-                              hint="compile first: `schedc compile SPEC -o OUT`, then `schedc run OUT`")])
+        hint = "compile first: `schedc compile SPEC -o OUT`, then `schedc run OUT`"
+        if '"redundant_forward": true' in _text_or_empty(Path(out_dir) / "schedule.json"):
+            hint = ("this plan is the `redundant` baseline, a model of Bamboo to compare against: "
+                    "schedc writes no programs for it (a holder would run another stage's layers); "
+                    "compile with `--solver cpsat` or `greedy` to run it")
+        raise RunError([error("E520", f"no {MANIFEST_NAME} in `{out_dir}`", hint=hint)])
     except (ValueError, KeyError, TypeError) as exc:
         raise RunError([error("E521", f"`{path}` is not a valid {FORMAT} manifest: {exc}",
                               hint="recompile the spec with this version of schedc")])
