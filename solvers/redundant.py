@@ -197,6 +197,9 @@ def bamboo_programs(inst: Instance) -> dict[int, list[OpId]]:
     while events:
         t, _, kind, d, s, m = heapq.heappop(events)
         r = exe[(d, s)]
+        if kind == "arrive":
+            dispatch(r, t)  # an input is there
+            continue
         if kind == "F":
             remaining -= 1
             if s < S - 1:
@@ -214,9 +217,7 @@ def bamboo_programs(inst: Instance) -> dict[int, list[OpId]]:
                 arrive(OpId("B", d, s - 1, m), t + inst.boundary_transfer(s - 1))
         elif kind == "R":
             remaining -= 1
-        # Every GPU idle now may start something (cheap at the bench's sizes: 64 GPUs).
-        for x in sorted(room):
-            dispatch(x, t)
+        dispatch(r, t)  # the GPU is free (and, after a B, has memory back)
     if remaining:
         raise RuntimeError(f"redundant: the list scheduler stopped with {remaining} ops left")
     return programs
