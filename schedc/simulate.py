@@ -121,11 +121,13 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
     busy: dict[int, int] = {}
     bubble: dict[int, float] = {}
     peak: dict[int, int] = {}
+    graph = run._graph  # its op durations are the ones the run used
+    dur, o0 = graph.dur, graph.o0
     for g in inst.gpus:
         if not g.live:
             continue
         prog = programs.get(g.rank, ())
-        busy[g.rank] = sum(inst.duration(op.kind, op.pp, g.rank) for op in prog)
+        busy[g.rank] = sum(dur[c] for c in graph.programs.get(g.rank, ())) + dur[o0 + g.rank]
         bubble[g.rank] = 1.0 - busy[g.rank] / period if period > 0 else 0.0
         peak[g.rank] = memory_profile(inst, g.rank, prog).peak
     return SimResult(

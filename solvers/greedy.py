@@ -35,7 +35,7 @@ from schedc.solvers.assign import Executor, balanced, microbatch_key, round_robi
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
                             fits_in_flight)
 from schedc.solvers.cpsat_bound import period_lower_bound
-from schedc.timing import ProgramGraph, encode
+from schedc.timing import ProgramGraph, encode, keep_graph
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
 from schedc.solvers.templates import ZB_H2_VARIANTS
@@ -168,6 +168,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             best = (period, name, graph)
     assert best is not None  # candidates() always yields at least one plan
     period, name, graph = best
+    keep_graph(graph)  # the simulator will run these very programs
     optimal = period <= bound
     # The winner's graph times its one iteration: the same as schedule_from_programs, faster.
     info = SolverInfo(name=NAME, status="optimal" if optimal else "feasible", objective=float(period),

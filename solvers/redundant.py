@@ -105,7 +105,7 @@ def bamboo_programs(inst: Instance) -> dict[int, list[OpId]]:
     S, M = inst.pp, inst.microbatches
     room = _check_room(inst)
     exe = {(d, s): candidate_executors(inst, d, s)[0] for d in range(inst.dp) for s in range(S)}
-    # Per GPU: the (d, s) it runs, its pending ops by kind.
+    # Per GPU: the (pipeline, stage) pairs it runs (a holder: two).
     serves: dict[int, list[tuple[int, int]]] = {g.rank: [] for g in inst.live_gpus()}
     for (d, s), r in exe.items():
         serves[r].append((d, s))
@@ -117,15 +117,15 @@ def bamboo_programs(inst: Instance) -> dict[int, list[OpId]]:
     reserved: set[tuple[int, int, int]] = set()  # (d, s, m) whose bytes are counted in `used`
     free_at = dict.fromkeys(room, 0)
     programs: dict[int, list[OpId]] = {r: [] for r in room}
-    events: list[tuple[int, int, str, int, int, int]] = []  # (end, seq, kind, d, s, m)
+    # (time, seq, kind, d, s, m): an op of `kind` ends, or ("arrive") an input reaches (d, s)'s GPU
+    events: list[tuple[int, int, str, int, int, int]] = []
     seq = 0
     for d in range(inst.dp):
         for m in range(M):
             arrived[OpId("F", d, 0, m)] = 0
             if inst.runs_redundant(d, S - 1):
                 arrived[OpId("R", d, S - 1, m)] = 0
-    remaining = sum(1 for _ in exe) * M * 2 + sum(M for d in range(inst.dp) for s in range(S)
-                                                  if inst.runs_redundant(d, s))
+    remaining = len(exe) * M * 2 + sum(M for d, s in exe if inst.runs_redundant(d, s))  # F, B, R
 
     def ready(op: OpId, t: int) -> bool:
         return op not in done and arrived.get(op, t + 1) <= t
