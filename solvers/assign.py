@@ -7,6 +7,8 @@ a live GPU of its own stage (docs/architecture.md, executors).
 
 from __future__ import annotations
 
+import heapq
+
 from schedc.instance import Instance
 
 Executor = list[list[int]]
@@ -45,9 +47,9 @@ def balanced_counts(instance: Instance, s: int) -> dict[int, int]:
     GPU that would finish it soonest: the smallest (n + 1) / speed, ties to
     the lower rank. This ignores O and per-op rounding, so on slow GPUs it
     can differ by one microbatch from the exact earliest-completion counts
-    behind `cpsat_bound.placement_bound`; those were tried here and made
-    greedy's plans 0.4 % faster to 1.4 % slower on the bench's slow-GPU
-    scenarios, so the heuristic keeps this rule and the bound keeps its own.
+    behind `cpsat_bound.placement_bound` (`completion_counts`); as the only
+    rule those made greedy's plans 0.4 % faster to 1.4 % slower on the bench's
+    slow-GPU scenarios, so greedy tries both.
     """
     M = instance.microbatches
     live = instance.live_gpus(s)
@@ -60,18 +62,39 @@ def balanced_counts(instance: Instance, s: int) -> dict[int, int]:
     return count
 
 
-def balanced(instance: Instance, spread: bool = True) -> Executor:
+def completion_counts(instance: Instance, s: int) -> dict[int, int]:
+    """Microbatches per live GPU of stage s by earliest completion, O and rounding included:
+    each movable microbatch (all of a failed or slow GPU's) goes to the GPU that would finish it
+    soonest, counting its optimizer step (a slow GPU's takes longer too). The counts behind
+    `cpsat_bound.placement_bound`: they give the smallest possible busiest GPU."""
+    M = instance.microbatches
+    kinds = ("F", "B", "W") if instance.decouple_backward else ("F", "B")
+    count = {g.rank: (M if g.speed >= 1.0 else 0) for g in instance.live_gpus(s)}
+    slots = []  # (load after one more microbatch, rank, per microbatch)
+    for g in instance.live_gpus(s):
+        w = sum(instance.duration(k, s, g.rank) for k in kinds)
+        slots.append((instance.duration("O", s, g.rank) + (count[g.rank] + 1) * w, g.rank, w))
+    heapq.heapify(slots)
+    for _ in range(instance.dp * M - sum(count.values())):
+        after, r, w = heapq.heappop(slots)
+        count[r] += 1
+        heapq.heappush(slots, (after + w, r, w))
+    return count
+
+
+def balanced(instance: Instance, keep: str = "spread", counts=balanced_counts) -> Executor:
     """Speed-weighted placement: failed GPUs' microbatches and a slow GPU's surplus move to peers.
 
-    A slow GPU keeps `balanced_counts` of its own microbatches; with `spread`
-    the ones it gives away are evenly spaced over the iteration (so the peers'
-    extra work is spread too), else they are its last ones. The moved
-    microbatches, in (m, d) order, go to the GPUs with room left, in turns.
+    A slow GPU keeps `counts(instance, s)` of its own microbatches: with `keep` "spread" evenly
+    spaced over the iteration (so the peers' extra work is spread too), "first" its first ones
+    (it gives away its last), "last" its last ones (it gives away its first, so it starts late:
+    right when its optimizer step, slow too, would otherwise hold up the pipeline's next
+    iteration). The moved microbatches, in (m, d) order, go to the GPUs with room left, in turns.
     """
     D, S, M = instance.dp, instance.pp, instance.microbatches
     ex: Executor = [[instance.gpu(u // M, s).rank for s in range(S)] for u in range(D * M)]
     for s in range(S):
-        count = balanced_counts(instance, s)
+        count = counts(instance, s)
         pool: list[tuple[int, int]] = []  # (m, d) of microbatches to move
         room = dict(count)
         for d in range(D):
@@ -79,14 +102,16 @@ def balanced(instance: Instance, spread: bool = True) -> Executor:
             if not g.live:
                 pool.extend((m, d) for m in range(M))
                 continue
-            keep = min(M, count[g.rank])
-            room[g.rank] -= keep
-            if keep == M:
+            kept_n = min(M, count[g.rank])
+            room[g.rank] -= kept_n
+            if kept_n == M:
                 continue
-            if spread:
-                kept = {int(i * M / keep) for i in range(keep)} if keep else set()
+            if keep == "spread":
+                kept = {int(i * M / kept_n) for i in range(kept_n)} if kept_n else set()
+            elif keep == "first":
+                kept = set(range(kept_n))
             else:
-                kept = set(range(keep))
+                kept = set(range(M - kept_n, M))
             pool.extend((m, d) for m in range(M) if m not in kept)
         pool.sort()
         takers = [r for r in sorted(room) if room[r] > 0]

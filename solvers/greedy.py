@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from schedc.instance import Instance
 from schedc.schedule import OpId, Schedule, SolverInfo
 from schedc.solvers import SolveOptions
-from schedc.solvers.assign import Executor, balanced, microbatch_key, round_robin
+from schedc.solvers.assign import Executor, balanced, completion_counts, microbatch_key, round_robin
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
                             fits_in_flight)
 from schedc.solvers.cpsat_bound import period_lower_bound
@@ -85,9 +85,14 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
             return encode(inst, decoupled_programs(progs) if inst.decouple_backward else progs), None
         yield "reroute-1f1b", rerouted
     placements: list[tuple[str, Executor]] = []
-    for name, ex in (("balanced", balanced(inst, spread=True)),
-                     ("balanced-tail", balanced(inst, spread=False)),
-                     ("round-robin", round_robin(inst))):
+    tables = [("balanced", lambda: balanced(inst, "spread")),
+              ("balanced-tail", lambda: balanced(inst, "first")),
+              ("round-robin", lambda: round_robin(inst))]
+    if inst.slow_gpus:  # slow GPUs that start late (without slow GPUs these equal `balanced`)
+        tables += [("balanced-late", lambda: balanced(inst, "last")),
+                   ("completion-late", lambda: balanced(inst, "last", completion_counts))]
+    for name, make in tables:
+        ex = make()
         if all(ex != other for _, other in placements):
             placements.append((name, ex))
     key = microbatch_key(inst)
