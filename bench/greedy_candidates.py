@@ -43,7 +43,10 @@ def main() -> None:
             n = 0
             for _, build in candidates(inst):
                 t0 = time.perf_counter()
-                codes, order = build()
+                plan = build()
+                if plan is None:
+                    continue  # a placement equal to an earlier one
+                codes, order = plan
                 t1 = time.perf_counter()
                 ProgramGraph(inst, codes, order).period()
                 measure_t += time.perf_counter() - t1

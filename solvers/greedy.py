@@ -47,7 +47,9 @@ ONE_F_ONE_B = Policy(name="1f1b", kinds=("W", "B", "F"))
 ZERO_BUBBLE = Policy(name="zb", kinds=("B", "F", "W"))
 
 Programs = dict[int, list[OpId]]
-Plan = tuple[dict[int, list[int]], "list[int] | None"]  # op codes per rank, a topological order
+#: Op codes per rank and a topological order; None for a candidate whose placement equals an
+#: earlier one's (its plans were tried already).
+Plan = "tuple[dict[int, list[int]], list[int] | None] | None"
 
 
 def _caps(instance: Instance, executor: Executor, mode: str) -> list[int]:
@@ -84,26 +86,32 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
             progs, _ = reroute_programs(barrier_instance(inst))
             return encode(inst, decoupled_programs(progs) if inst.decouple_backward else progs), None
         yield "reroute-1f1b", rerouted
-    placements: list[tuple[str, Executor]] = []
-    tables = [("balanced", lambda: balanced(inst, "spread")),
-              ("balanced-tail", lambda: balanced(inst, "first")),
-              ("round-robin", lambda: round_robin(inst))]
+    tables = {"balanced": lambda: balanced(inst, "spread"),
+              "balanced-tail": lambda: balanced(inst, "first"),
+              "round-robin": lambda: round_robin(inst)}
     if inst.slow_gpus:  # slow GPUs that start late (without slow GPUs these equal `balanced`)
-        tables += [("balanced-late", lambda: balanced(inst, "last")),
-                   ("completion-late", lambda: balanced(inst, "last", completion_counts))]
-    for name, make in tables:
-        ex = make()
-        if all(ex != other for _, other in placements):
-            placements.append((name, ex))
+        tables["balanced-late"] = lambda: balanced(inst, "last")
+        tables["completion-late"] = lambda: balanced(inst, "last", completion_counts)
+    made: dict[str, Executor | None] = {}
+
+    def placement(name: str) -> Executor | None:
+        """The table, made when first needed (under a deadline most are never needed); None if
+        it equals one made before (in the fixed order candidates are tried)."""
+        if name not in made:
+            ex = tables[name]()
+            made[name] = None if any(ex == other for other in made.values() if other is not None) else ex
+        return made[name]
+
     key = microbatch_key(inst)
     policies = [ONE_F_ONE_B, ZERO_BUBBLE] if inst.decouple_backward else [ONE_F_ONE_B]
-    for pname, ex in placements:
+    for pname in tables:
         for policy in policies:
             for cap_mode in ("1f1b", "memory"):
-                caps = _caps(inst, ex, cap_mode)
-
-                def build(ex=ex, policy=policy, caps=caps) -> Plan:
-                    res = list_schedule(inst, ex, key, caps, policy)
+                def build(pname=pname, policy=policy, cap_mode=cap_mode) -> Plan:
+                    ex = placement(pname)
+                    if ex is None:
+                        return None
+                    res = list_schedule(inst, ex, key, _caps(inst, ex, cap_mode), policy)
                     return res.codes, res.order
                 yield f"{pname}/{policy.name}/{cap_mode}-cap", build
 
@@ -160,7 +168,10 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             skipped += 1
             continue
         began = time.perf_counter()
-        codes, order = build()
+        plan = build()
+        if plan is None:
+            continue  # a placement equal to an earlier one: its plans were tried
+        codes, order = plan
         programs = tuple(tuple(codes[r]) for r in sorted(codes))
         if programs in seen:
             continue  # the same plan as an earlier candidate: the same time, and ties keep the earlier

@@ -296,7 +296,10 @@ def test_list_scheduler_order_is_a_valid_evaluation_order(inst):
     except InfeasibleError:
         return
     for _, build in candidates(inst):
-        codes, order = build()
+        plan = build()
+        if plan is None:
+            continue  # a duplicate placement
+        codes, order = plan
         assert ProgramGraph(inst, codes, order).period() == ProgramGraph(inst, codes).period()
 
 
@@ -388,8 +391,8 @@ def test_a_slow_gpu_with_a_long_optimizer_step_starts_late():
     plan = get_solver("greedy")(inst, SolveOptions())
     verify_schedule(plan)
     assert "-late/" in plan.solver.detail
-    others = [build for name, build in greedy.candidates(inst) if "-late/" not in name]
-    best_other = min(ProgramGraph(inst, *build()).period() for build in others)
+    others = [build() for name, build in greedy.candidates(inst) if "-late/" not in name]
+    best_other = min(ProgramGraph(inst, *plan).period() for plan in others if plan is not None)
     assert plan.solver.objective * 1.04 < best_other
     # The slow GPU (rank 4) keeps its last microbatches, the earliest-completion counts (O
     # included) that give the placement bound's busiest GPU.
