@@ -139,12 +139,19 @@ def decompose(instance: Instance, previous: "Decomposition | None" = None,
     return Decomposition(layout=layout, components=sigs, signatures=tuple(signatures))
 
 
-def classes_for(instance: Instance, symmetric: bool | None,
+#: Solvers that plan the instance as given. The baselines plan a transformed one (the field's
+#: options, Bamboo's copies), which a class's part planned alone cannot stand for in the
+#: cluster's layout, so they always plan the whole cluster.
+CLASS_SOLVERS = ("cpsat", "greedy")
+
+
+def classes_for(instance: Instance, symmetric: bool | None, solver: str = "cpsat",
                 previous: Decomposition | None = None) -> Decomposition | None:
     """The classes `compile` and `replan` plan `instance` by, or None to plan it op by op:
     `symmetric` True at any size, None (the default) from `MIN_GPUS` GPUs on, False never;
-    and only where some pipeline repeats another (`decompose`)."""
-    if symmetric is False or (symmetric is None and instance.dp * instance.pp < MIN_GPUS):
+    only for `CLASS_SOLVERS`, and only where some pipeline repeats another (`decompose`)."""
+    if (symmetric is False or solver not in CLASS_SOLVERS
+            or (symmetric is None and instance.dp * instance.pp < MIN_GPUS)):
         return None
     return decompose(instance, previous=previous)
 

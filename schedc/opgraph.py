@@ -31,8 +31,8 @@ class Dep:
 
 
 def compute_kinds(instance: Instance) -> tuple[str, ...]:
-    """The kinds of every microbatch's ops at every stage (R, Bamboo's redundant forward, only
-    where `Instance.runs_redundant`; `redundant_ops`)."""
+    """The kinds every microbatch has at every stage: F, B and (decoupled) W. R ops, Bamboo's
+    redundant forward, exist only on the GPUs that run them (`redundant_ops`)."""
     return ("F", "B", "W") if instance.decouple_backward else ("F", "B")
 
 

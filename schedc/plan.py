@@ -329,7 +329,7 @@ def _by_classes(solve, name: str, symmetric: bool | None):
         return solve
 
     def solve_by_classes(instance, options):
-        dec = classes_for(instance, symmetric)
+        dec = classes_for(instance, symmetric, name)
         if dec is None:
             return solve(instance, options)
         return plan_by_classes(instance, dec, solve, options, name)

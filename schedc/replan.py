@@ -111,7 +111,7 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                                      hint="pass deadline in seconds, e.g. deadline=1.0")])
     spec = apply_events(plan.spec, event)
     instance = from_spec(spec)
-    dec = classes_for(instance, symmetric, previous=decomposition_of(plan.schedule))
+    dec = classes_for(instance, symmetric, solver, previous=decomposition_of(plan.schedule))
     # Class programs carry over when only GPU states changed (what events change).
     previous = plan.schedule if plan.instance.dp == instance.dp and plan.instance.same_costs(instance) else None
     if dec is None:

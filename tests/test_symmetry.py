@@ -211,6 +211,23 @@ def test_small_clusters_stay_op_by_op():
     assert isinstance(plan.schedule, Schedule) and plan.changed_ranks is None
 
 
+def test_baselines_plan_the_whole_cluster():
+    """A baseline plans a transformed instance (the field's options, Bamboo's copies) that a
+    class's part cannot stand for, so it is never planned by classes, even when asked: it
+    compiles (this was E409) and replans op by op."""
+    import schedc
+    from schedc.plan import compile
+
+    for solver in ("1f1b", "reroute-1f1b", "redundant"):
+        plan = compile("specs/small-2x2.sched", solver=solver, symmetric=True)
+        assert not isinstance(plan.schedule, SymmetricSchedule), solver
+    assert isinstance(compile("specs/small-2x2.sched", solver="greedy", symmetric=True).schedule,
+                      SymmetricSchedule)
+    again = schedc.replan(compile("specs/small-2x2.sched", solver="reroute-1f1b"), "fail gpu(dp=0, pp=1)",
+                          solver="reroute-1f1b", symmetric=True)
+    assert not isinstance(again.schedule, SymmetricSchedule)
+
+
 def test_replan_reuses_classes_and_says_which_ranks_changed():
     """A failure like an earlier one adds a copy: no search, the same reduced schedule; the
     ranks it reports changed are exactly those whose program changed op by op."""
