@@ -120,15 +120,19 @@ class Instance:
         return (self.redundant_forward and self.pp > 1 and self.gpu(dp, pp).live
                 and self.gpu(dp, self.shadowed(pp)).live)
 
+    def redundant_stages(self, rank: int) -> tuple[int, ...]:
+        """The stages GPU `rank` runs with redundant computation: its own and, if the GPU its
+        copy stands for failed, that one's too (it took the stage over)."""
+        g = self.gpus[rank]
+        nxt = self.gpu(g.dp, self.shadowed(g.pp))
+        return (g.pp, nxt.pp) if self.pp > 1 and not nxt.live else (g.pp,)
+
     def _redundant_base(self, kind: OpKind, pp: int, rank: int) -> int:
-        """R: the forward of the shadowed stage. O: the GPU's own optimizer step, plus the
-        stage it took over from its failed successor (its layers now live here)."""
+        """R: the forward of the shadowed stage. O: the optimizer steps of every stage the GPU
+        runs (a taken-over stage's layers now live here)."""
         if kind == "R":
             return self.stages[self.shadowed(pp)].forward
-        g = self.gpus[rank]
-        nxt = self.gpu(g.dp, self.shadowed(pp))
-        extra = self.stages[nxt.pp].optimizer if self.pp > 1 and not nxt.live else 0
-        return self.stages[pp].optimizer + extra
+        return sum(self.stages[s].optimizer for s in self.redundant_stages(rank))
 
     def boundary_transfer(self, pp: int) -> int:
         """Transfer time across the boundary between stage `pp` and `pp + 1`.
@@ -164,11 +168,8 @@ class Instance:
         it took over, its R ops and its O (`duration` already counts both stages' steps)."""
         g = self.gpus[rank]
         M = self.microbatches
-        stages = [g.pp]
-        nxt = self.gpu(g.dp, self.shadowed(g.pp))
-        if self.pp > 1 and not nxt.live:
-            stages.append(nxt.pp)
-        load = sum(M * (self.duration("F", s, rank) + self.duration("B", s, rank)) for s in stages)
+        load = sum(M * (self.duration("F", s, rank) + self.duration("B", s, rank))
+                   for s in self.redundant_stages(rank))
         if self.runs_redundant(g.dp, g.pp):
             load += M * self.duration("R", g.pp, rank)
         return load + self.duration("O", g.pp, rank)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 
 from schedc.instance import Instance
+from schedc.opgraph import compute_kinds
 
 Executor = list[list[int]]
 
@@ -62,24 +63,41 @@ def balanced_counts(instance: Instance, s: int) -> dict[int, int]:
     return count
 
 
-def completion_counts(instance: Instance, s: int) -> dict[int, int]:
-    """Microbatches per live GPU of stage s by earliest completion, O and rounding included:
-    each movable microbatch (all of a failed or slow GPU's) goes to the GPU that would finish it
-    soonest, counting its optimizer step (a slow GPU's takes longer too). The counts behind
-    `cpsat_bound.placement_bound`: they give the smallest possible busiest GPU."""
+def earliest_completion(instance: Instance, s: int, kinds: tuple[str, ...],
+                        optimizer: bool = True) -> list[tuple[int, int, int]]:
+    """(rank, microbatches, busy time) of every live GPU of stage s when each movable microbatch
+    (all of a failed or slow GPU's; a full-speed GPU keeps its own M) goes to the GPU that would
+    finish it soonest, ties to the lower rank. Busy time counts the `kinds` ops at each GPU's
+    speed and, with `optimizer`, its O. For identical jobs on GPUs of different speeds this gives
+    the smallest possible busiest GPU: the k-th job takes the k-th smallest completion slot.
+
+    Full-speed GPUs all start from the same slot, so with ties to the lower rank only the
+    `pool` lowest-ranked of them can take anything: the others stay out of the heap (a stage of
+    thousands with one failure costs a heap of M entries, not thousands)."""
     M = instance.microbatches
-    kinds = ("F", "B", "W") if instance.decouple_backward else ("F", "B")
-    count = {g.rank: (M if g.speed >= 1.0 else 0) for g in instance.live_gpus(s)}
-    slots = []  # (load after one more microbatch, rank, per microbatch)
-    for g in instance.live_gpus(s):
-        w = sum(instance.duration(k, s, g.rank) for k in kinds)
-        slots.append((instance.duration("O", s, g.rank) + (count[g.rank] + 1) * w, g.rank, w))
+    w_full = sum(instance.base_duration(k, s) for k in kinds)
+    o_full = instance.base_duration("O", s) if optimizer else 0
+    live = instance.live_gpus(s)
+    full = [g.rank for g in live if g.speed >= 1.0]
+    pool = (instance.dp - len(full)) * M
+    slots = [(o_full + (M + 1) * w_full, r, w_full, M) for r in full[:pool]]
+    for g in live:  # slots: (busy after one more microbatch, rank, per microbatch, microbatches)
+        if g.speed < 1.0:
+            w = sum(instance.duration(k, s, g.rank) for k in kinds)
+            slots.append(((instance.duration("O", s, g.rank) if optimizer else 0) + w, g.rank, w, 0))
     heapq.heapify(slots)
-    for _ in range(instance.dp * M - sum(count.values())):
-        after, r, w = heapq.heappop(slots)
-        count[r] += 1
-        heapq.heappush(slots, (after + w, r, w))
-    return count
+    for _ in range(pool if slots else 0):
+        after, r, w, n = heapq.heappop(slots)
+        heapq.heappush(slots, (after + w, r, w, n + 1))
+    untouched = o_full + M * w_full
+    return [(r, n, after - w) for after, r, w, n in slots] + [(r, M, untouched) for r in full[pool:]]
+
+
+def completion_counts(instance: Instance, s: int) -> dict[int, int]:
+    """Microbatches per live GPU of stage s by earliest completion, O and rounding included
+    (`earliest_completion`): the counts behind `cpsat_bound.placement_bound`, which give the
+    smallest possible busiest GPU."""
+    return {r: n for r, n, _ in earliest_completion(instance, s, compute_kinds(instance))}
 
 
 def balanced(instance: Instance, keep: str = "spread", counts=balanced_counts) -> Executor:

@@ -258,10 +258,11 @@ def _forward_order_cuts(inst: Instance, seed: Schedule, free: set[int]) -> list[
 
 
 def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: SolveOptions,
-                 wall_left: float | None) -> _Result:
-    """Build and solve the model, pipelines outside `free` fixed to `seed`. CP-SAT ends on its
-    deterministic limit (from `options.time_limit`), or at `options.deadline` when there is one
-    (`wall_left`: seconds of it left for the search)."""
+                 wall_left: float | None, lb: int) -> _Result:
+    """Build and solve the model, pipelines outside `free` fixed to `seed`, the period at least
+    `lb` (`period_lower_bound`). CP-SAT ends on its deterministic limit (from
+    `options.time_limit`), or at `options.deadline` when there is one (`wall_left`: seconds of it
+    left for the search)."""
     from ortools.sat.python import cp_model
 
     inst = instance
@@ -376,7 +377,6 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
                     m.Add(bar >= (end[op] if op in end else fixed_end[op]))
         barriers[group] = bar
 
-    lb = period_lower_bound(inst)
     seed_p = span_bound(seed)
     period = m.NewIntVar(min(lb, seed_p), seed_p, "P")
     hint[period] = seed_p
@@ -599,7 +599,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             return finish(best, "fallback", float(span_bound(best)), float(lb),
                           f"{seed_name}: no time to load OR-Tools before the deadline (call "
                           "schedc.solvers.cpsat.warm_up() at start-up)", cut=True)
-    res = _solve_model(instance, best, free, options, wall_left)
+    res = _solve_model(instance, best, free, options, wall_left, lb)
     if res.schedule is None:
         return finish(best, "fallback", float(span_bound(best)), float(lb), f"{seed_name}; {res.detail}",
                       cut=res.cut_by_deadline)

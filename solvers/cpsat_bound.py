@@ -52,11 +52,11 @@ where the pipeline's own round trip said 41.1 ms.
 
 from __future__ import annotations
 
-import heapq
 import math
 
 from schedc.instance import Instance
 from schedc.opgraph import compute_kinds
+from schedc.solvers.assign import earliest_completion
 
 
 def period_lower_bound(instance: Instance) -> int:
@@ -122,25 +122,6 @@ def chain_bound(instance: Instance) -> int:
 def _least_largest_load(inst: Instance, s: int, kinds: tuple[str, ...], optimizer: bool = False) -> int:
     """The smallest possible largest time a live GPU of stage s spends on the `kinds` ops of its
     microbatches (and on its O with `optimizer`), over every placement `candidate_executors`
-    allows: a live GPU at full speed keeps its own M microbatches; a failed or slow GPU's M go,
-    one at a time, to the GPU that would finish them soonest (`placement_bound` says why that
-    is the least largest load). 0 when the stage has no live GPU (E301)."""
-    M = inst.microbatches
-    live = inst.live_gpus(s)
-    full = [g for g in live if g.speed >= 1.0]
-    pool = M * (inst.dp - len(full))
-    slots: list[tuple[int, int, int]] = []  # (load after one more microbatch, per microbatch, load)
-    w_full = sum(inst.base_duration(k, s) for k in kinds)
-    o_full = inst.base_duration("O", s) if optimizer else 0
-    if full:
-        slots = [(o_full + (M + 1) * w_full, w_full, o_full + M * w_full)] * len(full)
-    for g in live:
-        if g.speed < 1.0:
-            w = sum(inst.duration(k, s, g.rank) for k in kinds)
-            load = inst.duration("O", s, g.rank) if optimizer else 0
-            slots.append((load + w, w, load))
-    heapq.heapify(slots)
-    for _ in range(pool):
-        after, w, _ = heapq.heappop(slots)
-        heapq.heappush(slots, (after + w, w, after))
-    return max((load for _, _, load in slots), default=0)
+    allows: the earliest-completion placement's busiest GPU (`assign.earliest_completion`).
+    0 when the stage has no live GPU (E301)."""
+    return max((busy for _, _, busy in earliest_completion(inst, s, kinds, optimizer)), default=0)

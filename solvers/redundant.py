@@ -68,8 +68,7 @@ def _check_room(inst: Instance) -> dict[int, int]:
     diags = []
     for g in inst.live_gpus():
         room[g.rank] = inst.gpu_memory - inst.stages[g.pp].static
-        stages = [g.pp] + [s for s in range(inst.pp) if s != g.pp
-                           and g.rank in candidate_executors(inst, g.dp, s)]
+        stages = inst.redundant_stages(g.rank)
         need = sum(_held(inst, g.dp, s) for s in stages)
         if need > room[g.rank]:
             static = inst.stages[g.pp].static

@@ -229,8 +229,9 @@ def test_cpsat_bound_is_claimed_only_for_the_whole_instance():
     seed = get_solver("greedy")(inst, FAST)
     # The failed GPU's two microbatches run on pipelines 1 and 2: those three stay free.
     assert {inst.gpu_of_rank(op.rank).dp for op in seed.ops if op.dp == 0 and op.pp == 1} == {1, 2}
-    whole = cpsat._solve_model(inst, seed, set(range(inst.dp)), FAST, None)
-    part = cpsat._solve_model(inst, seed, {0, 1, 2}, FAST, None)
+    lb = period_lower_bound(inst)
+    whole = cpsat._solve_model(inst, seed, set(range(inst.dp)), FAST, None, lb)
+    part = cpsat._solve_model(inst, seed, {0, 1, 2}, FAST, None, lb)
     assert whole.schedule is not None and part.schedule is not None
     assert whole.bound is not None and whole.bound <= simulate(seed).iteration_time
     assert part.bound is None
