@@ -125,6 +125,21 @@ def test_compile_writes_runnable_programs_for_every_live_rank(tmp_path):
     assert sorted(p.name for p in out.glob("rank_*.py")) == [f"rank_{r:02d}.py" for r in range(16)]
 
 
+def test_a_redundant_plan_is_written_without_programs_and_run_says_why(spec_path, tmp_path, run_cli, capsys):
+    """The `redundant` baseline (Bamboo) is a plan to compare against: its holders would run
+    another stage's layers, so it gets schedule, timeline and trace but no programs, and
+    `schedc run` on it explains that instead of saying "compile first"."""
+    out = tmp_path / "bamboo"
+    assert run_cli(["compile", str(spec_path), "--solver", "redundant", "-o", str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"schedule.json", "timeline.svg", "trace.json", "spec.sched"} <= names
+    assert not names & {"programs.json", "main.py"} and not any(n.startswith("rank_") for n in names)
+    capsys.readouterr()
+    assert run_cli(["run", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "E520" in err and "redundant" in err and "compile first" not in err
+
+
 def test_summary_shows_the_proven_bound(spec_path, tmp_path, run_cli, capsys):
     """Solvers that prove a bound (greedy, cpsat) show it and the plan's ratio to it; templates do not."""
     from schedc.cli.simulate import summary_table
