@@ -11,8 +11,15 @@ steady-state iteration time (the programs run back to back,
 - priority rules for the list scheduler (`solvers.listsched`): 1F1B-like
   (each W right after its B) and ZB-like (B, then F, W filling idle time);
 - in-flight limits: 1F1B's S - s per pipeline a GPU serves, or only memory;
-- seeds: the 1F1B, ZB-H1 and ZB-H2 templates (the paper's and three
-  variants of its warm-up depth and W deferral) on fault-free instances (so
+- steady candidates: each placement with the ZB-like rule (1F1B-like when
+  B and W are one op) and the memory limit, played over two iterations with
+  the optimizer steps between them, keeping the second iteration's
+  programs: a slow GPU's late O or a helper's extra microbatches shape how
+  one iteration drains into the next, which a single iteration from an empty
+  pipeline does not see;
+- seeds: the 1F1B, ZB-H1 and ZB-H2 templates (the paper's, three
+  variants of its warm-up depth and W deferral, and the best *split* shape on
+  one pipeline, `best_split_style`) on instances without failed GPUs (so
   greedy is never worse than them), and `reroute-1f1b`'s own programs under failures
   (so it is never worse than re-routing).
 
@@ -26,6 +33,7 @@ first. A candidate whose time reaches the proven lower bound
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from schedc.instance import Instance
@@ -38,7 +46,7 @@ from schedc.solvers.cpsat_bound import period_lower_bound
 from schedc.timing import ProgramGraph, encode, keep_graph
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
-from schedc.solvers.templates import ZB_H2_VARIANTS
+from schedc.solvers.templates import ZB_H2_VARIANTS, split_styles
 from schedc.solvers.reroute import reroute_programs
 
 NAME = "greedy"
@@ -71,6 +79,33 @@ def _caps(instance: Instance, executor: Executor, mode: str) -> list[int]:
     return caps
 
 
+#: Iterations the steady candidates play (their last one's programs are kept). On the bench's
+#: failure matrix the second iteration's programs equal the third's and fourth's everywhere.
+STEADY_ROUNDS = 2
+
+
+def one_pipeline(instance: Instance) -> Instance:
+    """Pipeline 0 of `instance` alone, every GPU live at full speed: where every pipeline runs
+    the same template, each one's timing (and the period) is this pipeline's."""
+    gpus = tuple(replace(instance.gpu(0, s), rank=s, dp=0, state="live", speed=1.0)
+                 for s in range(instance.pp))
+    return replace(instance, dp=1, gpus=gpus)
+
+
+def best_split_style(instance: Instance) -> str:
+    """The split ZB-H2 shape (`templates.split_styles`) with the shortest steady iteration on
+    `one_pipeline(instance)`; ties keep the first. A screen: a handful of small graphs at any
+    size of cluster, after which only the chosen shape is built for every pipeline."""
+    single = one_pipeline(instance)
+    best: tuple[int, str] | None = None
+    for style in split_styles(instance.pp):
+        period = ProgramGraph(single, encode(single, template_programs(single, style))).period()
+        if best is None or period < best[0]:
+            best = (period, style)
+    assert best is not None
+    return best[1]
+
+
 def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
     """(name, build) for each candidate plan, in the fixed order they are tried."""
     inst = instance
@@ -81,6 +116,8 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
             for style in ZB_H2_VARIANTS:
                 yield f"template {style}", lambda style=style: (
                     encode(inst, template_programs(inst, style)), None)
+            yield "template zb-h2/split", lambda: (
+                encode(inst, template_programs(inst, best_split_style(inst))), None)
     else:
         def rerouted() -> Plan:
             progs, _ = reroute_programs(barrier_instance(inst))
@@ -114,6 +151,19 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
                     res = list_schedule(inst, ex, key, _caps(inst, ex, cap_mode), policy)
                     return res.codes, res.order
                 yield f"{pname}/{policy.name}/{cap_mode}-cap", build
+    # The same placements played in the steady state: the list scheduler runs two iterations
+    # (each GPU's O and its barrier between them) and keeps the second's programs, whose
+    # choices saw the next iteration's forwards arrive while this one drains (docs/baselines.md).
+    steady_policy = policies[-1]
+    for pname in tables:
+        def build_steady(pname=pname) -> Plan:
+            ex = placement(pname)
+            if ex is None:
+                return None
+            res = list_schedule(inst, ex, key, _caps(inst, ex, "memory"), steady_policy,
+                                iterations=STEADY_ROUNDS)
+            return res.rounds[-1]
+        yield f"{pname}/{steady_policy.name}/memory-cap/steady", build_steady
 
 
 #: Above this many compute ops (e.g. 4096 GPUs), trying every candidate costs seconds each, so

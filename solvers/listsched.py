@@ -50,8 +50,10 @@ class ListResult:
     instance: Instance
     codes: dict[int, list[int]]
     order: list[int]  # every op code in the order it was started (a topological order)
-    makespan: int  # of the one iteration played
+    makespan: int  # of the iterations played
     relaxed: bool  # the policy's limits had to be dropped to avoid a deadlock
+    #: With `iterations` > 1: (codes, order) of every iteration played, the first one included.
+    rounds: tuple[tuple[dict[int, list[int]], list[int]], ...] = ()
 
     @property
     def programs(self) -> dict[int, list[OpId]]:
@@ -59,10 +61,16 @@ class ListResult:
 
 
 def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Sequence[int],
-                  caps: Sequence[int], policy: Policy) -> ListResult:
-    """Play one iteration. `executor[u][s]` is the rank that runs microbatch u = d*M + m at
-    stage s; `key[u]` orders microbatches (smaller first); `caps[rank]` bounds how many
+                  caps: Sequence[int], policy: Policy, iterations: int = 1) -> ListResult:
+    """Play `iterations` iterations. `executor[u][s]` is the rank that runs microbatch u = d*M + m
+    at stage s; `key[u]` orders microbatches (smaller first); `caps[rank]` bounds how many
     microbatches a rank holds between the start of F and the end of B.
+
+    With more than one iteration, each GPU steps its optimizer (O) once its own ops of an
+    iteration ended and its barrier is reached (every W of its stage, or of every stage with
+    a global barrier), and starts the next iteration's forwards only after it: so the choices
+    of a later iteration see how the pipeline overlaps one iteration with the next (the
+    steady state the programs will run in), where the first sees an empty pipeline.
     """
     inst = instance
     S, M = inst.pp, inst.microbatches
@@ -75,6 +83,7 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
     durF = [0] * n_ranks
     durB = [0] * n_ranks
     durW = [0] * n_ranks
+    durO = [0] * n_ranks
     act = [0] * n_ranks
     bfree = [0] * n_ranks
     stash = [0] * n_ranks
@@ -86,6 +95,7 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
         durF[r] = inst.duration("F", g.pp, r)
         durB[r] = inst.duration("B", g.pp, r)
         durW[r] = inst.duration("W", g.pp, r) if decoupled else 0
+        durO[r] = inst.duration("O", g.pp, r)
         act[r] = st.activation
         stash[r] = st.stash if decoupled else 0
         bfree[r] = st.activation - stash[r]
@@ -98,6 +108,28 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
             f_seq[executor[u][s]].append(u)
     f_ptr = [0] * n_ranks
 
+    # Optimizer barriers (more than one iteration only): the group of stages each O waits for,
+    # the ops of an iteration each rank has left, and each group's last-kind ops left.
+    n_ops = [0] * n_ranks
+    group = [0 if not inst.stagger_optimizer else s for s in range(S)]
+    group_size = [0] * S
+    for u in range(U):
+        for s in range(S):
+            n_ops[executor[u][s]] += 3 if decoupled else 2
+            group_size[group[s]] += 1
+    members: list[list[int]] = [[] for _ in range(S)]
+    for g in inst.gpus:
+        if g.live:
+            members[group[g.pp]].append(g.rank)
+    ops_left = list(n_ops)
+    group_left = [list(group_size) for _ in range(iterations)]  # by iteration, then group
+    it_of = [0] * n_ranks  # the iteration each rank works on (advances when its O ends)
+    stepping = [False] * n_ranks
+    pending: list[list[int]] = [[] for _ in range(n_ranks)]  # forwards of the next iteration
+    firsts: list[list[int]] = [[] for _ in range(n_ranks)]  # stage-0 forwards a rank starts with
+    for u in range(U):
+        firsts[executor[u][0]].append(u)
+
     readyF: list[list[tuple[int, int]]] = [[] for _ in range(n_ranks)]
     readyB: list[list[tuple[int, int]]] = [[] for _ in range(n_ranks)]
     readyW: list[deque] = [deque() for _ in range(n_ranks)]
@@ -107,8 +139,8 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
     cap = list(caps)
     strict = policy.strict_forward
     kinds = policy.kinds
-    programs: list[list[int]] = [[] for _ in range(n_ranks)]
-    order: list[int] = []
+    rounds: list[tuple[list[list[int]], list[int]]] = [
+        ([[] for _ in range(n_ranks)], []) for _ in range(iterations)]
 
     # Events: (time, seq, what, rank, u, kind). what 0 = an op ended, 1 = an input arrived.
     events: list[tuple[int, int, int, int, int, str]] = []
@@ -116,7 +148,7 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
     for u in range(U):
         r = executor[u][0]
         heapq.heappush(readyF[r], (key[u], u))
-    remaining = U * S * (3 if decoupled else 2)
+    remaining = iterations * U * S * (3 if decoupled else 2)
     relaxed = False
     now = 0
     touched = set(executor[u][0] for u in range(U))
@@ -126,12 +158,22 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
         nonlocal seq
         busy[r] = True
         c = (u * S + stage_of[r]) * 3 + k
+        programs, order = rounds[it_of[r]]
         programs[r].append(c)
         order.append(c)
         seq += 1
         heapq.heappush(events, (t + dur, seq, 0, r, u, kind))
 
     def dispatch(r: int, t: int) -> None:
+        nonlocal seq
+        if iterations > 1 and ops_left[r] == 0:
+            # Every op of this iteration ended: step the optimizer once the barrier is reached.
+            it = it_of[r]
+            if not stepping[r] and group_left[it][group[stage_of[r]]] == 0 and it + 1 < iterations:
+                stepping[r] = busy[r] = True
+                seq += 1
+                heapq.heappush(events, (t + durO[r], seq, 0, r, -1, "O"))
+            return
         for kind in kinds:
             if kind == "B":
                 if readyB[r]:
@@ -155,6 +197,15 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                 start(r, t, heapq.heappop(heap)[1], "F", 0, durF[r])
                 return
 
+    def op_ended(r: int, s: int, last: bool) -> None:
+        """Count an ended op of rank r's iteration towards its O and its group's barrier."""
+        ops_left[r] -= 1
+        if last:
+            grp, left = group[s], group_left[it_of[r]]
+            left[grp] -= 1
+            if left[grp] == 0:
+                touched.update(members[grp])
+
     while True:
         for r in sorted(touched):
             if not busy[r]:
@@ -176,18 +227,33 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
             touched.add(r)
             if what == 1:
                 if kind == "F":
-                    heapq.heappush(readyF[r], (key[u], u))
+                    if it_of[r] == u // U:
+                        heapq.heappush(readyF[r], (key[u % U], u % U))
+                    else:
+                        pending[r].append(u % U)
                 else:
                     heapq.heappush(readyB[r], (key[u], u))
                 continue
             busy[r] = False
+            if kind == "O":
+                # The next iteration: its first forwards, and those that arrived meanwhile.
+                stepping[r] = False
+                it_of[r] += 1
+                ops_left[r] = n_ops[r]
+                f_ptr[r] = 0
+                for v in firsts[r] if stage_of[r] == 0 else ():
+                    heapq.heappush(readyF[r], (key[v], v))
+                for v in pending[r]:
+                    heapq.heappush(readyF[r], (key[v], v))
+                pending[r] = []
+                continue
             remaining -= 1
             s = stage_of[r]
             if kind == "F":
                 if s + 1 < S:
                     r2 = executor[u][s + 1]
                     seq += 1
-                    heapq.heappush(events, (now + tr[s], seq, 1, r2, u, "F"))
+                    heapq.heappush(events, (now + tr[s], seq, 1, r2, u + it_of[r] * U, "F"))
                 else:
                     heapq.heappush(readyB[r], (key[u], u))
             elif kind == "B":
@@ -199,7 +265,19 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                     r2 = executor[u][s - 1]
                     seq += 1
                     heapq.heappush(events, (now + tr[s - 1], seq, 1, r2, u, "B"))
+                if iterations > 1:
+                    op_ended(r, s, not decoupled)
+                continue
             else:
                 mem[r] -= stash[r]
-    codes = {g.rank: programs[g.rank] for g in inst.gpus if g.live}
-    return ListResult(instance=inst, codes=codes, order=order, makespan=now, relaxed=relaxed)
+                if iterations > 1:
+                    op_ended(r, s, True)
+                continue
+            if iterations > 1:
+                op_ended(r, s, False)
+    per_round = []
+    for programs, order in rounds:
+        per_round.append(({g.rank: programs[g.rank] for g in inst.gpus if g.live}, order))
+    codes, order = per_round[0]
+    return ListResult(instance=inst, codes=codes, order=order, makespan=now, relaxed=relaxed,
+                      rounds=tuple(per_round) if iterations > 1 else ())
