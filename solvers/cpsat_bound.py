@@ -48,6 +48,29 @@ With one GPU failed the busiest peer at stage b runs M + ceil(M / (D - 1))
 microbatches of it, not M: on the bench's 4 x 4 x 8 explicit scenario with
 GPU (1, 3) failed that is 43.452 ms (greedy's plan, now proven optimal)
 where the pipeline's own round trip said 41.1 ms.
+
+Fewer GPUs on the way. A full-speed live GPU keeps its own pipeline's M
+microbatches, so each of the k full-speed GPUs of stage b has at least
+q = M x (F_b + B_b) of work, all of it after its first F. Their first
+microbatches are k distinct microbatches; at a stage c in [a, b) with
+n_c < k live GPUs, each running one F at a time, the i-th of them starts
+its F at or after T + fwd(a -> c) + (ceil(i / n_c) - 1) F_c. Their last
+microbatches (the one of each GPU's last B) are k distinct microbatches
+too; at a stage c in (a, b) their B run on n_c GPUs, and at stage a their
+B and W (on the same GPU) before g's O. So the GPU whose first microbatch
+came last ends its last B at or after T + fwd(a -> b) + (ceil(k / n_c) - 1)
+F_c + q; and all k end theirs at or after T + fwd(a -> b) + q, after which
+some GPU of stage c runs ceil(k / n_c) of their B (stage a: B + W pairs)
+one after another. The round trip grows by the larger of these turns:
+
+    fwd(a -> b) + q + back(b -> a) + W_a + O_a + max over c of
+        (ceil(k / n_c) - 1) x (F_c, or B_c, or B_a + W_a at c = a).
+
+On the bench's explicit 4 x 4 x 8 scenario with GPUs (1, 0) and (1, 2)
+failed, three GPUs of stage 0 serve four of stage 3: two B + W turns, 36.552
+ms where the round trip said 34.752, and CP-SAT's best plan is 36.552 ms:
+proven optimal. Without staggering, also fwd(a -> b) + (ceil(k / n_c) - 1)
+F_c + M x (F_b + B_b + W_b) + O_a.
 """
 
 from __future__ import annotations
@@ -102,9 +125,15 @@ def chain_bound(instance: Instance) -> int:
         return inst.duration(kind, s, quickest[s])
 
     tr = [inst.boundary_transfer(s) for s in range(S - 1)]
+    M = inst.microbatches
+    # Per stage: how many live GPUs run at full speed (each keeps its own M microbatches) and
+    # the F + B (and F + B + W) time of those M: every such GPU's load is at least that.
+    full = [sum(1 for g in live[s] if g.speed >= 1.0) for s in range(S)]
     queue = [_least_largest_load(inst, s, ("F", "B")) for s in range(S)]
+    own_queue = [M * (inst.base_duration("F", s) + inst.base_duration("B", s)) for s in range(S)]
     work = ([_least_largest_load(inst, s, compute_kinds(inst)) for s in range(S)]
             if not inst.stagger_optimizer else None)
+    own_work = [M * sum(inst.base_duration(k, s) for k in compute_kinds(inst)) for s in range(S)]
     best = 0
     for a in range(S):
         tail = fastest("O", a) + (fastest("W", a) if inst.decouple_backward else 0)
@@ -114,6 +143,19 @@ def chain_bound(instance: Instance) -> int:
                 fwd += fastest("F", b - 1) + tr[b - 1]
                 back += tr[b - 1] + fastest("B", b - 1)
             best = max(best, fwd + queue[b] + back + tail)
+            if b > a and full[b] > 0:
+                # Stage b's full-speed GPUs get their first microbatches through the stages
+                # before it, and send their last ones back, in turns wherever a stage has
+                # fewer live GPUs (module docstring, "fewer GPUs on the way").
+                turns = [-(-full[b] // len(live[c])) - 1 for c in range(a, b)]
+                head = max(t * fastest("F", a + i) for i, t in enumerate(turns))
+                back_turns = [turns[0] * (fastest("B", a) + (fastest("W", a) if inst.decouple_backward else 0))]
+                back_turns += [t * fastest("B", a + i) for i, t in enumerate(turns) if i > 0]
+                extra = max(head, max(back_turns))
+                if extra:
+                    best = max(best, fwd + own_queue[b] + back + tail + extra)
+                if head and work is not None:
+                    best = max(best, fwd + head + own_work[b] + fastest("O", a))
             if work is not None:
                 best = max(best, fwd + work[b] + fastest("O", a))
     return best

@@ -110,6 +110,38 @@ def test_chain_bound_queues_moved_work_on_the_busiest_gpu():
     assert chain_bound(one_slow) == 105 + 2400 + 305 + 60
 
 
+def test_chain_bound_with_fewer_gpus_upstream():
+    # Stage 0 of pipeline 1 failed: stage 0's one live GPU serves both of stage 1's GPUs (each
+    # keeps its own 3 microbatches: 3 x (F1 + B1) = 1800 us after its first F). Their first
+    # microbatches start at stage 0 in turn (F0 = 50 us apart) and their last ones come back
+    # to it in turn (B0 + W0 = 60 us each), so the later of the two ends with two B + W pairs:
+    # (F0 + 5) + 1800 + 5 + 2 x 60 + O0 = 1990, where the pipeline's round trip says 1930.
+    # Greedy's plan reaches it: proven optimal.
+    base = dict(forward=[50, 200], backward_input=[50, 400], backward_weight=[10, 10], optimizer=[10, 20],
+                latency=5, send=0)
+    inst = make_instance(2, 2, 3, failed=[(1, 0)], **base)
+    assert chain_bound(inst) == 55 + 3 * 600 + 5 + 2 * 60 + 10 == 1990
+    assert period_lower_bound(inst) == 1990 > placement_bound(inst) == inst.lower_bound == 1850
+    for name in ("greedy", "cpsat"):
+        assert simulate(get_solver(name)(inst, FAST)).iteration_time >= 1990
+    plan = get_solver("greedy")(inst, FAST)
+    assert plan.solver.status == "optimal" and plan.solver.objective == 1990
+    # With both GPUs of stage 0 live, each serves its own: the round trip, 1930.
+    assert chain_bound(make_instance(2, 2, 3, **base)) == 55 + 1800 + 55 + 10 + 10 == 1930
+    # Three GPUs upstream for four: the fourth first microbatch starts F0 late, and four B + W
+    # pairs on three GPUs take two turns: max(F0 + 60, 2 x 60) over one pair.
+    four = make_instance(4, 2, 3, failed=[(3, 0)], **base)
+    assert chain_bound(four) == 55 + 1800 + 5 + max(50 + 60, 2 * 60) + 10 == 1990
+    slow_first = make_instance(4, 2, 3, failed=[(3, 0)], **{**base, "forward": [80, 200]})
+    assert chain_bound(slow_first) == 85 + 1800 + 5 + max(80 + 60, 2 * 60) + 10 == 2040
+    # A stage in the middle with one live GPU for two: one more F (or B) of it on the way.
+    middle = make_instance(2, 3, 3, failed=[(1, 1)], forward=[50, 50, 200], backward_input=[50, 50, 400],
+                           backward_weight=10, optimizer=[10, 10, 20], latency=5, send=0)
+    assert chain_bound(middle) == 110 + 1800 + 110 + 20 + 50 == 2090
+    for name in ("greedy", "cpsat"):
+        assert simulate(get_solver(name)(middle, FAST)).iteration_time >= 2090
+
+
 # -- the placement bound ------------------------------------------------------------
 
 
