@@ -6,8 +6,9 @@ steady-state iteration time (the programs run back to back,
 
 - placements (`solvers.assign`): speed-weighted balance, which moves failed
   GPUs' microbatches and part of a slow GPU's to peers so that loads even
-  out (spread over the iteration, or the slow GPU's last ones), and the
-  plain round-robin re-routing of `reroute-1f1b`;
+  out (spread over the iteration, or the slow GPU's last ones), with slow
+  GPUs also by earliest completion counting their (slow) optimizer step, and
+  the plain round-robin re-routing of `reroute-1f1b`;
 - priority rules for the list scheduler (`solvers.listsched`): 1F1B-like
   (each W right after its B) and ZB-like (B, then F, W filling idle time);
 - in-flight limits: 1F1B's S - s per pipeline a GPU serves, or only memory;
@@ -126,8 +127,9 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
     tables = {"balanced": lambda: balanced(inst, "spread"),
               "balanced-tail": lambda: balanced(inst, "first"),
               "round-robin": lambda: round_robin(inst)}
-    if inst.slow_gpus:  # slow GPUs that start late (without slow GPUs these equal `balanced`)
-        tables["balanced-late"] = lambda: balanced(inst, "last")
+    if inst.slow_gpus:  # (without slow GPUs these equal `balanced`)
+        tables["balanced-late"] = lambda: balanced(inst, "last")  # slow GPUs start late
+        tables["completion"] = lambda: balanced(inst, "spread", completion_counts)  # O counted
         tables["completion-late"] = lambda: balanced(inst, "last", completion_counts)
     made: dict[str, Executor | None] = {}
 
