@@ -129,6 +129,10 @@ def chain_bound(instance: Instance) -> int:
     # Per stage: how many live GPUs run at full speed (each keeps its own M microbatches) and
     # the F + B (and F + B + W) time of those M: every such GPU's load is at least that.
     full = [sum(1 for g in live[s] if g.speed >= 1.0) for s in range(S)]
+    n_live = [len(live[s]) for s in range(S)]
+    f_fast = [fastest("F", s) for s in range(S)]
+    b_fast = [fastest("B", s) for s in range(S)]
+    w_fast = [fastest("W", s) if inst.decouple_backward else 0 for s in range(S)]
     queue = [_least_largest_load(inst, s, ("F", "B")) for s in range(S)]
     own_queue = [M * (inst.base_duration("F", s) + inst.base_duration("B", s)) for s in range(S)]
     work = ([_least_largest_load(inst, s, compute_kinds(inst)) for s in range(S)]
@@ -136,22 +140,21 @@ def chain_bound(instance: Instance) -> int:
     own_work = [M * sum(inst.base_duration(k, s) for k in compute_kinds(inst)) for s in range(S)]
     best = 0
     for a in range(S):
-        tail = fastest("O", a) + (fastest("W", a) if inst.decouple_backward else 0)
+        tail = fastest("O", a) + w_fast[a]
         fwd = back = 0
         for b in range(a, S):
             if b > a:
-                fwd += fastest("F", b - 1) + tr[b - 1]
-                back += tr[b - 1] + fastest("B", b - 1)
+                fwd += f_fast[b - 1] + tr[b - 1]
+                back += tr[b - 1] + b_fast[b - 1]
             best = max(best, fwd + queue[b] + back + tail)
             if b > a and full[b] > 0:
                 # Stage b's full-speed GPUs get their first microbatches through the stages
                 # before it, and send their last ones back, in turns wherever a stage has
                 # fewer live GPUs (module docstring, "fewer GPUs on the way").
-                turns = [-(-full[b] // len(live[c])) - 1 for c in range(a, b)]
-                head = max(t * fastest("F", a + i) for i, t in enumerate(turns))
-                back_turns = [turns[0] * (fastest("B", a) + (fastest("W", a) if inst.decouple_backward else 0))]
-                back_turns += [t * fastest("B", a + i) for i, t in enumerate(turns) if i > 0]
-                extra = max(head, max(back_turns))
+                turns = [-(-full[b] // n_live[c]) - 1 for c in range(a, b)]
+                head = max(t * f_fast[a + i] for i, t in enumerate(turns))
+                extra = max(head, turns[0] * (b_fast[a] + w_fast[a]),
+                            max((t * b_fast[a + i] for i, t in enumerate(turns) if i > 0), default=0))
                 if extra:
                     best = max(best, fwd + own_queue[b] + back + tail + extra)
                 if head and work is not None:
