@@ -117,8 +117,6 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
             for style in ZB_H2_VARIANTS:
                 yield f"template {style}", lambda style=style: (
                     encode(inst, template_programs(inst, style)), None)
-            yield "template zb-h2/split", lambda: (
-                encode(inst, template_programs(inst, best_split_style(inst))), None)
     else:
         def rerouted() -> Plan:
             progs, _ = reroute_programs(barrier_instance(inst))
@@ -168,6 +166,24 @@ def candidates(instance: Instance) -> Iterator[tuple[str, Callable[[], Plan]]]:
                                 iterations=STEADY_ROUNDS)
             return res.rounds[-1]
         yield f"{pname}/{steady_policy.name}/memory-cap/steady", build_steady
+    if not inst.failed_gpus and inst.decouple_backward:
+        # Last: screening the split shapes times (S + 1) x 4 one-pipeline programs, several
+        # times one candidate's cost, which under a deadline would crowd the others out.
+        yield "template zb-h2/split", lambda: (
+            encode(inst, template_programs(inst, best_split_style(inst))), None)
+
+
+def relative_cost(instance: Instance, name: str) -> float:
+    """What a candidate costs relative to one list-scheduled iteration of the instance, so that
+    under a deadline the slowest candidate so far predicts the next one: a steady candidate
+    plays `STEADY_ROUNDS` iterations, the split ZB-H2 shape first times every
+    `templates.split_styles` shape on one pipeline (one pipeline's graph costs about 1 / dp
+    of the cluster's)."""
+    if name.endswith("/steady"):
+        return float(STEADY_ROUNDS)
+    if name == "template zb-h2/split":
+        return 1.0 + len(split_styles(instance.pp)) / instance.dp
+    return 1.0
 
 
 #: Above this many compute ops (e.g. 4096 GPUs), trying every candidate costs seconds each, so
@@ -202,7 +218,8 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     proven lower bound or the list ends: a counted amount of work, so the plan does not
     depend on the machine or its load. Only `options.deadline` (a launcher's replan) cuts
     the list short: the first candidate always runs, later ones only if they can finish by
-    then (judged by the slowest so far), and the plan then records `stopped_by="deadline"`.
+    then (judged by the slowest so far, per unit of `relative_cost`), and the plan then
+    records `stopped_by="deadline"`.
     Ties keep the earlier candidate.
     """
     started = time.perf_counter()
@@ -213,12 +230,13 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     tried = 0
     deadline = options.deadline
     skipped = 0
-    slowest = 0.0  # seconds the slowest candidate took: the estimate for the next one
+    slowest = 0.0  # seconds per unit of `relative_cost` of the slowest candidate so far
     seen: set[tuple] = set()  # programs already timed (templates and rules often coincide)
     for name, build in _in_order_of_promise(instance):
         if best is not None and best[0] <= bound:
             break  # optimal: no later candidate can be faster
-        if best is not None and deadline is not None and time.monotonic() + slowest > deadline:
+        cost = relative_cost(instance, name)
+        if best is not None and deadline is not None and time.monotonic() + slowest * cost > deadline:
             skipped += 1
             continue
         began = time.perf_counter()
@@ -232,7 +250,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
         seen.add(programs)
         graph = ProgramGraph(instance, codes, order)
         period = graph.period()
-        slowest = max(slowest, time.perf_counter() - began)
+        slowest = max(slowest, (time.perf_counter() - began) / cost)
         tried += 1
         if best is None or period < best[0]:
             best = (period, name, graph)
