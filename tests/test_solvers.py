@@ -419,6 +419,23 @@ def test_greedy_is_anytime_under_a_deadline_that_has_passed():
         steady_iteration_time(inst, {r: [o.id for o in p] for r, p in quick.programs.items()})
 
 
+def test_costly_candidates_come_last_and_are_costed_as_such():
+    """Under a deadline greedy predicts a candidate's time from the slowest so far, per unit of
+    cost: the steady candidates play two iterations and the split ZB-H2 screen times 4 (S + 1)
+    one-pipeline programs, so they are costed that much and come last, where skipping them
+    leaves every cheaper candidate its turn."""
+    from schedc.solvers.greedy import _in_order_of_promise, relative_cost
+
+    inst = bench_explicit(slow={(1, 0): 0.5})  # no failed GPU: the templates are candidates
+    names = [name for name, _ in _in_order_of_promise(inst)]
+    costs = [relative_cost(inst, name) for name in names]
+    assert names[-1] == "template zb-h2/split" and costs[-1] == 1 + 4 * (4 + 1) / 4
+    steady = [i for i, name in enumerate(names) if name.endswith("/steady")]
+    assert steady and all(costs[i] == 2 for i in steady)
+    assert all(c == 1 for i, c in enumerate(costs[:-1]) if i not in steady)
+    assert min(steady) > max(i for i, c in enumerate(costs) if c == 1)
+
+
 def test_greedy_stops_at_the_proven_lower_bound():
     """A candidate that reaches `period_lower_bound` is optimal: greedy says so and tries no more."""
     from schedc.solvers.cpsat_bound import period_lower_bound
