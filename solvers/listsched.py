@@ -1,11 +1,12 @@
 """An event-driven list scheduler: the engine of `reroute-1f1b` and `greedy`.
 
 Given an executor for every microbatch at every stage and a policy, it plays
-one iteration forward in time: whenever a GPU is idle it starts one of the
-ops that are ready on it (their inputs have arrived), chosen by the policy,
-and never starts a forward that would take the GPU over its memory. The
-order in which each GPU started its ops is its program; `schedc.timing`
-then times it (as early as allowed) and runs it back to back.
+one iteration (or several, each GPU's optimizer step between them) forward
+in time: whenever a GPU is idle it starts one of the ops that are ready on
+it (their inputs have arrived), chosen by the policy, and never starts a
+forward that would take the GPU over its memory. The order in which each GPU
+started its ops in an iteration is its program; `schedc.timing` then times
+it (as early as allowed) and runs it back to back.
 
 Deadlock freedom: memory alone never deadlocks (a GPU whose memory is full
 holds microbatches whose backward is ready on it or will come from a later
