@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from operator import add, eq, lt
+from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
 from schedc.diagnostics import Diagnostic, VerificationError, error
@@ -161,6 +162,11 @@ class _Checker:
         self._programs: dict[int, tuple[ScheduledOp, ...]] | None = None
         self._step: dict[int, int] | None = None  # id(op) -> position in its rank's program
 
+    @cached_property
+    def graph(self) -> OpGraph:
+        """The instance's op graph (what must run where), for the op and executor rules."""
+        return OpGraph(self.inst)
+
     # programs are only needed for grids and a few rules; build them once
     @property
     def programs(self) -> dict[int, tuple[ScheduledOp, ...]]:
@@ -246,7 +252,7 @@ class _Checker:
                          hint="every op runs exactly once")
                 continue
             by_id[op.id] = op
-        graph = OpGraph(inst)
+        graph = self.graph
         missing = [o for o in graph.compute_ops + graph.redundant_ops if o not in by_id]
         for op in list(by_id.values()):
             if op.kind == "R" and not inst.runs_redundant(op.dp, op.pp):
@@ -269,7 +275,7 @@ class _Checker:
 
     def check_executors(self, by_id: dict[OpId, ScheduledOp]) -> None:
         inst = self.inst
-        graph = OpGraph(inst)
+        graph = self.graph
         for op in by_id.values():
             gpu = inst.gpus[op.rank]
             if inst.redundant_forward and gpu.live and op.rank not in graph.candidates(op.id):

@@ -34,11 +34,11 @@ first. A candidate whose time reaches the proven lower bound
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Callable, Iterator
 
 from schedc.instance import Instance
 from schedc.schedule import OpId, Schedule, SolverInfo
+from schedc.symmetry import part_instance
 from schedc.solvers import SolveOptions
 from schedc.solvers.assign import Executor, balanced, completion_counts, microbatch_key, round_robin
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
@@ -88,9 +88,7 @@ STEADY_ROUNDS = 2
 def one_pipeline(instance: Instance) -> Instance:
     """Pipeline 0 of `instance` alone, every GPU live at full speed: where every pipeline runs
     the same template, each one's timing (and the period) is this pipeline's."""
-    gpus = tuple(replace(instance.gpu(0, s), rank=s, dp=0, state="live", speed=1.0)
-                 for s in range(instance.pp))
-    return replace(instance, dp=1, gpus=gpus)
+    return part_instance(instance, (0,)).without_failures()
 
 
 def best_split_style(instance: Instance) -> str:
