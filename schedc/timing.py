@@ -324,8 +324,9 @@ class ProgramGraph:
             hint="a rank's program runs its ops in order; reorder the ops so that every op's "
                  "dependencies come earlier in the programs they belong to")])
 
-    def run(self, iterations: int) -> tuple[list[int], list[int]]:
-        """End times by node in the last iteration, and T_k of every iteration."""
+    def run(self, iterations: int, history: list[list[int]] | None = None) -> tuple[list[int], list[int]]:
+        """End times by node in the last iteration, and T_k of every iteration; with `history`,
+        a copy of every iteration's end times is appended to it."""
         pa, pb, db, dur, bar0 = self.pa, self.pb, self.db, self.dur, self.bar0
         zero = self.n  # a node that always ends at 0: the data predecessor of ops without one
         compute = [(i, pa[i], pb[i] if pb[i] >= 0 else zero, db[i], dur[i]) for i in self.order]
@@ -345,6 +346,8 @@ class ProgramGraph:
                 e = end[b] + d
                 end[i] = (e if e > t else t) + du
             ends.append(max((end[o] for o in self.o_nodes), default=0))
+            if history is not None:
+                history.append(list(end))
         return end, ends
 
     def barrier_summary(self) -> "BarrierSummary | None":
@@ -393,6 +396,52 @@ class ProgramGraph:
         for k, preds in enumerate(self.bar_preds):
             end[self.bar0 + k] = max([end[j] for j in preds], default=NEG)
         return end
+
+    def waits_on_program(self, iterations: int = 2 * STEADY_ITERATIONS, settle: int = STEADY_ITERATIONS // 2
+                         ) -> list[tuple[int, int]]:
+        """(a, c) for each compute op c on the steady state's critical path that started when the
+        op a before it on its rank ended (not when its inputs arrived): the places where the
+        order of a program sets the period.
+
+        The path is followed back from the last optimizer step to end, through whichever
+        predecessor ended last (the program one on ties), back to iteration `settle`; ops of
+        the `settle` last iterations are left out, so that the path has joined the critical
+        cycle, and the `settle` first ones are not reached, which still fill the pipeline."""
+        hist: list[list[int]] = []
+        self.run(iterations, hist)
+        pa, pb, db, dur = self.pa, self.pb, self.db, self.dur
+        bar0, o0 = self.bar0, self.o0
+        k = iterations - 1
+        node = max(self.o_nodes, key=lambda o: hist[k][o])
+        out: list[tuple[int, int]] = []
+        while k >= settle:
+            end = hist[k]
+            if bar0 <= node < o0:  # a barrier: its last W
+                node = max(self.bar_preds[node - bar0], key=lambda j: end[j])
+                continue
+            a, b = pa[node], pb[node]
+            ka = k - 1 if a >= o0 else k  # a first op (or the O of an empty program) waits for
+            ta = hist[ka][a] if ka >= 0 else 0  # the previous iteration's O
+            if node >= o0:  # an O: its program's last op, or its barrier
+                if ta >= end[b]:
+                    if ka < 0:
+                        break
+                    node, k = a, ka
+                else:
+                    node = b
+                continue
+            tb = end[b] + db[node] if b >= 0 else 0
+            if ta >= tb:
+                if a < o0 and k < iterations - settle:  # (k >= settle: the loop ends there)
+                    out.append((a, node))
+                if ka < 0:
+                    break
+                node, k = a, ka
+            elif b >= 0:
+                node = b
+            else:
+                break
+        return out
 
     def period(self, iterations: int = STEADY_ITERATIONS, window: int = STEADY_WINDOW) -> int:
         """Steady-state iteration time (docs/architecture.md, the simulator)."""
