@@ -44,6 +44,7 @@ from schedc.solvers.assign import Executor, balanced, completion_counts, microba
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
                             fits_in_flight)
 from schedc.solvers.cpsat_bound import period_lower_bound
+from schedc.solvers.improve import Start, executor_of, improve
 from schedc.timing import ProgramGraph, encode, keep_graph
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
@@ -208,6 +209,48 @@ def _in_order_of_promise(instance: Instance) -> list[tuple[str, Callable[[], Pla
     return ordered[:2] if n_ops > LARGE_OPS else ordered
 
 
+#: Share of `SolveOptions.time_limit` (a work budget, seconds on the reference machine) that the
+#: local search around the best candidate (`solvers.improve`) may use, and the work units
+#: (`improve._cost`: ops times iterations played) the reference machine does per second
+#: (measured: 1.5-1.9 us per unit on 4 x 4 x 8 to 8 x 8 x 32 clusters).
+POLISH_SHARE = 1.0
+UNITS_PER_S = 500_000
+
+
+def polish_work(time_limit: float) -> float:
+    """Work units the local search may spend: a share of `time_limit`, counted, not timed."""
+    return time_limit * POLISH_SHARE * UNITS_PER_S
+
+
+def _is_template(name: str) -> bool:
+    """Whether candidate `name` is a fixed construction (a template or re-routing), not a
+    placement list-scheduled by a rule."""
+    return name.startswith("template ") or name == "reroute-1f1b"
+
+
+def _rounds(name: str) -> int:
+    """Iterations the candidate `name` was list-scheduled over."""
+    return STEADY_ROUNDS if name.endswith("/steady") else 1
+
+
+def _rescheduler(instance: Instance, name: str) -> Callable[[Executor], tuple[dict[int, list[int]], list[int]]]:
+    """List-schedule a placement the way candidate `name` was (its rule, in-flight limit and
+    iterations); templates and re-routing use the steady candidates' rule with the memory limit."""
+    policies = {p.name: p for p in (ONE_F_ONE_B, ZERO_BUBBLE)}
+    if _is_template(name):
+        policy, cap_mode = (ZERO_BUBBLE if instance.decouple_backward else ONE_F_ONE_B), "memory"
+    else:
+        _, rule, cap = name.split("/")[:3]
+        policy, cap_mode = policies[rule], cap.removesuffix("-cap")
+    rounds = _rounds(name)
+    key = microbatch_key(instance)
+
+    def reschedule(ex: Executor) -> tuple[dict[int, list[int]], list[int]]:
+        res = list_schedule(instance, ex, key, _caps(instance, ex, cap_mode), policy, iterations=rounds)
+        return res.rounds[-1] if rounds > 1 else (res.codes, res.order)
+    return reschedule
+
+
 def solve(instance: Instance, options: SolveOptions) -> Schedule:
     """The best of greedy's candidate plans; E315 if a stage has no live GPU, E310 if one
     microbatch does not fit on some GPU.
@@ -225,6 +268,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     check_memory(instance, solver=NAME)
     bound = period_lower_bound(instance)
     best: tuple[int, str, ProgramGraph] | None = None
+    listed: dict[tuple, tuple[int, str, ProgramGraph]] = {}  # placement -> its fastest candidate
     tried = 0
     deadline = options.deadline
     skipped = 0
@@ -252,15 +296,35 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
         tried += 1
         if best is None or period < best[0]:
             best = (period, name, graph)
+        if not _is_template(name):
+            placement = tuple(map(tuple, executor_of(instance, codes)))
+            if placement not in listed or period < listed[placement][0]:
+                listed[placement] = (period, name, graph)
     assert best is not None  # candidates() always yields at least one plan
     period, name, graph = best
+    polished = ""
+    cut = bool(skipped)
+    if period > bound and not cut:
+        # Each placement once (several rules share one), fastest first, ties in candidate order.
+        firsts = sorted(listed.values(), key=lambda x: x[0])
+        starts = [Start(p, g, _rescheduler(instance, n), _rounds(n)) for p, n, g in firsts]
+        # A candidate list-schedules one iteration and times it: `improve._cost` counts that
+        # as twice the ops, so the slowest candidate gives the first guess per unit.
+        n_ops = instance.dp * instance.pp * instance.microbatches * 3
+        better = improve(instance, (period, graph), starts, work=polish_work(options.time_limit),
+                         bound=bound, deadline=deadline, seconds_per_unit=slowest / (2 * n_ops))
+        cut = better.stopped_by == "deadline"
+        if better.period < period:
+            period, graph = better.period, better.graph
+            polished = (f"; then {better.placement_moves} placement and {better.order_moves} order "
+                        f"moves ({better.evaluations} tried)")
     keep_graph(graph)  # the simulator will run these very programs
     optimal = period <= bound
     # The winner's graph times its one iteration: the same as schedule_from_programs, faster.
     info = SolverInfo(name=NAME, status="optimal" if optimal else "feasible", objective=float(period),
                       bound=float(bound), wall_s=time.perf_counter() - started,
-                      detail=f"best of {tried} candidates: {name} (steady iteration {period} us"
+                      detail=f"best of {tried} candidates: {name}{polished} (steady iteration {period} us"
                              + (", the proven lower bound)" if optimal else ")")
                              + (f"; {skipped} more skipped at the deadline" if skipped else ""),
-                      stopped_by="deadline" if skipped else "work")
+                      stopped_by="deadline" if cut and not optimal else "work")
     return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info)
