@@ -24,11 +24,17 @@ steady-state iteration time (the programs run back to back,
   greedy is never worse than them), and `reroute-1f1b`'s own programs under failures
   (so it is never worse than re-routing).
 
+Then a local search (`solvers.improve`) starts from the best: one microbatch
+moved to another GPU of its stage (where a GPU failed or is slow), list-scheduled
+again, then ops on the critical path moved earlier in their program; it spends
+at most `polish_work(time_limit)` counted units of work.
+
 It uses the instance's own options (decoupled B/W, staggered optimizer) and
 never puts more microbatches in flight on a GPU than its memory holds.
-Deterministic: the candidates are tried in a fixed order and ties keep the
-first. A candidate whose time reaches the proven lower bound
-(`cpsat_bound.period_lower_bound`) ends the search: no plan can be faster.
+Deterministic: the candidates are tried in a fixed order, ties keep the
+first, and the local search counts its work. A plan whose time reaches the
+proven lower bound (`cpsat_bound.period_lower_bound`) ends the search: no
+plan can be faster.
 """
 
 from __future__ import annotations
@@ -261,7 +267,10 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     the list short: the first candidate always runs, later ones only if they can finish by
     then (judged by the slowest so far, per unit of `relative_cost`), and the plan then
     records `stopped_by="deadline"`.
-    Ties keep the earlier candidate.
+    Ties keep the earlier candidate. Unless the best is optimal or the deadline already
+    skipped a candidate, the local search (`solvers.improve`) then starts from each distinct
+    list-scheduled placement, fastest first, and from the best plan's order, within
+    `polish_work(options.time_limit)` units (and the deadline, which it then records too).
     """
     started = time.perf_counter()
     check_stages_live(instance, solver=NAME)

@@ -6,15 +6,14 @@ best of them is often one move away from a faster plan that no rule makes
 improvement (a move is kept when the steady iteration, `ProgramGraph.period`,
 gets strictly shorter):
 
-1. **Placement**: one microbatch at one stage that has a failed or slow GPU
-   moves to another live GPU of that stage, and the table is list-scheduled
-   again the way the winning candidate was (`reschedule`). Microbatches are
-   visited in the list scheduler's order (`assign.microbatch_key`), target
-   GPUs in rank order, stages in order; after a kept move the scan goes on
-   from the next move, and ends after a whole round of the moves without
-   one. E.g. on a 4 x 4 x 8 cluster with GPUs at 0.5 and 0.6 speed, moving
-   one early microbatch from a helper back onto the slow GPU takes the plan
-   from 39.12 to 38.72 ms, what CP-SAT reaches after 11 s.
+1. **Placement**: one microbatch of a failed or slow GPU moves to another
+   GPU that may run it (a live peer of its stage, or back to its slow owner;
+   a full-speed GPU keeps its own, as in CP-SAT's model and the proven
+   bounds), and the table is list-scheduled again the way its candidate was
+   (`Start.reschedule`). Microbatches are visited in the list scheduler's
+   order (`assign.microbatch_key`), stages in order, target GPUs in rank
+   order; after a kept move the scan goes on from the next move, and ends
+   after a whole round of the moves without one.
 2. **Order**: on the steady state's critical path
    (`ProgramGraph.waits_on_program`), an op whose inputs were there but
    which waited for the op before it on its GPU moves one, two or three
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from schedc.instance import Instance
+from schedc.opgraph import candidate_executors
 from schedc.timing import DeadlockError, ProgramGraph, decode_op
 from schedc.solvers.assign import Executor, microbatch_key
 from schedc.verify import memory_profile
@@ -107,18 +107,18 @@ class _Budget:
         self.slowest = max(self.slowest, (time.perf_counter() - began) / cost)
 
 
-def _placement_moves(instance: Instance, ex: Executor) -> Iterator[tuple[int, int, int]]:
-    """(u, s, rank) moves in scan order, over the stages with a failed or slow GPU."""
-    stages = [s for s in range(instance.pp)
-              if any(not g.live or g.speed < 1.0 for g in instance.gpus if g.pp == s)]
+def _placement_moves(instance: Instance) -> Iterator[tuple[int, int, int]]:
+    """(u, s, rank) moves in scan order: each microbatch of a failed or slow GPU to every other
+    GPU that may run it (`opgraph.candidate_executors`: a full-speed GPU keeps its own, the
+    rule the proven bounds and CP-SAT's model share)."""
+    S, M = instance.pp, instance.microbatches
     key = microbatch_key(instance)
-    units = sorted(range(len(ex)), key=lambda u: key[u])
-    peers = {s: [g.rank for g in instance.live_gpus(s)] for s in stages}
-    for u in units:
-        for s in stages:
-            for r in peers[s]:
-                if r != ex[u][s]:
-                    yield u, s, r
+    movable = {(d, s): candidate_executors(instance, d, s) for d in range(instance.dp) for s in range(S)
+               if len(candidate_executors(instance, d, s)) > 1}
+    for u in sorted(range(instance.dp * M), key=lambda u: key[u]):
+        for s in range(S):
+            for r in movable.get((u // M, s), ()):
+                yield u, s, r
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _search_placement(instance: Instance, start: Start, budget: _Budget, bound: 
     best = (start.period, start.graph)
     ex = executor_of(instance, start.graph.programs)
     cost = _cost(instance, start.rounds)
-    moves = list(_placement_moves(instance, ex))
+    moves = list(_placement_moves(instance))
     kept = 0
     since_kept = 0  # moves tried since the last kept one: a whole round of them ends the scan
     i = 0

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 
 from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
+from schedc.opgraph import candidate_executors
 from schedc.schedule import OpId
 from schedc.simulate import simulate
 from schedc.solvers import SolveOptions, get_solver
@@ -24,8 +25,8 @@ from tests.strategies import bench_explicit, instances
 
 def test_moving_one_microbatch_back_onto_a_slow_gpu_reaches_what_cpsat_needs_seconds_for():
     """The bench's explicit 4 x 4 x 8 cluster with GPUs at 0.5 and 0.6 speed: no candidate
-    comes within 3.9 % of the proven bound (39.122 ms); one placement move (an early microbatch
-    back from a helper onto the slow stage-0 GPU) gives 38.722 ms, what CP-SAT reached only
+    comes within 3.9 % of the proven bound (39.122 ms); one placement move (the slow stage-0
+    GPU's first microbatch back from it to a helper) gives 38.722 ms, what CP-SAT reached only
     after 11 s of search."""
     inst = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
     plain = get_solver("greedy")(inst, SolveOptions(time_limit=0.0))  # no work left to search
@@ -126,8 +127,9 @@ def test_a_live_gpu_without_ops_does_not_stall_the_critical_path():
 @settings(max_examples=40, deadline=None)
 @given(inst=instances(tight_memory=True))
 def test_every_move_keeps_the_plan_valid_and_never_slower(inst):
-    """Whatever the instance, the searched plan passes the verifier (memory included), is
-    never slower than the best candidate, and the same input gives the same plan."""
+    """Whatever the instance, the searched plan passes the verifier (memory included), moves
+    only what `candidate_executors` allows, is never slower than the best candidate, and the
+    same input gives the same plan."""
     try:
         base = get_solver("greedy")(inst, SolveOptions(time_limit=0.0))
     except InfeasibleError:
@@ -136,6 +138,8 @@ def test_every_move_keeps_the_plan_valid_and_never_slower(inst):
     verify_schedule(plan)
     for rank, prog in plan.programs.items():
         assert memory_profile(inst, rank, [o.id for o in prog]).peak <= inst.gpu_memory
+        # A full-speed GPU keeps its own microbatches (the rule the proven bounds assume).
+        assert all(rank in candidate_executors(inst, o.dp, o.pp) for o in prog if o.kind != "O")
     assert plan.solver.objective <= base.solver.objective
     assert plan.solver.objective == simulate(plan).iteration_time
     again = get_solver("greedy")(inst, SolveOptions(time_limit=0.2))
