@@ -23,7 +23,8 @@ class SolveOptions:
 
     `time_limit` is a *work* budget, in seconds of this project's reference
     machine (2 cores): CP-SAT gets `cpsat.deterministic_budget(time_limit, ...)`
-    units of its deterministic time, greedy tries its counted list of candidates. No
+    units of its deterministic time, greedy tries its counted list of candidates and then
+    spends up to `greedy.polish_work(time_limit)` counted units in its local search. No
     search stops on the clock, so the same input gives the same plan on a quiet
     or a loaded machine, fast or slow (on a busy machine it just takes longer).
     `deadline` (a `time.monotonic()` instant) is for callers that must answer
