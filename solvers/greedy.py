@@ -313,13 +313,13 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     period, name, graph = best
     polished = ""
     cut = bool(skipped)
-    if period > bound and not cut:
+    n_ops = instance.dp * instance.pp * instance.microbatches * 3
+    if period > bound and not cut and n_ops <= LARGE_OPS:  # (above: two candidates only, no search)
         # Each placement once (several rules share one), fastest first, ties in candidate order.
         firsts = sorted(listed.values(), key=lambda x: x[0])
         starts = [Start(p, g, _rescheduler(instance, n), _rounds(n)) for p, n, g in firsts]
         # A candidate list-schedules one iteration and times it: `improve._cost` counts that
         # as twice the ops, so the slowest candidate gives the first guess per unit.
-        n_ops = instance.dp * instance.pp * instance.microbatches * 3
         better = improve(instance, (period, graph), starts, work=polish_work(options.time_limit),
                          bound=bound, deadline=deadline, seconds_per_unit=slowest / (2 * n_ops))
         cut = better.stopped_by == "deadline"

@@ -24,8 +24,9 @@ gets strictly shorter):
    skipped.
 
 Work is counted, not timed: each evaluation costs its programs' ops times
-the iterations it plays (`_cost`), and the search stops when `work` such
-units are spent, so the same input gives the same plan on any machine.
+the iterations it plays, more per op for large programs (`_cost`), and the
+search stops when `work` such units are spent, so the same input gives the
+same plan on any machine.
 A `deadline` (replan) also stops it, before an evaluation that the slowest
 one so far says would not end in time.
 """
@@ -76,10 +77,18 @@ def executor_of(instance: Instance, codes: dict[int, Sequence[int]]) -> Executor
     return ex
 
 
+#: Ops at which an evaluation costs twice as much per op: larger programs run slower per op
+#: (measured 1.5-1.9 us per unit up to 6,144 ops, 2.6 at 49,152 and 3.9 at 196,608 before
+#: this term).
+SIZE_OPS = 100_000
+
+
 def _cost(instance: Instance, rounds: int) -> int:
     """Work units of one evaluation: the ops list-scheduled (`rounds` iterations; 0 for an
-    order move, which only times the programs) and timed once more."""
-    return instance.dp * instance.pp * instance.microbatches * 3 * (rounds + 1)
+    order move, which only times the programs) and timed once more, per op dearer as the
+    programs grow (`SIZE_OPS`)."""
+    n_ops = instance.dp * instance.pp * instance.microbatches * 3
+    return int(n_ops * (rounds + 1) * (1 + n_ops / SIZE_OPS))
 
 
 class _Budget:
