@@ -409,7 +409,7 @@ class ProgramGraph:
         cycle, and the `settle` first ones are not reached, which still fill the pipeline."""
         hist: list[list[int]] = []
         self.run(iterations, hist)
-        pa, pb, db, dur = self.pa, self.pb, self.db, self.dur
+        pa, pb, db = self.pa, self.pb, self.db
         bar0, o0 = self.bar0, self.o0
         k = iterations - 1
         node = max(self.o_nodes, key=lambda o: hist[k][o])
