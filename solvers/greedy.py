@@ -43,6 +43,7 @@ import time
 from typing import Callable, Iterator
 
 from schedc.instance import Instance
+from schedc.opgraph import compute_kinds
 from schedc.schedule import OpId, Schedule, SolverInfo
 from schedc.symmetry import part_instance
 from schedc.solvers import SolveOptions
@@ -50,7 +51,7 @@ from schedc.solvers.assign import Executor, balanced, completion_counts, microba
 from schedc.solvers.common import (barrier_instance, check_memory, check_stages_live, decoupled_programs,
                             fits_in_flight)
 from schedc.solvers.cpsat_bound import period_lower_bound
-from schedc.solvers.improve import Start, executor_of, improve
+from schedc.solvers.improve import Start, evaluation_cost, executor_of, improve
 from schedc.timing import ProgramGraph, encode, keep_graph
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
@@ -211,21 +212,23 @@ def _in_order_of_promise(instance: Instance) -> list[tuple[str, Callable[[], Pla
     listed = list(candidates(instance))
     first = [c for c in listed if c[0] == wanted]
     ordered = first + [c for c in listed if c[0] != wanted]
-    n_ops = instance.dp * instance.pp * instance.microbatches * (3 if instance.decouple_backward else 2)
-    return ordered[:2] if n_ops > LARGE_OPS else ordered
+    return ordered[:2] if _large(instance) else ordered
 
 
-#: Share of `SolveOptions.time_limit` (a work budget, seconds on the reference machine) that the
-#: local search around the best candidate (`solvers.improve`) may use, and the work units
-#: (`improve._cost`: ops times iterations played) the reference machine does per second
-#: (measured: 1.5-1.9 us per unit on 4 x 4 x 8 to 8 x 8 x 32 clusters).
-POLISH_SHARE = 1.0
+def _large(instance: Instance) -> bool:
+    """Above `LARGE_OPS` compute ops: two candidates only, and no local search."""
+    return instance.dp * instance.pp * instance.microbatches * len(compute_kinds(instance)) > LARGE_OPS
+
+
+#: Work units (`improve.evaluation_cost`) the reference machine does per second (measured:
+#: 1.5-1.9 us per unit on 4 x 4 x 8 to 8 x 8 x 32 clusters).
 UNITS_PER_S = 500_000
 
 
 def polish_work(time_limit: float) -> float:
-    """Work units the local search may spend: a share of `time_limit`, counted, not timed."""
-    return time_limit * POLISH_SHARE * UNITS_PER_S
+    """Work units the local search around the best candidate (`solvers.improve`) may spend:
+    `time_limit` (a work budget, seconds on the reference machine) of them, counted, not timed."""
+    return time_limit * UNITS_PER_S
 
 
 def _is_template(name: str) -> bool:
@@ -283,6 +286,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     skipped = 0
     slowest = 0.0  # seconds per unit of `relative_cost` of the slowest candidate so far
     seen: set[tuple] = set()  # programs already timed (templates and rules often coincide)
+    search = not _large(instance)  # the local search may follow the candidates
     for name, build in _in_order_of_promise(instance):
         if best is not None and best[0] <= bound:
             break  # optimal: no later candidate can be faster
@@ -305,7 +309,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
         tried += 1
         if best is None or period < best[0]:
             best = (period, name, graph)
-        if not _is_template(name):
+        if not _is_template(name) and search:
             placement = tuple(map(tuple, executor_of(instance, codes)))
             if placement not in listed or period < listed[placement][0]:
                 listed[placement] = (period, name, graph)
@@ -313,15 +317,15 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     period, name, graph = best
     polished = ""
     cut = bool(skipped)
-    n_ops = instance.dp * instance.pp * instance.microbatches * 3
-    if period > bound and not cut and n_ops <= LARGE_OPS:  # (above: two candidates only, no search)
+    if period > bound and not cut and search:
         # Each placement once (several rules share one), fastest first, ties in candidate order.
         firsts = sorted(listed.values(), key=lambda x: x[0])
         starts = [Start(p, g, _rescheduler(instance, n), _rounds(n)) for p, n, g in firsts]
-        # A candidate list-schedules one iteration and times it: `improve._cost` counts that
-        # as twice the ops, so the slowest candidate gives the first guess per unit.
+        # A candidate list-schedules one iteration and times it, as one placement move does:
+        # the slowest candidate gives the first guess of seconds per unit.
         better = improve(instance, (period, graph), starts, work=polish_work(options.time_limit),
-                         bound=bound, deadline=deadline, seconds_per_unit=slowest / (2 * n_ops))
+                         bound=bound, deadline=deadline,
+                         seconds_per_unit=slowest / evaluation_cost(instance, 1))
         cut = better.stopped_by == "deadline"
         if better.period < period:
             period, graph = better.period, better.graph

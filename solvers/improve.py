@@ -24,7 +24,7 @@ gets strictly shorter):
    skipped.
 
 Work is counted, not timed: each evaluation costs its programs' ops times
-the iterations it plays, more per op for large programs (`_cost`), and the
+the iterations it plays, more per op for large programs (`evaluation_cost`), and the
 search stops when `work` such units are spent, so the same input gives the
 same plan on any machine.
 A `deadline` (replan) also stops it, before an evaluation that the slowest
@@ -83,7 +83,7 @@ def executor_of(instance: Instance, codes: dict[int, Sequence[int]]) -> Executor
 SIZE_OPS = 100_000
 
 
-def _cost(instance: Instance, rounds: int) -> int:
+def evaluation_cost(instance: Instance, rounds: int) -> int:
     """Work units of one evaluation: the ops list-scheduled (`rounds` iterations; 0 for an
     order move, which only times the programs) and timed once more, per op dearer as the
     programs grow (`SIZE_OPS`)."""
@@ -173,7 +173,7 @@ def _search_placement(instance: Instance, start: Start, budget: _Budget, bound: 
                       ) -> tuple[tuple[int, ProgramGraph], int]:
     best = (start.period, start.graph)
     ex = executor_of(instance, start.graph.programs)
-    cost = _cost(instance, start.rounds)
+    cost = evaluation_cost(instance, start.rounds)
     moves = list(_placement_moves(instance))
     kept = 0
     since_kept = 0  # moves tried since the last kept one: a whole round of them ends the scan
@@ -240,7 +240,7 @@ def _order_variants(instance: Instance, graph: ProgramGraph, a: int, c: int
 
 def _search_order(instance: Instance, best: tuple[int, ProgramGraph], budget: _Budget,
                   bound: int) -> tuple[tuple[int, ProgramGraph], int]:
-    cost = _cost(instance, 0)
+    cost = evaluation_cost(instance, 0)
     kept = 0
     while best[0] > bound:
         period, graph = best
