@@ -61,7 +61,18 @@ class Plan:
     def instance(self) -> Instance:
         return self.schedule.instance
 
-    def write(self, dir: str | os.PathLike) -> Path:
+    def programs(self, out_name: str = "OUT") -> dict[str, str]:
+        """File name -> text of the programs `write` writes (rank or class programs, main.py,
+        programs.json); `out_name` is the folder their headers name. The `redundant` baseline
+        models Bamboo for comparison: its holders would run another stage's layers, which the
+        runtime does not do, so it gets none."""
+        from schedc.codegen.generate import render_programs
+
+        if self.instance.redundant_forward:
+            return {}
+        return render_programs(self.spec, self.schedule, metrics=self.metrics, out_name=out_name)
+
+    def write(self, dir: str | os.PathLike, *, programs: dict[str, str] | None = None) -> Path:
         """Write what `schedc compile -o dir` writes into `dir`.
 
         schedule.json, trace.json, timeline.svg, pipeline_{d}.csv (where
@@ -71,9 +82,10 @@ class Plan:
         to a folder beside it, the user's other files there are hard-linked in,
         and the two folders are exchanged in one step, so a reader (or a kill)
         sees the old plan or the new one, never a mix; what a killed write
-        left beside `dir` is removed by the next. Returns the directory.
+        left beside `dir` is removed by the next. `programs`: what `programs`
+        gave for this folder, when the caller rendered them already. Returns
+        the directory.
         """
-        from schedc.codegen.generate import render_programs
         from schedc.export import write_timeline, write_torch_csvs, write_trace
         from schedc.schedule_io import write_schedule
 
@@ -87,10 +99,8 @@ class Plan:
             write_timeline(tmp / "timeline.svg", self.schedule, self.metrics)
             write_torch_csvs(tmp, self.schedule)
             (tmp / "spec.sched").write_text(print_spec(self.spec), encoding="utf-8")
-            # The `redundant` baseline models Bamboo for comparison: its holders would run another
-            # stage's layers, which the runtime does not do, so it gets no programs.
-            programs = ({} if self.instance.redundant_forward else
-                        render_programs(self.spec, self.schedule, metrics=self.metrics, out_name=str(out)))
+            if programs is None:
+                programs = self.programs(str(out))
             for name, text in programs.items():
                 (tmp / name).write_text(text, encoding="utf-8")
             if not out.exists():

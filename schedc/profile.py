@@ -189,7 +189,7 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
     import torch
 
     from schedc.costmodel import ring_allreduce_time
-    from schedc.runtime.runtime import _make_optimizer
+    from schedc.runtime.primitives import _make_optimizer
     from schedc.runtime.stagework import StageWork, run_layers
 
     work = StageWork(layers, loss_fn, global_microbatches=spec.dp * spec.train.microbatches, device=dev,

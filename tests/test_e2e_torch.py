@@ -13,7 +13,8 @@ import torch
 from schedc.codegen import write_programs
 from schedc.instance import make_instance
 from schedc.runtime import launch
-from schedc.runtime.launcher import forkserver_context, free_port
+from schedc.runtime.launcher import free_port
+from schedc.runtime.processes import forkserver_context
 from schedc.runtime.manifest import even_partition
 from test_runtime_support import max_weight_diff, schedule_for, spec_for
 

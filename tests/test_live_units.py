@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from schedc.live import checkpoint
 from schedc.live.detect import Beat, Detector, exit_cause
 from schedc.live.inject import Injection, Moment, Trigger, parse_injections
 from schedc.live.membership import Generation, Heartbeat, JobStore
+from schedc.live.protocol import IterationDone, StartRanks
 from schedc.live.rollback import RollbackError, StepSnapshot, roll_back, rollback_target
 
 
@@ -331,19 +331,23 @@ def test_a_damaged_checkpoint_is_a_diagnostic(tmp_path):
 def test_generations_queues_and_heartbeats_over_a_real_store():
     job = JobStore.serve()
     worker = JobStore.connect(job.host, job.port)
-    gen = Generation(3, (0, 2), {"dp": 2}, restore=None, injections=({"index": 0},), reason="fail rank 1")
-    job.announce(gen, {0: "def iteration(rt): pass\n", 2: "x = 2\n"})
+    gen = Generation(3, (0, 2), {"dp": 2, "programs": {"0": "rank_0.py", "2": "rank_2.py"}}, restore=None, injections=({"index": 0},), reason="fail rank 1")
+    job.announce(gen, {"rank_0.py": "def iteration(rt): pass\n", "rank_2.py": "x = 2\n", "main.py": "no"})
     assert worker.latest_generation() == 3 and worker.generation(3) == gen
-    assert worker.program(3, 2) == "x = 2\n"
-    worker.report({"kind": "iter", "it": 1})
-    worker.report({"kind": "iter", "it": 2})
-    assert [m["it"] for m in job.reports()] == [1, 2] and job.reports() == []
-    job.command(1, {"op": "start", "ranks": [4]})
-    assert worker.commands(1) == [{"op": "start", "ranks": [4]}] and worker.commands(0) == []
+    assert worker.program_file(3, "rank_2.py") == "x = 2\n"
+    assert not worker.store.check(["gen/3/file/main.py"])  # only the files the manifest names travel
+    worker.report(IterationDone(rank=0, it=1, t0=0.0, t1=1.0))
+    worker.report(IterationDone(rank=2, it=2, t0=0.0, t1=1.0, loss=0.5))
+    assert [(m.rank, m.it, m.loss) for m in job.reports()] == [(0, 1, None), (2, 2, 0.5)] and job.reports() == []
+    job.command(1, StartRanks((4,)))
+    assert worker.commands(1) == [StartRanks((4,))] and worker.commands(0) == []
     worker.join(3, 0)
     assert not job.all_joined(3, (0, 2))
     worker.join(3, 2)
-    assert job.all_joined(3, (0, 2))
+    # A store `set` is not acknowledged: another connection sees it a moment later, not at once.
+    deadline = time.monotonic() + 10
+    while not job.all_joined(3, (0, 2)):
+        assert time.monotonic() < deadline, "rank 2's join never reached the store"
     assert job.aborted() == -1 and not worker.stopped()
     beats = []
     hb = Heartbeat(worker.clone(), 2, 0.01, lambda: f"{len(beats)} 3 0 0 run").start()
@@ -392,7 +396,7 @@ class _Transport:
     def all_reduce_stage(self, stage, tensor):
         self.calls += 1
         if self.calls == self.interrupt_at:
-            from schedc.runtime.runtime import Interrupted
+            from schedc.runtime.primitives import Interrupted
 
             raise Interrupted("test")
 
@@ -406,7 +410,7 @@ def test_a_step_is_counted_exactly_when_it_is_applied(tmp_path, interrupt_at, st
     at either leaves weights and count as they were, and nothing can interrupt between step and count."""
     from live_support import compiled
     from schedc.runtime import load_manifest
-    from schedc.runtime.runtime import Interrupted, Runtime
+    from schedc.runtime.primitives import Interrupted, Runtime
 
     out = compiled(tmp_path, dp=2, pp=2)
     manifest = load_manifest(out)
@@ -444,17 +448,13 @@ def test_sealing_a_boundary_again_keeps_the_old_checkpoint_until_the_new_one_is_
 
 
 def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(tmp_path):
-    from live_support import compiled
-    from schedc.live.supervisor import Supervisor, TrainOptions
-
-    out = compiled(tmp_path, dp=2, pp=2)
-    sup = Supervisor(out, TrainOptions(checkpoint_every=1))
-    sup.gen = Generation(2, (0, 1, 3), {"source": "x"})
-    sup._starts = {0: 0, 1: 3}  # generation 1 resumed at 3: steps 4 and later were undone
+    asm = checkpoint.Assembler(tmp_path, stages=2, keep=2)
+    asm.resumed(0, 0)
+    asm.resumed(1, 3)  # generation 1 resumed at 3: steps 4 and later were undone
     for stage in (0, 1):
-        checkpoint.write_stage(sup.ckpt_root, 4, stage, {"steps": 4, "model": {}, "optimizer": None})
-        sup._checkpoint_written({"iteration": 4, "stage": stage, "gen": 0})
-    assert sup.checkpoints == [] and sup._ckpt == {}
-    for stage in (0, 1):
-        sup._checkpoint_written({"iteration": 4, "stage": stage, "gen": 1})
-    assert [Path(c).name for c in sup.checkpoints] == ["iter-000004"]
+        checkpoint.write_stage(tmp_path, 4, stage, {"steps": 4, "model": {}, "optimizer": None})
+        assert asm.stage_written(0, 4, stage, {}) is None  # written by generation 0, then undone
+    assert asm.written == {}
+    assert asm.stage_written(1, 4, 0, {}) is None  # one stage of two
+    done = asm.stage_written(1, 4, 1, {"generation": 1})
+    assert done is not None and done.path.name == "iter-000004" and done.iteration == 4

@@ -85,7 +85,7 @@ def test_the_runtime_holds_exactly_the_profiled_stash_between_b_and_w(tmp_path):
     `schedc profile` reports (and nothing of the graph), and W leaves nothing behind."""
     from schedc.codegen import write_programs
     from schedc.runtime import load_manifest
-    from schedc.runtime.runtime import Runtime
+    from schedc.runtime.primitives import Runtime
 
     spec = schedc.load(GPT_SPEC.replace("dp = 2  pp = 2", "dp = 1  pp = 1"))
     plan = schedc.compile(spec)

@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from schedc.events import parse_events
+    from schedc.live.protocol import RejoinAsked
 
     events = parse_events(args.event)  # a SpecError with a caret when it is not an event
     if len(events) != 1 or events[0].kind != "recover_gpu":
@@ -36,6 +37,6 @@ def run(args: argparse.Namespace) -> int:
     if not (0 <= ev.dp < dp and 0 <= ev.pp < pp):
         raise RunError([error("E557", f"the run has no GPU (dp={ev.dp}, pp={ev.pp}): its cluster is dp {dp} x pp {pp}",
                               hint=f"dp is 0..{dp - 1}, pp is 0..{pp - 1}")])
-    job.report({"kind": "rejoin", "event": args.event, "t": time.time()})
+    job.report(RejoinAsked(event=args.event, t=time.time()))
     print(f"asked the run at {args.store} to take back: {args.event}")
     return 0

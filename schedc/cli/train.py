@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from schedc.diagnostics import RunError, error
+from schedc.live.options import FAIL_SLOW_MODES, RECOVERY_METHODS
+from schedc.live.options import TrainOptions as D  # the defaults, one place
 from schedc.plan import check_output_file
 
 
@@ -29,34 +31,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(repeatable; docs/live.md has the syntax)")
     parser.add_argument("--save-weights", metavar="FILE", help="torch.save the final weights of the whole model")
     parser.add_argument("--log", metavar="FILE", help="write the run (iterations, events, recoveries) as JSON")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+    parser.add_argument("--checkpoint-every", type=int, default=D.checkpoint_every, metavar="K",
                         help="write a complete checkpoint every K iterations (default: none)")
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (default OUT/checkpoints)")
-    parser.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
-                        help="complete checkpoints to keep (default 2)")
+    parser.add_argument("--keep-checkpoints", type=int, default=D.keep_checkpoints, metavar="N",
+                        help=f"complete checkpoints to keep (default {D.keep_checkpoints})")
     parser.add_argument("--resume", action="store_true", help="start from the latest complete checkpoint")
-    parser.add_argument("--recovery", choices=["reroute", "drop-pipeline", "restart"], default="reroute",
+    parser.add_argument("--recovery", choices=RECOVERY_METHODS, default=D.recovery,
                         help="how to go on after a failure: reroute (default: survivors take the failed GPU's "
                              "work), drop-pipeline (its pipeline leaves), restart (everything restarts from "
                              "the latest checkpoint, the GPU replaced)")
-    parser.add_argument("--fail-slow", choices=["act", "detect", "off"], default="act",
+    parser.add_argument("--fail-slow", choices=FAIL_SLOW_MODES, default=D.fail_slow,
                         help="slow GPUs: act (default: find them from their ops' times and rebalance or "
                              "exclude them when that pays, take them back when healthy), detect (only say "
                              "so), off")
-    parser.add_argument("--detect-timeout", type=float, default=3.0, metavar="S",
-                        help="seconds without a heartbeat before a rank counts as hung (default 3)")
+    parser.add_argument("--detect-timeout", type=float, default=D.detect_timeout, metavar="S",
+                        help=f"seconds without a heartbeat before a rank counts as hung (default {D.detect_timeout:g})")
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                         help="seconds without any op finishing before a busy rank counts as stuck "
                              "(default: max(10, 10 x the plan's iteration time))")
-    parser.add_argument("--replan-deadline", type=float, default=0.5, metavar="S",
-                        help="seconds the planner may take per failure (default 0.5)")
-    parser.add_argument("--max-restarts", type=int, default=3, metavar="N",
-                        help="checkpoint restarts allowed when a stage loses every GPU (default 3)")
-    parser.add_argument("--hosts", type=int, default=1, metavar="H",
-                        help="hosts taking part; hosts 1..H-1 run `schedc agent` (default 1)")
-    parser.add_argument("--store-host", default="127.0.0.1", metavar="HOST",
-                        help="address the job's store listens on and agents connect to (default 127.0.0.1)")
-    parser.add_argument("--store-port", type=int, default=0, metavar="PORT", help="store port (default: a free one)")
+    parser.add_argument("--replan-deadline", type=float, default=D.replan_deadline, metavar="S",
+                        help=f"seconds the planner may take per failure (default {D.replan_deadline:g})")
+    parser.add_argument("--max-restarts", type=int, default=D.max_restarts, metavar="N",
+                        help=f"checkpoint restarts allowed when a stage loses every GPU (default {D.max_restarts})")
+    parser.add_argument("--hosts", type=int, default=D.hosts, metavar="H",
+                        help=f"hosts taking part; hosts 1..H-1 run `schedc agent` (default {D.hosts})")
+    parser.add_argument("--store-host", default=D.store_host, metavar="HOST",
+                        help=f"address the job's store listens on and agents connect to (default {D.store_host})")
+    parser.add_argument("--store-port", type=int, default=D.store_port, metavar="PORT",
+                        help="store port (default: a free one)")
     parser.add_argument("--json", action="store_true", help="print the run log as JSON instead of progress lines")
 
 

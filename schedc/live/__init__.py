@@ -1,23 +1,35 @@
 """Live training that survives failures: `schedc train` and `schedc.live.train`.
 
-The layers, from the job down to a rank (docs/live.md):
+The modules, from the job down to a rank (docs/live.md):
 
-- `schedc.live.supervisor`: the state machine of a run: detect, abort,
-  fence, replan, announce a generation, wait for reconfiguration; falls
-  back to checkpoints when a stage is lost. One per job.
+- `schedc.live.supervisor`: one per job: a loop over typed messages that
+  moves the run through its phases and carries out what the policies decide.
+- `schedc.live.options`: `TrainOptions`, the options' defaults and checks.
+- `schedc.live.protocol`: the typed messages between supervisor, agents and
+  workers (and `schedc run`'s ranks), the `Phase` enum, their encoding.
+- `schedc.live.control`: the `Controller` seam the policies see the run through.
+- `schedc.live.recovery`: the recovery policy (re-route, drop the pipeline,
+  restore a checkpoint when a stage is lost, restart everything).
+- `schedc.live.slowness`: the fail-slow policy (measure, detect, price, switch).
+- `schedc.live.rejoin`: the rejoin policy (catch-up, then a switch).
+- `schedc.live.changepoint`: each GPU's speed and its change points; pure logic.
+- `schedc.live.mitigate`: the ski-rental ladder that prices a slowdown; pure logic.
+- `schedc.live.detect`: which ranks failed (exits, silent heartbeats,
+  ranks stuck in compute); pure logic.
 - `schedc.live.agent`: one per host: starts, signals and watches that
   host's worker processes (torchrun's elastic agent, without the restarts).
 - `schedc.live.membership`: the rendezvous store every role talks through:
-  generations, heartbeats, report and command queues.
-- `schedc.live.detect`: which ranks failed (exits, silent heartbeats,
-  ranks stuck in compute); pure logic.
+  generations, heartbeats, the message queues, blobs.
+- `schedc.live.member`: a rank's process across generations; it drives
+  `schedc.runtime`, the layer the generated programs call.
+- `schedc.live.catchup`: a joiner's catch-up from a live donor of its stage.
 - `schedc.live.rollback`: the survivors' agreement on an iteration boundary
   and the copy of the state before each optimizer step.
-- `schedc.live.checkpoint`: complete, atomic per-stage checkpoints.
+- `schedc.live.checkpoint`: complete, atomic per-stage checkpoints, and
+  their assembly from the stages' reports.
 - `schedc.live.inject`: the `--inject` language and its triggers.
-- `schedc.live.worker`: a rank's process across generations; it drives
-  `schedc.runtime`, the layer the generated programs call.
-- `schedc.live.result`: what a run reports (the `--log` JSON).
+- `schedc.live.result`: what a run records besides its iterations (the
+  `--log` JSON's recoveries, switches, generations).
 
 Importing this package loads neither torch nor OR-Tools.
 """

@@ -162,3 +162,65 @@ def clean_partials(root: Path) -> list[Path]:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             gone.append(p)
     return gone
+
+
+class Assembler:
+    """The supervisor's side of checkpoints: it hears of each stage file as it is written and
+    seals a checkpoint once every stage of it is there (`complete`).
+
+    A stage file of step k written by generation g is void when a later generation resumed
+    from fewer than k steps (a rollback undid step k): it will be written again.
+    """
+
+    def __init__(self, root: Path, stages: int, keep: int):
+        self.root = Path(root)
+        self.stages = stages
+        self.keep = keep
+        self.written: dict[int, set[int]] = {}  # steps -> stages written
+        self.starts: dict[int, int] = {}  # generation -> the steps it resumed from
+
+    def resumed(self, generation: int, steps: int) -> None:
+        """Generation `generation` resumed from `steps` steps: files of later steps are void."""
+        self.starts[generation] = steps
+        self.written = {k: v for k, v in self.written.items() if k <= steps}
+
+    def stage_written(self, generation: int, steps: int, stage: int, meta: dict) -> Checkpoint | None:
+        """Stage `stage` of the checkpoint after `steps` steps is written; the sealed
+        checkpoint when it was the last stage missing."""
+        if any(start < steps for g, start in self.starts.items() if g > generation):
+            return None  # written before a rollback undid step `steps`: it is written again
+        stages = self.written.setdefault(steps, set())
+        stages.add(stage)
+        if len(stages) < self.stages:
+            return None
+        del self.written[steps]
+        return complete(self.root, steps, self.stages, meta, keep=self.keep)
+
+
+def check_resumable(found: Checkpoint, *, stages: int, emulate: bool, optimizer: str, iterations: int) -> None:
+    """E570/E556 when a run of this plan cannot resume from `found`."""
+    have = found.meta.get("stages")
+    if have != stages:
+        raise RunError([error("E570", f"checkpoint `{found.path}` has {have} stages but the plan has {stages}",
+                              hint="resume with a plan of the same model split")])
+    for key, mine, what in (("emulate", emulate, "--emulate"), ("optimizer", optimizer, "the optimizer")):
+        if key in found.meta and found.meta[key] != mine:
+            raise RunError([error("E570", f"checkpoint `{found.path}` was written with {key} = "
+                                          f"{found.meta[key]!r}, this run has {mine!r}",
+                                  hint=f"resume with the same {what} as the run that wrote it")])
+    if found.iteration >= iterations:
+        raise RunError([error("E556", f"checkpoint `{found.path}` is after iteration {found.iteration - 1}: "
+                                      f"nothing is left of the {iterations} iterations to run",
+                              hint="run more iterations (--iterations)")])
+
+
+def check_writable(root: Path) -> None:
+    """E558 unless checkpoints can be written under `root` (made if missing)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe.{os.getpid()}.tmp"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise RunError([error("E558", f"checkpoints cannot be written to `{root}`: {exc.strerror or exc}",
+                              hint="give a writable --checkpoint-dir")])

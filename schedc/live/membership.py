@@ -11,7 +11,7 @@ Keys (values are JSON unless said otherwise):
 | ``config`` | supervisor | the run's settings (iterations, emulate, timeouts, injections) |
 | ``gen`` | supervisor | number of the latest announced generation (text) |
 | ``gen/N`` | supervisor | `Generation` N: members, plan manifest, how to restore |
-| ``gen/N/program/R`` | supervisor | the program text of rank R in generation N |
+| ``gen/N/file/F`` | supervisor | the text of program file F of generation N (a rank's, or a class's) |
 | ``abort`` | supervisor | the highest aborted generation (text; -1: none) |
 | ``dir/R`` | supervisor | rank R's role in a catch-up: ``{"role": "donate"|"join", "session", ...}`` |
 | ``cu/S/state``, ``cu/S/grad/K`` | donor | catch-up session S: the stage's state, then each step's summed gradient |
@@ -21,9 +21,9 @@ Keys (values are JSON unless said otherwise):
 | ``join/N/R`` | worker R | R is ready to build generation N's process groups |
 | ``result/N/S`` | worker | stage S's weights after the last iteration (torch.save bytes) |
 
-Queues (`queue_push`/`queue_pop`): ``reports`` (workers to the supervisor),
-``events`` (agents to the supervisor), ``agent/H/cmd`` (to the agent of
-host H: start, signal, inject, stop).
+Queues (`queue_push`/`queue_pop`) carry the typed messages of
+`schedc.live.protocol`: ``reports`` (workers to the supervisor), ``events``
+(agents to the supervisor), ``agent/H/cmd`` (to the agent of host H).
 
 A generation is one membership with one plan. Generation N's process groups
 live under the store prefix ``gN/`` (torchft's way of rebuilding groups), so
@@ -39,12 +39,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Callable
 
 import torch.distributed as dist
 
-from schedc.runtime.rendezvous import serve_store
+from schedc.live.protocol import decode, encode
+from schedc.runtime.rendezvous import connect_store, serve_store
 
 #: Seconds a worker goes on without reaching the store before it exits: its supervisor is gone.
 ORPHAN_TIMEOUT = 10.0
@@ -106,8 +106,7 @@ class JobStore:
 
     @classmethod
     def connect(cls, host: str, port: int, timeout: float = 30.0) -> "JobStore":
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
-        return cls(store, host, port)
+        return cls(connect_store(f"{host}:{port}", timeout), host, port)
 
     def clone(self) -> "JobStore":
         """A second connection (for another thread: one connection is not shared between threads)."""
@@ -129,11 +128,13 @@ class JobStore:
 
     # -- generations --------------------------------------------------------------
 
-    def announce(self, gen: Generation, programs: dict[int, str]) -> None:
-        """Publish generation `gen`: programs first, the announcement, then its number (the commit)."""
+    def announce(self, gen: Generation, files: dict[str, str]) -> None:
+        """Publish generation `gen`: its program files first (those its manifest names), the
+        announcement, then its number (the commit)."""
         n = gen.number
-        if programs:
-            self.store.multi_set([f"gen/{n}/program/{r}" for r in programs], list(programs.values()))
+        names = sorted(set(gen.manifest["programs"].values()))
+        if names:
+            self.store.multi_set([f"gen/{n}/file/{name}" for name in names], [files[name] for name in names])
         self.store.set(f"gen/{n}", _dumps(gen.to_json()))
         self.store.set("gen", str(n))
 
@@ -150,8 +151,9 @@ class JobStore:
     def generation(self, number: int) -> Generation:
         return Generation.from_json(json.loads(self.store.get(f"gen/{number}")))
 
-    def program(self, number: int, rank: int) -> str:
-        return self.store.get(f"gen/{number}/program/{rank}").decode()
+    def program_file(self, number: int, name: str) -> str:
+        """The text of program file `name` of generation `number`."""
+        return self.store.get(f"gen/{number}/file/{name}").decode()
 
     def abort(self, number: int) -> None:
         self.store.set("abort", str(number))
@@ -212,29 +214,29 @@ class JobStore:
         values = self.store.multi_get([f"hb/{r}" for r in ranks])
         return {r: v.decode() for r, v in zip(ranks, values)}
 
-    # -- queues ---------------------------------------------------------------------
+    # -- queues (typed messages: `schedc.live.protocol`) ------------------------------
 
-    def report(self, msg: dict) -> None:
-        self.store.queue_push("reports", _dumps(msg))
+    def report(self, msg) -> None:
+        self.store.queue_push("reports", encode(msg))
 
-    def reports(self) -> list[dict]:
+    def reports(self) -> list:
         return self._drain("reports")
 
-    def event(self, msg: dict) -> None:
-        self.store.queue_push("events", _dumps(msg))
+    def event(self, msg) -> None:
+        self.store.queue_push("events", encode(msg))
 
-    def events(self) -> list[dict]:
+    def events(self) -> list:
         return self._drain("events")
 
-    def command(self, host: int, msg: dict) -> None:
-        self.store.queue_push(f"agent/{host}/cmd", _dumps(msg))
+    def command(self, host: int, msg) -> None:
+        self.store.queue_push(f"agent/{host}/cmd", encode(msg))
 
-    def commands(self, host: int) -> list[dict]:
+    def commands(self, host: int) -> list:
         return self._drain(f"agent/{host}/cmd")
 
-    def _drain(self, key: str) -> list[dict]:
+    def _drain(self, key: str) -> list:
         n = self.store.queue_len(key)
-        return [json.loads(self.store.queue_pop(key, False)) for _ in range(n)]
+        return [decode(self.store.queue_pop(key, False)) for _ in range(n)]
 
     # -- results ----------------------------------------------------------------------
 

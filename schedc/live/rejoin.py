@@ -19,102 +19,106 @@ session starts again, with a fresh state, once the run has recovered.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pragma: no cover
-    from schedc.live.supervisor import Supervisor
+from schedc.live.control import Controller
+from schedc.live.protocol import CaughtUp, Phase
+from schedc.spec import Failure
 
 
 class Rejoins:
-    def __init__(self, sup: "Supervisor"):
-        self.sup = sup
+    """The rejoin policy (see the module docstring)."""
+
+    def __init__(self, ctl: Controller):
+        self.ctl = ctl
         self.wanted: dict[int, str] = {}  # rank -> why it should come back
         self.sessions: dict[int, dict] = {}  # rank -> {session, donor, started, steps, bytes}
         self._next = 0
 
     def request(self, rank: int, reason: str) -> None:
-        sup = self.sup
-        g = sup.plan.spec.gpus[rank]
-        if sup.gen is not None and rank in sup.gen.members:
-            sup._note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) runs already: nothing to take back", rank=rank)
+        ctl = self.ctl
+        g = ctl.plan.spec.gpus[rank]
+        if rank in ctl.members:
+            ctl.note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) runs already: nothing to take back", rank=rank)
             return
         if rank in self.wanted:
             return
         self.wanted[rank] = reason
-        sup._note("rejoin", f"taking GPU (dp={g.dp}, pp={g.pp}) (rank {rank}) back: {reason}", rank=rank,
-                  reason=reason)
-        if rank not in sup.alive:
-            sup.dead.discard(rank)
-            sup._start_workers([rank])
-        if sup.phase == "running":
+        ctl.note("rejoin", f"taking GPU (dp={g.dp}, pp={g.pp}) (rank {rank}) back: {reason}", rank=rank,
+                 reason=reason)
+        ctl.revive(rank)
+        if ctl.phase == Phase.RUNNING:
             self._start_session(rank)
 
     def resume(self) -> None:
         """After a recovery or a switch: sessions for every rank still wanted back."""
         for rank in sorted(self.wanted):
-            if rank not in self.sessions and rank in self.sup.alive:
+            if rank not in self.sessions and self.ctl.is_running(rank):
                 self._start_session(rank)
 
     def _start_session(self, rank: int) -> None:
-        sup = self.sup
-        stage = sup.plan.spec.gpus[rank].pp
-        peers = [r for r in sup.gen.members if sup.plan.spec.gpus[r].pp == stage and r not in sup.dead]
+        ctl = self.ctl
+        gpus = ctl.plan.spec.gpus
+        stage = gpus[rank].pp
+        peers = [r for r in ctl.members if gpus[r].pp == stage]
         if not peers:
-            sup._note("rejoin", f"rank {rank} cannot catch up: stage {stage} has no live GPU to copy from")
+            ctl.note("rejoin", f"rank {rank} cannot catch up: stage {stage} has no live GPU to copy from")
             return
         donor = min(peers)
         self._next += 1
         n = self._next
-        sup.job.direct(donor, {"role": "donate", "session": n, "joiner": rank})
-        sup.job.direct(rank, {"role": "join", "session": n, "donor": donor})
+        ctl.direct(donor, {"role": "donate", "session": n, "joiner": rank})
+        ctl.direct(rank, {"role": "join", "session": n, "donor": donor})
         self.sessions[rank] = {"session": n, "donor": donor, "started": time.time(), "steps": None, "bytes": 0,
                                "caught": None}
-        sup._note("catch-up", f"rank {rank} catches up from rank {donor} (session {n}) while training goes on",
-                  rank=rank, donor=donor, session=n)
+        ctl.note("catch-up", f"rank {rank} catches up from rank {donor} (session {n}) while training goes on",
+                 rank=rank, donor=donor, session=n)
 
-    def caught_up(self, rep: dict) -> None:
-        s = self.sessions.get(rep["rank"])
-        if s is None or rep["session"] != s["session"]:
+    def caught_up(self, rep: CaughtUp) -> None:
+        s = self.sessions.get(rep.rank)
+        if s is None or rep.session != s["session"]:
             return
-        s["steps"], s["bytes"] = rep["steps"], rep["bytes"]
+        s["steps"], s["bytes"] = rep.steps, rep.bytes
 
     def ready(self, completed: int) -> list[int]:
         """Joiners at most one step behind `completed` iterations: ready for the switch."""
         return sorted(r for r, s in self.sessions.items() if s["steps"] is not None and s["steps"] >= completed - 1)
 
     def switch_if_ready(self, completed: int) -> None:
-        sup = self.sup
+        ctl = self.ctl
         ready = self.ready(completed)
-        if not ready or sup.phase != "running":
+        if not ready or ctl.phase != Phase.RUNNING:
             return
         from schedc.diagnostics import SchedcError
-        from schedc.replan import replan
+        from schedc.events import describe_events
 
-        gpus = sup.plan.spec.gpus
-        events = [f"recover gpu(dp={gpus[r].dp}, pp={gpus[r].pp})" for r in ready]
+        gpus = ctl.plan.spec.gpus
+        events = [Failure("recover_gpu", dp=gpus[r].dp, pp=gpus[r].pp) for r in ready]
         try:
-            plan = replan(sup.base_plan, events, deadline=sup.options.replan_deadline, solver=sup._replan_solver())
+            plan = ctl.replan(ctl.base_plan, events)
         except SchedcError as exc:  # e.g. no plan with it fits: it stays out
             self._give_up(ready, f"no plan takes it back: {exc.diagnostics[0].message}")
             return
         for r in ready:
             self.sessions[r]["caught"] = time.time()
-        reason = "; ".join(f"{e}: {self.wanted.get(r, 'asked for')}" for e, r in zip(events, ready))
-        refused = sup._switch(plan, kind="rejoin", reason=reason, ranks=ready)
+        reason = "; ".join(f"{describe_events([e])}: {self.wanted.get(r, 'asked for')}" for e, r in zip(events, ready))
+        refused = ctl.switch(plan, kind="rejoin", reason=reason, ranks=ready)
         if refused is not None:
             self._give_up(ready, refused)
 
     def _give_up(self, ranks: list[int], why: str) -> None:
         """These joiners cannot come back in this run: say why once, end their sessions."""
         for rank in ranks:
-            self.sup._note("rejoin", f"rank {rank} stays out: {why}", rank=rank)
+            self.ctl.note("rejoin", f"rank {rank} stays out: {why}", rank=rank)
             self.wanted.pop(rank, None)
-            s = self.sessions.pop(rank, None)
-            self.sup.job.direct(rank, None)
-            if s is not None:
-                self.sup.job.direct(s["donor"], None)
+            self._end_session(rank)
 
-    def catch_up_figures(self, ranks: list[int]) -> tuple[float | None, int | None]:
+    def _end_session(self, rank: int) -> None:
+        s = self.sessions.pop(rank, None)
+        self.ctl.direct(rank, None)
+        if s is not None:
+            self.ctl.direct(s["donor"], None)
+
+    def catch_up_figures(self, ranks) -> tuple[float | None, int | None]:
         """(seconds from the session's start to caught up, bytes received), for the switch record."""
         ss = [self.sessions[r] for r in ranks if r in self.sessions and self.sessions[r]["caught"]]
         if not ss:
@@ -125,23 +129,20 @@ class Rejoins:
         """A generation with these members is running: joiners in it are back; their sessions end."""
         for rank in [r for r in self.wanted if r in members]:
             self.wanted.pop(rank)
-            s = self.sessions.pop(rank, None)
-            self.sup.job.direct(rank, None)
-            if s is not None:
-                self.sup.job.direct(s["donor"], None)
+            self._end_session(rank)
 
     def cancel_all(self) -> None:
         """A failure: every session stops (a donor may roll back); `resume` starts them again."""
         for rank, s in self.sessions.items():
-            self.sup.job.direct(rank, None)
-            self.sup.job.direct(s["donor"], None)
+            self.ctl.direct(rank, None)
+            self.ctl.direct(s["donor"], None)
         self.sessions.clear()
 
     def lost(self, rank: int) -> None:
         """A standby process died: it does not come back (a new request can start another)."""
         if rank in self.wanted:
-            self.sup._note("rejoin", f"the process rejoining rank {rank} died; it stays out", rank=rank)
+            self.ctl.note("rejoin", f"the process rejoining rank {rank} died; it stays out", rank=rank)
             self.wanted.pop(rank)
         s = self.sessions.pop(rank, None)
         if s is not None:
-            self.sup.job.direct(s["donor"], None)
+            self.ctl.direct(s["donor"], None)

@@ -1,8 +1,10 @@
-"""What a live run reports: iterations, events, recoveries, generations (`--log FILE`).
+"""What a live run records besides its iterations: recoveries, planned switches, generations
+(`--log FILE`), and the log writer.
 
 All times are seconds since the supervisor started (``t``), from one clock.
-`TrainResult.to_json()` is the ``schedc.trainlog/v1`` document that
-``schedc train --log FILE`` writes (docs/live.md describes every field).
+The result itself is `schedc.runtime.result.RunResult` (``TrainResult`` here),
+whose `to_json()` is the ``schedc.trainlog/v1`` document that ``schedc train
+--log FILE`` writes (docs/live.md describes every field).
 """
 
 from __future__ import annotations
@@ -11,22 +13,12 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
-LOG_FORMAT = "schedc.trainlog/v1"
+from schedc.runtime.result import LOG_FORMAT, IterationRecord, RunResult
 
-
-@dataclass
-class IterationRecord:
-    iteration: int
-    generation: int  # the generation that completed it
-    loss: float | None  # mean loss over the D*M microbatches (None with --emulate)
-    start: float  # earliest start over ranks
-    end: float  # when the last rank finished it
-    runs: int = 1  # > 1: it was rolled back and run again
-    # rank -> measured compute speed against the plan's costs (1.0: as planned; ranks with no
-    # compute this iteration are absent): what the fail-slow detector is fed, as log(speed).
-    speeds: dict[int, float] = field(default_factory=dict)
+#: A live run's result is a `RunResult` (one result type for `schedc run` and `schedc train`).
+TrainResult = RunResult
+__all__ = ["LOG_FORMAT", "IterationRecord", "Recovery", "Switch", "GenerationRecord", "TrainResult", "write_log"]
 
 
 @dataclass
@@ -114,49 +106,7 @@ class GenerationRecord:
     t_ready: float | None = None
 
 
-@dataclass
-class TrainResult:
-    """Everything a live run did; `state_dict` holds the final weights when they were asked for."""
-
-    ok: bool
-    out: str
-    iterations: list[IterationRecord]
-    events: list[dict]
-    recoveries: list[Recovery]
-    generations: list[GenerationRecord]
-    wall_s: float
-    options: dict
-    state_dict: dict | None = None
-    error: list[dict] | None = None  # diagnostics when the run failed
-    checkpoints: list[str] = field(default_factory=list)
-    history: list[IterationRecord] = field(default_factory=list)  # every completion, re-runs included
-    switches: list[Switch] = field(default_factory=list)
-    decisions: list[dict] = field(default_factory=list)  # the slowdown ladder's, with reasons
-
-    @property
-    def losses(self) -> list[float | None]:
-        return [r.loss for r in self.iterations]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": LOG_FORMAT,
-            "ok": self.ok,
-            "out": self.out,
-            "options": self.options,
-            "wall_s": round(self.wall_s, 4),
-            "iterations": [asdict(r) for r in self.iterations],
-            "history": [asdict(r) for r in self.history],
-            "events": self.events,
-            "recoveries": [r.to_json() for r in self.recoveries],
-            "switches": [s.to_json() for s in self.switches],
-            "decisions": self.decisions,
-            "generations": [asdict(g) for g in self.generations],
-            "checkpoints": self.checkpoints,
-            "error": self.error,
-        }
-
-
-def write_log(path: str | os.PathLike, result: TrainResult) -> Path:
+def write_log(path: str | os.PathLike, result: RunResult) -> Path:
     """Write the run log atomically (a temporary file renamed into place)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -10,7 +10,7 @@
   restore) are priced with the planner and the simulator and handed to the
   `Ladder` (`schedc.live.mitigate`), whose ski-rental rule says when to
   switch; the switch itself is a planned generation change at an iteration
-  boundary (`Supervisor._switch`).
+  boundary (`Controller.switch`).
 * **Excluded GPUs** stay up on standby and probe their own speed; once five
   probes in a row say healthy, the ladder prices taking them back, and a
   rejoin (`schedc.live.rejoin`: catch-up, then a switch) does it.
@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from schedc.live.changepoint import SpeedTracker
+from schedc.live.control import Controller
 from schedc.live.mitigate import Decision, Ladder, Option
-
-if TYPE_CHECKING:  # pragma: no cover
-    from schedc.live.supervisor import Supervisor
+from schedc.live.protocol import IterationDone, Phase, Probe
+from schedc.spec import Failure
 
 #: Probes in a row that must say "healthy" before an excluded GPU is priced back in.
 HEALTHY_PROBES = 5
@@ -43,21 +42,24 @@ def retimed_period(plan, speeds: dict[int, float]) -> int:
     return steady_period(run_programs(inst, programs, STEADY_ITERATIONS).iteration_end)
 
 
-def measured_speed(rep: dict, plan_speed: float) -> float | None:
+def measured_speed(rep: IterationDone, plan_speed: float) -> float | None:
     """A rank's speed in one iteration from its report: planned x the plan's speed for it /
     measured compute (None when it computed nothing)."""
-    compute, planned = rep.get("compute") or 0.0, rep.get("planned") or 0.0
+    compute, planned = rep.compute or 0.0, rep.planned or 0.0
     return planned * plan_speed / compute if compute > 0 and planned > 0 else None
 
 
 class Slowness:
-    def __init__(self, sup: "Supervisor"):
-        self.sup = sup
+    """The fail-slow policy. `mode` is ``act`` (switch plans by cost) or ``detect`` (only say so)."""
+
+    def __init__(self, ctl: Controller, *, mode: str = "act"):
+        self.ctl = ctl
+        self.mode = mode
         self.trackers: dict[int, SpeedTracker] = {}
         self.probes: dict[int, list[float]] = {}
         self.excluded: set[int] = set()
         self.decisions: list[dict] = []
-        period = sup.plan.metrics.iteration_time / 1e6
+        period = ctl.plan.metrics.iteration_time / 1e6
         # Before any switch is measured, a switch is taken to cost one period (the pipeline
         # drains and fills again: less than an iteration) and at least 0.1 s (new process groups);
         # measured at 0.4-0.5 periods in bench/live_slowness.py.
@@ -67,28 +69,28 @@ class Slowness:
 
     # -- measuring -----------------------------------------------------------------------------
 
-    def observe(self, rep: dict, plan_speed: float) -> None:
+    def observe(self, rep: IterationDone, plan_speed: float) -> None:
         """One rank's iteration report (a member of the current generation)."""
         speed = measured_speed(rep, plan_speed)
         if speed is None:
             return
-        rank, it = rep["rank"], rep["it"]
+        rank, it = rep.rank, rep.it
         tracker = self.trackers.setdefault(rank, SpeedTracker())
         shift = tracker.update(math.log(speed), it)
         if shift is not None:
-            if self.sup.phase == "running":
+            if self.ctl.phase == Phase.RUNNING:
                 self._shift(rank, shift.speed, shift.since, it)
             else:
                 self._pending.append((rank, shift, it))
 
-    def probe(self, rep: dict) -> None:
+    def probe(self, rep: Probe) -> None:
         """A probe of a GPU's speed: an excluded one on standby, or a member its plan gives no
         compute (all its work moved to its peers), whose iterations time nothing."""
-        sup, rank = self.sup, rep["rank"]
-        if rank in sup.rejoins.wanted or sup.phase != "running" or sup.completed < self._quiet_until.get(rank, 0):
+        ctl, rank = self.ctl, rep.rank
+        if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
-        seen.append(rep["speed"])
+        seen.append(rep.speed)
         del seen[:-HEALTHY_PROBES]
         if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
             return
@@ -96,11 +98,11 @@ class Slowness:
         if rank in self.excluded:
             if speed >= 1 - SpeedTracker.min_change:
                 self._price_return(rank)
-        elif rank in sup.gen.members:
-            plan_speed = sup.base_plan.spec.gpus[rank].speed
+        elif rank in ctl.members:
+            plan_speed = ctl.base_plan.spec.gpus[rank].speed
             if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
                 self.probes.pop(rank)
-                self._shift(rank, speed, sup.completed, sup.completed)
+                self._shift(rank, speed, ctl.completed, ctl.completed)
 
     # -- deciding ------------------------------------------------------------------------------
 
@@ -113,16 +115,16 @@ class Slowness:
             self._act(d)
 
     def _shift(self, rank: int, speed: float, since: int, iteration: int) -> None:
-        sup = self.sup
-        g = sup.plan.spec.gpus[rank]
+        ctl = self.ctl
+        g = ctl.plan.spec.gpus[rank]
         where = f"rank {rank} GPU (dp={g.dp}, pp={g.pp})"
         if speed >= 1 - SpeedTracker.min_change:
-            sup._note("slow", f"{where} is back to full speed since iteration {since} (seen at {iteration})",
+            ctl.note("slow", f"{where} is back to full speed since iteration {since} (seen at {iteration})",
                       rank=rank, speed=round(speed, 3), since=since, seen=iteration)
         else:
-            sup._note("slow", f"{where} runs at speed {speed:.2f} since iteration {since} (seen at {iteration})",
+            ctl.note("slow", f"{where} runs at speed {speed:.2f} since iteration {since} (seen at {iteration})",
                       rank=rank, speed=round(speed, 3), since=since, seen=iteration)
-        plan_speed = sup.base_plan.spec.gpus[rank].speed
+        plan_speed = ctl.base_plan.spec.gpus[rank].speed
         if abs(speed - plan_speed) < SpeedTracker.min_change * plan_speed:
             d = self.ladder.close(rank, iteration, "back to the speed the plan assumes")
             if d is not None:
@@ -138,65 +140,60 @@ class Slowness:
             self._log(d)
 
     def _options(self, rank: int, speed: float) -> list[Option]:
-        from schedc.replan import replan
-
-        sup = self.sup
-        base = sup.base_plan
+        ctl = self.ctl
+        base = ctl.base_plan
         g = base.spec.gpus[rank]
         x = min(1.0, max(0.05, round(speed, 2)))
         options = [Option("keep", retimed_period(base, {rank: x}))]
 
-        def priced(action, event):
+        def priced(action, event: Failure):
             try:
-                plan = replan(base, event, deadline=sup.options.replan_deadline, solver=sup._replan_solver())
+                plan = ctl.replan(base, [event])
             except Exception:  # e.g. excluding the last GPU of a stage: not an option
                 return None
             return Option(action, plan.metrics.iteration_time, plan)
 
         if x >= 1 - SpeedTracker.min_change:
             if g.speed < 1.0:
-                options.append(priced("restore", f"recover gpu(dp={g.dp}, pp={g.pp})"))
+                options.append(priced("restore", Failure("recover_gpu", dp=g.dp, pp=g.pp)))
         else:
-            options.append(priced("rebalance", f"slow gpu(dp={g.dp}, pp={g.pp}) speed = {x}"))
-            options.append(priced("exclude", f"fail gpu(dp={g.dp}, pp={g.pp})"))
+            options.append(priced("rebalance", Failure("slow_gpu", dp=g.dp, pp=g.pp, speed=x)))
+            options.append(priced("exclude", Failure("fail_gpu", dp=g.dp, pp=g.pp)))
         return [o for o in options if o is not None]
 
     def _price_return(self, rank: int) -> None:
         """An excluded GPU probes healthy: what would taking it back save?"""
-        from schedc.replan import replan
-
-        sup = self.sup
-        g = sup.plan.spec.gpus[rank]
+        ctl = self.ctl
+        g = ctl.plan.spec.gpus[rank]
         try:
-            plan = replan(sup.base_plan, f"recover gpu(dp={g.dp}, pp={g.pp})", deadline=sup.options.replan_deadline,
-                          solver=sup._replan_solver())
+            plan = ctl.replan(ctl.base_plan, [Failure("recover_gpu", dp=g.dp, pp=g.pp)])
         except Exception:
             return
-        options = [Option("keep", sup.base_plan.metrics.iteration_time), Option("restore", plan.metrics.iteration_time,
+        options = [Option("keep", ctl.base_plan.metrics.iteration_time), Option("restore", plan.metrics.iteration_time,
                                                                                  plan)]
-        sup._note("slow", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) probes healthy again (speed "
-                          f"{statistics.median(self.probes[rank]):.2f})", rank=rank)
-        d = self.ladder.open(rank, 1.0, sup.completed, options, sup.completed)
+        ctl.note("slow", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) probes healthy again (speed "
+                         f"{statistics.median(self.probes[rank]):.2f})", rank=rank)
+        d = self.ladder.open(rank, 1.0, ctl.completed, options, ctl.completed)
         if d.verdict == "switch":
             self._act(d)
         else:
             self._log(d)
             if d.verdict == "ignore":  # not worth it now: price it again after 10 iterations, not every probe
                 self.probes.pop(rank, None)
-                self._quiet_until[rank] = sup.completed + 10
+                self._quiet_until[rank] = ctl.completed + 10
 
     def _act(self, d: Decision) -> None:
-        sup = self.sup
-        if sup.options.fail_slow == "detect":
+        ctl = self.ctl
+        if self.mode == "detect":
             self._log(replace(d, verdict="ignore", reason=f"{d.reason}; not switched: --fail-slow detect"))
             return
         if d.rank in self.excluded and d.action == "restore":
             self._log(d)
             self.excluded.discard(d.rank)
             self.probes.pop(d.rank, None)
-            sup.rejoins.request(d.rank, f"healthy again ({d.reason})")
+            ctl.request_rejoin(d.rank, f"healthy again ({d.reason})")
             return
-        refused = sup._switch(d.plan, kind=d.action, reason=d.reason, ranks=[d.rank])
+        refused = ctl.switch(d.plan, kind=d.action, reason=d.reason, ranks=[d.rank])
         if refused is None:
             self._log(d)
             if d.rank in self.trackers:
@@ -210,7 +207,7 @@ class Slowness:
     def _log(self, d: Decision) -> None:
         self.decisions.append(d.to_json())
         verdict = {"ignore": "ignore", "wait": "wait", "switch": d.action, "blip": "blip"}[d.verdict]
-        self.sup._note("decision", f"decision for rank {d.rank}: {verdict}: {d.reason}", decision=d.to_json())
+        self.ctl.note("decision", f"decision for rank {d.rank}: {verdict}: {d.reason}", decision=d.to_json())
 
     # -- membership changes ------------------------------------------------------------------------
 
@@ -218,13 +215,13 @@ class Slowness:
         """A failure or a switch changed the plan: every open episode was priced against the old
         one; price again every member whose measured speed differs from what the new plan assumes
         (an excluded GPU's return is priced again from its next probes)."""
-        sup = self.sup
+        ctl = self.ctl
         self.ladder.cancel_all()
         for rank, tracker in self.trackers.items():
-            if rank in sup.gen.members:
-                plan_speed = sup.base_plan.spec.gpus[rank].speed
+            if rank in ctl.members:
+                plan_speed = ctl.base_plan.spec.gpus[rank].speed
                 if abs(tracker.speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
-                    self._open(rank, tracker.speed, sup.completed, sup.completed)
+                    self._open(rank, tracker.speed, ctl.completed, ctl.completed)
 
     def joined(self, rank: int) -> None:
         """A GPU (re)joined: its speed is learned afresh."""

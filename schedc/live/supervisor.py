@@ -1,48 +1,35 @@
-"""The supervisor of a live run (`schedc train`): a state machine over generations.
+"""The supervisor of a live run (`schedc train`): a loop over typed messages, generation after generation.
 
-::
+A **generation** is one membership running one plan. The supervisor's loop
+(`_tick`) drains the workers' reports and the agents' events
+(`schedc.live.protocol`), feeds heartbeats to the detector
+(`schedc.live.detect`), and moves the run through its phases
+(`protocol.Phase`): starting, running, switching, recovering, finishing.
+What to do about a failure, a slow GPU or a GPU that comes back is decided
+by three policies that see the run only through a `Controller`
+(`schedc.live.control`):
 
-    starting --every member ready--> running --every iteration done--> finishing --> done
-        |                               |
-        +----------- failure -----------+--> recovering --every member ready--> running
-                                                 |  (another failure: recover again)
+* `schedc.live.recovery`: which plan after GPUs fail (re-route, drop the
+  pipeline, restore a checkpoint when a stage is lost, restart everything);
+* `schedc.live.slowness`: slow GPUs, priced and switched around (ski rental);
+* `schedc.live.rejoin`: catch-up and switch-in of a GPU that comes back.
 
-A **generation** is one membership running one plan. On a failure the
-supervisor
-
-1. **detects** it (`schedc.live.detect`: a process exit reported by its
-   agent, a silent heartbeat, or a rank stuck while the others wait);
-2. **aborts** the generation (``abort`` in the store: every survivor stops at
-   its next wait) and **fences** failed ranks that are still alive (SIGKILL:
-   a stopped or wedged process must not come back, and its closed
-   connections wake every peer blocked on it);
-3. **replans**: `schedc.replan(plan, "fail gpu(...)", deadline=...)`;
-4. **announces** generation N+1 (its members, programs and whether to
-   restore a checkpoint) and writes its plan to ``OUT/live/gen-N``;
-5. waits until every member has **reconfigured** (new process groups, the
-   agreed rollback) and is running again.
-
-If re-routing is impossible because a stage lost every GPU (E301), the run
-falls back to the latest complete checkpoint (or the initial weights) with
-replacement processes for that stage's GPUs, at most `max_restarts` times.
-`recovery="drop-pipeline"` (FT-HSDP/torchft: a pipeline with a failed GPU
-leaves) and `recovery="restart"` (torchelastic: every process restarts from
-the latest checkpoint, the failed GPU replaced) run the same job in the same
-harness for comparison. The supervisor never prints: `on_line` receives one
-line per finished iteration and per event.
+On a failure the supervisor aborts the generation (``abort`` in the store:
+every survivor stops at its next wait), fences failed ranks that are still
+alive (SIGKILL), asks the recovery policy for the next plan, announces
+generation N+1 (members, programs, what to restore) and waits until every
+member has reconfigured. The supervisor never prints: `on_line` receives
+one line per finished iteration and per event.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import math
-import os
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Sequence
 
 from schedc.diagnostics import Diagnostic, RunError, SchedcError, error
 from schedc.live import checkpoint
@@ -50,13 +37,18 @@ from schedc.live.agent import Agent
 from schedc.live.detect import Beat, Detector, Suspect
 from schedc.live.inject import Injection, parse_injections
 from schedc.live.membership import Generation, JobStore
+from schedc.live.options import TrainOptions
+from schedc.live.protocol import (Aborted, AgentUp, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited,
+                                  FireInjection, Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked,
+                                  SignalRanks, StartRanks, StopAgent, WorkerError)
+from schedc.live.recovery import Change, RecoveryPolicy, describe, failure_events, restored_name
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
 from schedc.live.slowness import Slowness, measured_speed
-from schedc.live.worker import EXIT_ERROR
+from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
+from schedc.spec import Failure
 
-RecoveryMethod = Literal["reroute", "drop-pipeline", "restart"]
 #: Seconds between two turns of the supervisor's loop when nothing happens (an exit wakes it at once).
 TICK = 0.005
 #: Seconds to gather failures that come together (a node's GPUs die within milliseconds).
@@ -67,65 +59,6 @@ ERROR_REPORT_WAIT = 1.0
 FINISH_WAIT = 10.0
 #: A planned switch starts this many iterations after the furthest rank's current one.
 SWITCH_MARGIN = 2
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """How a live run goes (the options of `schedc train`)."""
-
-    iterations: int | None = None  # default: the spec's train.iterations
-    emulate: bool = False
-    inject: tuple[str, ...] = ()
-    checkpoint_every: int = 0  # 0: no checkpoints
-    checkpoint_dir: str | None = None  # default OUT/checkpoints
-    keep_checkpoints: int = 2
-    resume: bool = False
-    recovery: RecoveryMethod = "reroute"
-    fail_slow: str = "act"  # act: detect slow GPUs and switch plans by cost; detect: only say so; off
-    detect_timeout: float = 3.0  # seconds of heartbeat silence before a rank is declared hung
-    heartbeat_interval: float = 0.05
-    stall_timeout: float | None = None  # default: max(10 s, 10 x the plan's iteration time)
-    startup_timeout: float = 120.0
-    replan_deadline: float = 0.5
-    max_restarts: int = 3
-    want_weights: bool = False
-    wait_timeout: float = 600.0  # a rank's longest wait for a peer before it gives up by itself
-    hosts: int = 1
-    store_host: str = "127.0.0.1"
-    store_port: int = 0
-    agent_timeout: float = 60.0
-
-    def check(self) -> None:
-        """E555 for option values that make no sense."""
-        problems = []
-        for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
-                     "agent_timeout"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
-        if self.stall_timeout is not None and not (math.isfinite(self.stall_timeout) and self.stall_timeout > 0):
-            problems.append(f"stall-timeout must be a positive number of seconds, got {self.stall_timeout}")
-        if self.iterations is not None and self.iterations < 1:
-            problems.append(f"iterations must be at least 1, got {self.iterations}")
-        for name in ("checkpoint_every", "max_restarts", "store_port"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
-        if self.keep_checkpoints < 1:
-            problems.append(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
-        if self.hosts < 1:
-            problems.append(f"hosts must be at least 1, got {self.hosts}")
-        if self.heartbeat_interval * 3 > self.detect_timeout:
-            problems.append("detect-timeout must be at least three heartbeat intervals")
-        if self.recovery not in ("reroute", "drop-pipeline", "restart"):
-            problems.append(f"unknown recovery `{self.recovery}` (reroute, drop-pipeline or restart)")
-        if self.fail_slow not in ("act", "detect", "off"):
-            problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")
-        if self.recovery == "restart" and not self.checkpoint_every:
-            problems.append("recovery `restart` restarts from checkpoints: give --checkpoint-every K")
-        if self.want_weights and self.emulate:
-            problems.append("weights need real compute, not --emulate")
-        if problems:
-            raise RunError([error("E555", p) for p in problems])
 
 
 class Supervisor:
@@ -139,7 +72,7 @@ class Supervisor:
         self.options = options
         self.on_line = on_line or (lambda line: None)
         self.plan: Plan = read_plan(self.out)
-        self.initial_plan = self.plan
+        self.base_plan: Plan = self.plan  # the plan of the last generation that became ready
         spec = self.plan.spec
         from schedc.runtime.manifest import refuse_tensor_parallel
 
@@ -150,11 +83,10 @@ class Supervisor:
         self.world = spec.dp * spec.pp
         nodes = -(-self.world // spec.cluster.gpus_per_node)
         self._host_of = {r: spec.cluster.node_of(r) * options.hosts // nodes for r in range(self.world)}
-        iteration_s = self.plan.metrics.iteration_time / 1e6
-        stall = options.stall_timeout or max(10.0, 10 * iteration_s)
+        stall = options.stall_timeout or max(10.0, 10 * self.plan.metrics.iteration_time / 1e6)
         self.detector = Detector(heartbeat_timeout=options.detect_timeout, stall_timeout=stall,
                                  startup_timeout=options.startup_timeout)
-        self.phase = "new"
+        self.phase = Phase.NEW
         self.job: JobStore | None = None
         self.local: Agent | None = None
         self.gen: Generation | None = None
@@ -165,34 +97,42 @@ class Supervisor:
         self.history: list[IterationRecord] = []  # every completion, in order
         self.recoveries: list[Recovery] = []
         self.generation_records: list[GenerationRecord] = []
-        self.restarts = 0
+        self.switches: list[Switch] = []
         self.checkpoints: list[str] = []
         self.state_dict: dict | None = None
-        self._reports: dict[tuple[int, int], dict[int, dict]] = {}  # (generation, iteration) -> rank -> report
+        self.assembler = checkpoint.Assembler(self.ckpt_root, spec.pp, options.keep_checkpoints)
+        self._reports: dict[tuple[int, int], dict[int, IterationDone]] = {}  # (generation, iteration) -> rank ->
         self._first_iteration: int | None = None  # where this run started (a resumed run: the checkpoint's)
-        self._ready: dict[int, dict] = {}
+        self._ready: dict[int, Ready] = {}
         self._done: set[int] = set()
         self._suspects: dict[int, Suspect] = {}
         self._error_exits: dict[int, float] = {}  # rank -> when it exited with EXIT_ERROR
-        self._fired: dict[int, dict] = {}  # injection index -> its `injected` event
-        self._ckpt: dict[int, set[int]] = {}  # iteration -> stages written
-        self._starts: dict[int, int] = {}  # generation -> the iteration it started from
+        self._fired: dict[int, dict] = {}  # injection index -> when, whom
         self._finish_deadline = math.inf
-        self._recovery: Recovery | None = None
-        self._last_beats = 0.0
-        self._training_started: float | None = None
-        self._pending_write: tuple[int, Plan] | None = None
-        self._failure: list[Diagnostic] | None = None
-        self._unexplained: float | None = None  # an abort no failure explains, since when
-        self._retries = 0
-        self.base_plan: Plan = self.plan  # the plan of the last generation that became ready
-        self._gen_speeds: dict[int, dict[int, float]] = {}  # generation -> rank -> the speed its plan assumes
-        self.switches: list[Switch] = []
+        self._recovery: Recovery | None = None  # the recovery under way
         self._switch_rec: Switch | None = None  # the planned switch under way
         self._switch_from: tuple[int, ...] = ()  # the members of the generation it switches from
         self._leaving: set[int] = set()  # members of that generation that are not in the next
-        self.rejoins = Rejoins(self)
-        self.slowness = Slowness(self)
+        self._gen_speeds: dict[int, dict[int, float]] = {}  # generation -> rank -> the speed its plan assumes
+        self._last_beats = 0.0
+        self._training_started: float | None = None
+        self._pending_write: tuple[int, Plan, dict[str, str]] | None = None
+        self._failure: list[Diagnostic] | None = None
+        self._unexplained: float | None = None  # an abort no failure explains, since when
+        self._retries = 0
+        control = _Control(self)
+        self.rejoins = Rejoins(control)
+        self.slowness = Slowness(control, mode=options.fail_slow)
+        self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
+                                       initial_plan=self.plan, latest_checkpoint=self._own_latest_checkpoint,
+                                       out=self.out)
+        self._handlers = {
+            WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
+            Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
+            CheckpointFailed: self._on_checkpoint_failed, CaughtUp: lambda m, now: self.rejoins.caught_up(m),
+            Probe: self._on_probe, Left: self._on_left, RejoinAsked: self._on_rejoin_asked,
+            Exited: self._on_exit, Injected: self._on_injected,
+        }
 
     # -- public --------------------------------------------------------------------------------
 
@@ -200,7 +140,7 @@ class Supervisor:
         """Train to the end (or fail with a `RunError`); Ctrl-C stops every worker first."""
         try:
             self._setup()
-            while self.phase not in ("done", "failed"):
+            while self.phase not in (Phase.DONE, Phase.FAILED):
                 self._tick()
         except KeyboardInterrupt:
             self._note("interrupted", "interrupted (Ctrl-C): stopping every worker")
@@ -214,17 +154,16 @@ class Supervisor:
         except BaseException:
             self._teardown("the supervisor failed")
             raise
-        self._teardown("finished" if self.phase == "done" else "failed")
+        self._teardown("finished" if self.phase == Phase.DONE else "failed")
         result = self.result()
         if self._failure:
             raise TrainError(self._failure, result)
         return result
 
     def result(self) -> TrainResult:
-        opts = {k: v for k, v in self.options.__dict__.items()}
-        opts["iterations"] = self.iterations
+        opts = dict(self.options.__dict__, iterations=self.iterations)
         return TrainResult(
-            ok=self.phase == "done" and not self._failure, out=str(self.out),
+            ok=self.phase == Phase.DONE and not self._failure, out=str(self.out),
             iterations=[self.iteration_records[i] for i in sorted(self.iteration_records)],
             events=self.events, recoveries=self.recoveries, generations=self.generation_records,
             wall_s=time.time() - self.t0, options=opts, state_dict=self.state_dict,
@@ -240,14 +179,15 @@ class Supervisor:
     # -- start ---------------------------------------------------------------------------------
 
     def _setup(self) -> None:
-        opts = self.options
+        opts, spec = self.options, self.plan.spec
         restore = None
         if opts.resume:
             found = checkpoint.latest(self.ckpt_root)
             if found is None:
                 raise RunError([error("E556", f"no complete checkpoint in `{self.ckpt_root}` to resume from",
                                       hint="train with --checkpoint-every K first, or drop --resume")])
-            self._check_checkpoint(found)
+            checkpoint.check_resumable(found, stages=spec.pp, emulate=opts.emulate, optimizer=spec.train.optimizer,
+                                       iterations=self.iterations)
             restore = str(found.path)
             self.checkpoints.append(restore)
         elif opts.checkpoint_every and checkpoint.latest(self.ckpt_root) is not None:
@@ -256,7 +196,7 @@ class Supervisor:
                                   hint="continue that run with --resume, or give this one another "
                                        "--checkpoint-dir (or remove the old checkpoints)")])
         if opts.checkpoint_every:
-            self._check_checkpoint_dir()
+            checkpoint.check_writable(self.ckpt_root)
         removed = checkpoint.clean_partials(self.ckpt_root)
         try:
             self.job = JobStore.serve(opts.store_host, opts.store_port)
@@ -269,20 +209,18 @@ class Supervisor:
             "wait_timeout": opts.wait_timeout, "checkpoint_every": opts.checkpoint_every,
             "checkpoint_dir": str(self.ckpt_root.resolve()), "want_weights": opts.want_weights,
             "injections": [i.to_json() for i in self.injections],
-            "coords": {str(g.rank): [g.dp, g.pp] for g in self.plan.spec.gpus},  # every GPU, live or not
+            "coords": {str(g.rank): [g.dp, g.pp] for g in spec.gpus},  # every GPU, live or not
             "probe": opts.fail_slow == "act",
-            "cluster": [self.plan.spec.cluster.dp, self.plan.spec.cluster.pp],  # GPUs with no ops to time measure their speed by probes
+            "cluster": [spec.cluster.dp, spec.cluster.pp],  # GPUs with no ops to time measure their speed by probes
         })
         self.local = Agent(self.job, 0)
         self.local.register()
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
         self._wait_for_agents()
-        members = self._members(self.plan)
-        reason = f"resume from {Path(restore).name}" if restore else "start"
-        self._announce(self.plan, restore=restore, reason=reason)
-        self._start_workers(members)
-        self.phase = "starting"
+        self._announce(self.plan, restore=restore, reason=f"resume from {Path(restore).name}" if restore else "start")
+        self._start_workers(self.gen.members)
+        self.phase = Phase.STARTING
 
     def _wait_for_agents(self) -> None:
         want = set(range(1, self.options.hosts))
@@ -293,9 +231,7 @@ class Supervisor:
                              f"{', '.join(map(str, sorted(want)))})")
         deadline = time.monotonic() + self.options.agent_timeout
         while want and time.monotonic() < deadline:
-            for ev in self.job.events():
-                if ev.get("kind") == "agent":
-                    want.discard(ev["host"])
+            want -= {ev.host for ev in self.job.events() if isinstance(ev, AgentUp)}
             time.sleep(0.01)
         if want:
             raise RunError([error("E557", f"agents of host(s) {sorted(want)} did not register within "
@@ -303,51 +239,19 @@ class Supervisor:
                                   hint=f"start them with `schedc agent --store {self.job.host}:{self.job.port} "
                                        f"--host H`, or run with fewer --hosts")])
 
-    def _check_checkpoint_dir(self) -> None:
-        try:
-            self.ckpt_root.mkdir(parents=True, exist_ok=True)
-            probe = self.ckpt_root / f".probe.{os.getpid()}.tmp"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise RunError([error("E558", f"checkpoints cannot be written to `{self.ckpt_root}`: "
-                                          f"{exc.strerror or exc}", hint="give a writable --checkpoint-dir")])
-
-    def _checkpoint_meta(self) -> dict:
-        spec = self.plan.spec
-        return {"spec": spec.source_name, "optimizer": spec.train.optimizer, "emulate": self.options.emulate,
-                "model": self.gen.manifest["source"] if self.gen else None}
-
-    def _check_checkpoint(self, found: checkpoint.Checkpoint) -> None:
-        stages = found.meta.get("stages")
-        if stages != self.plan.spec.pp:
-            raise RunError([error("E570", f"checkpoint `{found.path}` has {stages} stages but the plan has "
-                                          f"{self.plan.spec.pp}", hint="resume with a plan of the same model split")])
-        for key, mine, what in (("emulate", self.options.emulate, "--emulate"),
-                                ("optimizer", self.plan.spec.train.optimizer, "the optimizer")):
-            if key in found.meta and found.meta[key] != mine:
-                raise RunError([error("E570", f"checkpoint `{found.path}` was written with {key} = "
-                                              f"{found.meta[key]!r}, this run has {mine!r}",
-                                      hint=f"resume with the same {what} as the run that wrote it")])
-        if found.iteration >= self.iterations:
-            raise RunError([error("E556", f"checkpoint `{found.path}` is after iteration {found.iteration - 1}: "
-                                          f"nothing is left of the {self.iterations} iterations to run",
-                                  hint="run more iterations (--iterations)")])
-
     # -- the loop --------------------------------------------------------------------------------
 
     def _tick(self) -> None:
         self.local.step(TICK)
         now = self._now()
-        for rep in self.job.reports():
-            self._on_report(rep, now)
-        for ev in self.job.events():
-            self._on_event(ev, now)
-        if now - self._last_beats >= self.options.heartbeat_interval and self.phase not in ("finishing", "done"):
+        for msg in self.job.reports() + self.job.events():
+            self._dispatch(msg, now)
+        if now - self._last_beats >= self.options.heartbeat_interval and self.phase not in (Phase.FINISHING,
+                                                                                             Phase.DONE):
             self._last_beats = now
             for rank, text in self.job.heartbeats(self.detector.watching()).items():
                 self.detector.beat(rank, text, now)
-            for s in self.detector.check(now, running=self.phase in ("running", "switching")):
+            for s in self.detector.check(now, running=self.phase in (Phase.RUNNING, Phase.SWITCHING)):
                 self._suspect(s)
             if self.detector.stalled_waiting:
                 self._fail([error("E554", "the job is stuck: every rank waits for another and none has "
@@ -368,75 +272,145 @@ class Supervisor:
             self._recover()
         elif self._unexplained is not None and now - self._unexplained > self.options.detect_timeout + 1.0:
             self._retry()
-        elif self.phase == "running" and self._complete():
+        elif self.phase == Phase.RUNNING and self._complete():
             self._finish()
-        elif self.phase == "running" and self.gen is not None and self._done >= set(self.gen.members):
+        elif self.phase == Phase.RUNNING and self.gen is not None and self._done >= set(self.gen.members):
             missing = [i for i in range(self._first_iteration or 0, self.iterations) if i not in self.iteration_records]
             self._fail([error("E554", f"every rank finished, yet iterations {missing} were never completed",
                               hint="this is a bug in schedc's live runtime; please report it with the --log file")])
-        elif self.phase == "finishing" and (not (self.alive - self.dead) or now > self._finish_deadline):
-            self.phase = "done"  # (workers still there after the deadline are killed at teardown)
-        if self._pending_write is not None and self.phase in ("running", "recovering", "starting", "switching"):
+        elif self.phase == Phase.FINISHING and (not (self.alive - self.dead) or now > self._finish_deadline):
+            self.phase = Phase.DONE  # (workers still there after the deadline are killed at teardown)
+        if self._pending_write is not None and self.phase in (Phase.RUNNING, Phase.RECOVERING, Phase.STARTING,
+                                                               Phase.SWITCHING):
             self._write_generation(*self._pending_write)
             self._pending_write = None
+
+    def _dispatch(self, msg, now: float) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is not None:  # (`Started` and `AgentUp` need no answer)
+            handler(msg, now)
 
     def _now(self) -> float:
         return time.time() - self.t0
 
-    # -- reports from workers -----------------------------------------------------------------------
+    # -- what workers report ----------------------------------------------------------------------
 
-    def _on_report(self, rep: dict, now: float) -> None:
-        kind = rep.get("kind")
-        gen = rep.get("gen")
-        current = self.gen.number if self.gen else -1
-        if kind == "error":
-            self._error_exits.pop(rep["rank"], None)
-            diags = [error(d.get("code", "E590"), d["message"], hint=d.get("hint", ""))
-                     for d in rep["diagnostics"]]
-            self._fail([error("E551", f"rank {rep['rank']} stopped on an error of its own, not a hardware "
-                                      "failure: the run cannot route around it", hint="see the error below")]
-                       + diags)
-        elif kind == "ready" and gen == current:
-            self._ready[rep["rank"]] = rep
+    def _on_error(self, msg: WorkerError, now: float) -> None:
+        self._error_exits.pop(msg.rank, None)
+        diags = [error(d.get("code", "E590"), d["message"], hint=d.get("hint", "")) for d in msg.diagnostics]
+        self._fail([error("E551", f"rank {msg.rank} stopped on an error of its own, not a hardware "
+                                  "failure: the run cannot route around it", hint="see the error below")] + diags)
+
+    def _on_ready(self, msg: Ready, now: float) -> None:
+        if self.gen is not None and msg.gen == self.gen.number:
+            self._ready[msg.rank] = msg
             if set(self._ready) >= set(self.gen.members):
                 self._generation_ready(now)
-        elif kind == "iter":
-            reps = self._reports.setdefault((gen, rep["it"]), {})
-            reps[rep["rank"]] = rep
-            speeds = self._gen_speeds.get(gen, {})
-            if rep["rank"] in speeds and gen == current and self.options.fail_slow != "off":
-                self.slowness.observe(rep, speeds[rep["rank"]])
-            members = self._members_of(gen)
-            if members is not None and set(reps) >= set(members):
-                del self._reports[(gen, rep["it"])]
-                self._iteration_done(rep["it"], gen, reps, now)
-        elif kind == "aborted":
-            self._note("aborted", f"rank {rep['rank']} left generation {gen}: {rep['reason']}", quiet=True,
-                       rank=rep["rank"], generation=gen, steps=rep["steps"])
-            if gen == current and self.phase in ("running", "starting", "recovering") and self._unexplained is None:
-                # No abort was announced: a failure should be detected soon; if none is, run the
-                # generation again (a lost connection, or groups that could not form).
-                self._unexplained = now
-        elif kind == "done" and gen == current:
-            self._done.add(rep["rank"])
-        elif kind == "ckpt":
-            self._checkpoint_written(rep)
-        elif kind == "ckpt_error":
-            self._note("warning", f"warning: rank {rep['rank']} could not write stage {rep['stage']} of the "
-                                  f"checkpoint after {rep['iteration']} steps: {rep['reason']}")
-        elif kind == "caughtup":
-            self.rejoins.caught_up(rep)
-        elif kind == "probe" and self.options.fail_slow != "off":
-            self.slowness.probe(rep)
-        elif kind == "left":
-            self._note("left", f"rank {rep['rank']} left generation {gen} for the next", quiet=True,
-                       rank=rep["rank"], generation=gen)
-        elif kind == "rejoin":  # `schedc rejoin` from a user
-            self._rejoin_request(rep.get("event", ""), "asked for with schedc rejoin")
+
+    def _on_iteration(self, msg: IterationDone, now: float) -> None:
+        reps = self._reports.setdefault((msg.gen, msg.it), {})
+        reps[msg.rank] = msg
+        speeds = self._gen_speeds.get(msg.gen, {})
+        current = self.gen.number if self.gen else -1
+        if msg.rank in speeds and msg.gen == current and self.options.fail_slow != "off":
+            self.slowness.observe(msg, speeds[msg.rank])
+        members = self._members_of(msg.gen)
+        if members is not None and set(reps) >= set(members):
+            del self._reports[(msg.gen, msg.it)]
+            self._iteration_done(msg.it, msg.gen, reps, now)
+
+    def _on_aborted(self, msg: Aborted, now: float) -> None:
+        self._note("aborted", f"rank {msg.rank} left generation {msg.gen}: {msg.reason}", quiet=True,
+                   rank=msg.rank, generation=msg.gen, steps=msg.steps)
+        current = self.gen.number if self.gen else -1
+        if msg.gen == current and self.phase in (Phase.RUNNING, Phase.STARTING, Phase.RECOVERING) \
+                and self._unexplained is None:
+            # No abort was announced: a failure should be detected soon; if none is, run the
+            # generation again (a lost connection, or groups that could not form).
+            self._unexplained = now
+
+    def _on_done(self, msg: Done, now: float) -> None:
+        if self.gen is not None and msg.gen == self.gen.number:
+            self._done.add(msg.rank)
+
+    def _on_checkpoint(self, msg: CheckpointWritten, now: float) -> None:
+        meta = {"spec": self.plan.spec.source_name, "optimizer": self.plan.spec.train.optimizer,
+                "emulate": self.options.emulate, "model": self.gen.manifest["source"] if self.gen else None,
+                "generation": self.gen.number, "time": time.time()}
+        done = self.assembler.stage_written(msg.gen, msg.iteration, msg.stage, meta)
+        if done is not None:
+            self.checkpoints.append(str(done.path))
+            self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {done.iteration} steps)",
+                       path=str(done.path), iteration=done.iteration)
+
+    def _on_checkpoint_failed(self, msg: CheckpointFailed, now: float) -> None:
+        self._note("warning", f"warning: rank {msg.rank} could not write stage {msg.stage} of the "
+                              f"checkpoint after {msg.iteration} steps: {msg.reason}")
+
+    def _on_probe(self, msg: Probe, now: float) -> None:
+        if self.options.fail_slow != "off":
+            self.slowness.probe(msg)
+
+    def _on_left(self, msg: Left, now: float) -> None:
+        self._note("left", f"rank {msg.rank} left generation {msg.gen} for the next", quiet=True,
+                   rank=msg.rank, generation=msg.gen)
+
+    def _on_rejoin_asked(self, msg: RejoinAsked, now: float) -> None:
+        from schedc.events import parse_events
+
+        try:
+            (ev,) = parse_events(msg.event)
+            if ev.kind != "recover_gpu":
+                raise ValueError
+        except Exception:
+            self._note("warning", f"warning: ignored a rejoin request that is not `recover gpu(dp=D, pp=S)`: "
+                                  f"{msg.event!r}")
+            return
+        cluster = self.plan.spec.cluster
+        if not (0 <= ev.dp < cluster.dp and 0 <= ev.pp < cluster.pp):
+            self._note("warning", f"warning: ignored a rejoin request for GPU (dp={ev.dp}, pp={ev.pp}): the cluster "
+                                  f"has dp 0..{cluster.dp - 1} and pp 0..{cluster.pp - 1}")
+            return
+        self.rejoins.request(cluster.rank_of(ev.dp, ev.pp), "asked for with schedc rejoin")
+
+    # -- what agents tell ----------------------------------------------------------------------------
+
+    def _on_exit(self, msg: Exited, now: float) -> None:
+        self.alive.discard(msg.rank)
+        if self.phase in (Phase.FINISHING, Phase.DONE):
+            return  # an expected exit: the run is over
+        if msg.rank not in self.detector.watching():  # fenced, or a standby process
+            self.rejoins.lost(msg.rank)
+            self.slowness.lost(msg.rank)
+            return
+        if msg.code == EXIT_ERROR:
+            self._error_exits[msg.rank] = now  # its error report may still be on its way
+            return
+        s = self.detector.exited(msg.rank, msg.code, now)
+        if s:
+            self._suspect(s)
+
+    def _on_injected(self, msg: Injected, now: float) -> None:
+        self._fired[msg.id] = {"t": msg.t, "ranks": list(msg.ranks)}
+        inj = next(i for i in self.injections if i.index == msg.id)
+        self._note("injected", f"injected `{inj}`: {inj.signal_name} to rank(s) {list(msg.ranks)}", t=msg.t - self.t0,
+                   injection=str(inj), ranks=list(msg.ranks), signal=inj.signal_name)
+
+    def _suspect(self, s: Suspect) -> None:
+        if s.rank in self._suspects or s.rank in self.dead:
+            return
+        self._suspects[s.rank] = s
+        g = self.plan.spec.gpus[s.rank]
+        self._note("failure", f"rank {s.rank} GPU (dp={g.dp}, pp={g.pp}) failed: {s.cause}", t=s.at,
+                   rank=s.rank, cause=s.cause)
+        if s.fence:
+            self._signal([s.rank], "kill")
+
+    # -- generations ---------------------------------------------------------------------------------
 
     def _generation_ready(self, now: float) -> None:
-        start = min(r["start"] for r in self._ready.values())
-        undone = sum(1 for r in self._ready.values() if r["undone"])
+        start = min(r.start for r in self._ready.values())
+        undone = sum(1 for r in self._ready.values() if r.undone)
         if self._first_iteration is None:
             self._first_iteration = start
         # Every iteration before `start` is committed: every survivor applied its step. One whose
@@ -447,16 +421,13 @@ class Supervisor:
                     if i == it and reps:
                         self._iteration_done(it, g, reps, now)
                         break
-        self._starts[self.gen.number] = start
-        # Checkpoint files of steps that were undone will be written again.
-        self._ckpt = {k: v for k, v in self._ckpt.items() if k <= start}
+        self.assembler.resumed(self.gen.number, start)  # checkpoint files of undone steps are written again
         for key in [key for key in self._reports if key[1] < start]:
             del self._reports[key]  # committed: recorded above
         self.generation_records[-1].t_ready = now
         first = self._training_started is None
-        recovered = self.phase == "recovering"
-        switched = self.phase == "switching"
-        self.phase = "running"
+        changed = self.phase in (Phase.RECOVERING, Phase.SWITCHING)
+        self.phase = Phase.RUNNING
         self.base_plan = self.plan
         for r in self._leaving - set(self.gen.members):
             self.detector.forget(r)  # left at the switch: on standby now
@@ -473,7 +444,7 @@ class Supervisor:
                                    f"switched at iteration {start}, {now - sw.t_announce:.2f} s after the "
                                    "announcement", generation=self.gen.number, switch=sw.kind)
         self.rejoins.resume()
-        if recovered or switched:
+        if changed:
             self.slowness.after_plan_change()
         if first:
             self._training_started = now
@@ -483,30 +454,27 @@ class Supervisor:
             return
         rec = self._recovery
         if rec is not None:
-            rec.t_ready = now
-            rec.resumed_at = start
-            rec.undone = undone
+            rec.t_ready, rec.resumed_at, rec.undone = now, start, undone
             back = f"rolled back to iteration {start}" + (f" ({undone} rank(s) undid their last step)"
                                                            if undone else "")
             if self.gen.restore:
-                back = f"restored {Path(self.gen.restore).name if self.gen.restore != 'initial' else 'the initial weights'}, iteration {start}"
+                back = f"restored {restored_name(self.gen.restore)}, iteration {start}"
             t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
             self._note("reconfigured", f"generation {self.gen.number}: {len(self.gen.members)} ranks reconfigured "
                                        f"{now - t0:.2f} s after the failure; {back}",
                        generation=self.gen.number, start=start, undone=undone)
 
-    def _iteration_done(self, it: int, gen: int, reps: dict[int, dict], now: float) -> None:
+    def _iteration_done(self, it: int, gen: int, reps: dict[int, IterationDone], now: float) -> None:
         # The last stage sums the loss over its GPUs as it steps: each of its reports has all of it.
-        losses = [r["loss"] for r in reps.values() if r.get("loss") is not None]
+        losses = [r.loss for r in reps.values() if r.loss is not None]
         loss = None if self.options.emulate or not losses else losses[0]
-        start = min(r["t0"] for r in reps.values()) - self.t0
-        end = max(r["t1"] for r in reps.values()) - self.t0
+        start = min(r.t0 for r in reps.values()) - self.t0
+        end = max(r.t1 for r in reps.values()) - self.t0
         old = self.iteration_records.get(it)
         plan_speeds = self._gen_speeds.get(gen, {})
         measured = {r: measured_speed(rep, plan_speeds.get(r, 1.0)) for r, rep in sorted(reps.items())}
-        speeds = {r: round(v, 4) for r, v in measured.items() if v is not None}
-        record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4),
-                                 runs=(old.runs + 1) if old else 1, speeds=speeds)
+        record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4), runs=(old.runs + 1) if old else 1,
+                                 speeds={r: round(v, 4) for r, v in measured.items() if v is not None})
         self.iteration_records[it] = record
         self.history.append(record)
         self._after_iteration(record)
@@ -521,27 +489,8 @@ class Supervisor:
         again = f"  (run {record.runs})" if record.runs > 1 else ""
         self.on_line(f"iteration {it:4d}{loss_text}  {end - start:7.3f} s  gen {gen}{again}")
 
-    def _switch_margin(self) -> int:
-        """Iterations between announcing a planned switch and its start: SWITCH_MARGIN, plus what
-        a heartbeat's staleness (the furthest rank may be further) spans at the measured pace, so
-        that no member is past the start when it reads of the switch (at its next boundary)."""
-        ends = [r.end for r in self.history[-6:]]
-        gaps = [b - a for a, b in zip(ends, ends[1:]) if b > a]
-        period = statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
-        return SWITCH_MARGIN + min(50, math.ceil(self.options.heartbeat_interval / max(period, 1e-3)))
-
-    def _members_of(self, gen: int) -> tuple[int, ...] | None:
-        """The members whose reports complete an iteration of `gen`: the current generation's, and
-        during a planned switch the one before's (it runs until the switch)."""
-        if self.gen is not None and gen == self.gen.number:
-            return self.gen.members
-        sw = self._switch_rec
-        if sw is not None and gen == sw.from_generation and self.phase == "switching":
-            return self._switch_from
-        return None
-
     def _after_iteration(self, record: IterationRecord) -> None:
-        """An iteration is done: a switch's figures; for the current generation, the ladder and rejoins."""
+        """An iteration is done: a switch's figures; for the current generation, the policies."""
         sw, it, gen = self._switch_rec, record.iteration, record.generation
         if sw is not None:
             if gen == sw.from_generation and it == sw.start_at - 1:
@@ -559,27 +508,19 @@ class Supervisor:
                     and inj.index not in self._fired:
                 self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks)}
                 self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
-        if self.phase == "running":
+        if self.phase == Phase.RUNNING:
             self.slowness.tick(it)
             self.rejoins.switch_if_ready(self.completed)
 
-    def _rejoin_request(self, text: str, reason: str) -> None:
-        from schedc.events import parse_events
-
-        try:
-            (ev,) = parse_events(text)
-            if ev.kind != "recover_gpu":
-                raise ValueError
-        except Exception:
-            self._note("warning", f"warning: ignored a rejoin request that is not `recover gpu(dp=D, pp=S)`: {text!r}")
-            return
-        cluster = self.plan.spec.cluster
-        if not (0 <= ev.dp < cluster.dp and 0 <= ev.pp < cluster.pp):
-            self._note("warning", f"warning: ignored a rejoin request for GPU (dp={ev.dp}, pp={ev.pp}): the cluster "
-                                  f"has dp 0..{cluster.dp - 1} and pp 0..{cluster.pp - 1}")
-            return
-        rank = cluster.rank_of(ev.dp, ev.pp)
-        self.rejoins.request(rank, reason)
+    def _members_of(self, gen: int) -> tuple[int, ...] | None:
+        """The members whose reports complete an iteration of `gen`: the current generation's, and
+        during a planned switch the one before's (it runs until the switch)."""
+        if self.gen is not None and gen == self.gen.number:
+            return self.gen.members
+        sw = self._switch_rec
+        if sw is not None and gen == sw.from_generation and self.phase == Phase.SWITCHING:
+            return self._switch_from
+        return None
 
     def _complete(self) -> bool:
         if self.gen is None or self._first_iteration is None:
@@ -587,253 +528,20 @@ class Supervisor:
         todo = range(self._first_iteration, self.iterations)
         return all(it in self.iteration_records for it in todo) and self._done >= set(self.gen.members)
 
-    def _checkpoint_written(self, rep: dict) -> None:
-        k = rep["iteration"]
-        if any(start < k for g, start in self._starts.items() if g > rep["gen"]):
-            return  # written before a rollback undid step k: it is written again
-        stages = self._ckpt.setdefault(k, set())
-        stages.add(rep["stage"])
-        if len(stages) < self.plan.spec.pp:
-            return
-        del self._ckpt[k]
-        meta = {**self._checkpoint_meta(), "generation": self.gen.number, "time": time.time()}
-        done = checkpoint.complete(self.ckpt_root, k, self.plan.spec.pp, meta, keep=self.options.keep_checkpoints)
-        self.checkpoints.append(str(done.path))
-        self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {k} steps)",
-                   path=str(done.path), iteration=k)
-
-    # -- events from agents ----------------------------------------------------------------------------
-
-    def _on_event(self, ev: dict, now: float) -> None:
-        kind = ev.get("kind")
-        if kind == "exit":
-            rank, code = ev["rank"], ev["code"]
-            self.alive.discard(rank)
-            if self.phase in ("finishing", "done"):
-                return  # an expected exit: the run is over
-            if rank not in self.detector.watching():  # fenced, or a standby process
-                self.rejoins.lost(rank)
-                self.slowness.lost(rank)
-                return
-            if code == EXIT_ERROR:
-                self._error_exits[rank] = now  # its error report may still be on its way
-                return
-            s = self.detector.exited(rank, code, now)
-            if s:
-                self._suspect(s)
-        elif kind == "injected":
-            self._fired[ev["id"]] = ev
-            inj = next(i for i in self.injections if i.index == ev["id"])
-            t = ev["t"] - self.t0
-            self._note("injected", f"injected `{inj}`: {inj.signal_name} to rank(s) {ev['ranks']}", t=t,
-                       injection=str(inj), ranks=ev["ranks"], signal=inj.signal_name)
-
-    def _suspect(self, s: Suspect) -> None:
-        if s.rank in self._suspects or s.rank in self.dead:
-            return
-        self._suspects[s.rank] = s
-        g = self.plan.spec.gpus[s.rank]
-        self._note("failure", f"rank {s.rank} GPU (dp={g.dp}, pp={g.pp}) failed: {s.cause}", t=s.at,
-                   rank=s.rank, cause=s.cause)
-        if s.fence:
-            self._signal([s.rank], "kill")
-
-    # -- recovery ----------------------------------------------------------------------------------------
-
-    def _recover(self) -> None:
-        # Failures that come together (a node) are planned together.
-        settle = time.monotonic() + SETTLE
-        while time.monotonic() < settle:
-            self.local.step(TICK)
-            now = self._now()
-            for ev in self.job.events():
-                self._on_event(ev, now)
-        suspects, self._suspects = self._suspects, {}
-        failed = sorted(suspects)
-        for r in failed:
-            self.detector.forget(r)
-            self.rejoins.lost(r)  # a joiner that died is no longer wanted back (a new request can ask)
-        self.dead.update(failed)
-        if self.phase == "switching":  # the switch is off: plan from the last plan that ran
-            self._note("switch", f"the switch to generation {self.gen.number} is abandoned: a failure came first")
-            self.plan = self.base_plan
-            self._switch_rec = None
-        self.rejoins.cancel_all()
-        old = self.gen
-        self.job.abort(old.number)
-        rec = self._recovery if (self._recovery and self._recovery.t_ready is None) else None
-        if rec is None:  # (a failure during a recovery extends it)
-            rec = Recovery(from_generation=old.number, t_detect=min(s.at for s in suspects.values()),
-                           method=self.options.recovery,
-                           t_last_complete=max((r.end for r in self.iteration_records.values()), default=None),
-                           predicted_before_us=self.plan.metrics.iteration_time)
-            self.recoveries.append(rec)
-            self._recovery = rec
-        rec.failed = sorted(set(rec.failed) | set(failed))
-        rec.causes.update({str(r): s.cause for r, s in suspects.items()})
-        faults = [ev["t"] - self.t0 for ev in self._fired.values() if set(ev["ranks"]) & set(failed)]
-        if faults and rec.t_fault is None:
-            rec.t_fault = min(faults)
-        if self.options.recovery == "restart":
-            self._restart_everything(rec)
-            return
-        events = self._events_for(failed)
-        rec.events += events
-        solver = "drop-pipeline" if self.options.recovery == "drop-pipeline" else self._replan_solver()
-        from schedc.replan import replan
-        from schedc.validate import LostStageError
-
-        restore = None
-        replacements: list[int] = []
-        try:
-            plan = replan(self.plan, events, deadline=self.options.replan_deadline, solver=solver)
-        except LostStageError as exc:
-            plan, restore, replacements = self._checkpoint_fallback(rec, events, exc)
-            if plan is None:
-                return
-        except SchedcError as exc:  # e.g. no plan fits in memory any more
-            self._fail([error("E553", f"no plan can continue after {', '.join(events)}",
-                              hint="see the reason below")] + list(exc.diagnostics))
-            return
-        rec.t_plan = self._now()
-        s = plan.schedule.solver
-        rec.solver = {"name": s.name, "status": s.status, "wall_s": round(s.wall_s, 4),
-                      "stopped_by": s.stopped_by}
-        rec.predicted_after_us = plan.metrics.iteration_time
-        self._note("replan", f"replan: {'; '.join(events)} -> generation {old.number + 1}, "
-                             f"{len(self._members(plan))} ranks, {plan.metrics.iteration_time / 1e3:.2f} ms "
-                             f"per iteration (was {self.plan.metrics.iteration_time / 1e3:.2f}); "
-                             f"{s.name} {s.status} in {s.wall_s:.3f} s"
-                             + (" (the deadline ended its search)" if s.stopped_by == "deadline" else ""),
-                   events=events, solver=rec.solver, predicted_us=plan.metrics.iteration_time)
-        self._announce(plan, restore=restore, reason="; ".join(events))
-        rec.to_generation = self.gen.number
-        rec.t_announce = self._now()
-        if replacements:
-            self._start_workers(replacements)
-        self.phase = "recovering"
-
-    def _events_for(self, failed: list[int]) -> list[str]:
-        """Replan events for ranks that died: a whole node as `fail node N`, else one GPU each."""
-        spec = self.plan.spec
-        per = spec.cluster.gpus_per_node
-        out, covered = [], set()
-        for node in sorted({spec.cluster.node_of(r) for r in failed}):
-            ranks = range(node * per, min((node + 1) * per, self.world))
-            if len(ranks) > 1 and all(r in failed or not spec.gpus[r].live for r in ranks):
-                out.append(f"fail node {node}")
-                covered.update(ranks)
-        for r in failed:
-            if r not in covered:
-                g = spec.gpus[r]
-                out.append(f"fail gpu(dp={g.dp}, pp={g.pp})")
-        return out
-
-    def _replan_solver(self) -> str:
-        chosen = self.plan.spec.schedule.solver
-        return chosen if chosen in ("cpsat", "greedy") else "cpsat"  # templates cannot re-route
-
-    def _checkpoint_fallback(self, rec: Recovery, events: list[str], exc: SchedcError):
-        """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""
-        if self.restarts >= self.options.max_restarts:
-            found = self._own_latest_checkpoint()
-            where = (f"the latest complete checkpoint is `{found.path}`; resume from it with "
-                     f"`schedc train {self.out} --resume` once the GPUs are replaced" if found else
-                     "no checkpoint was written (train with --checkpoint-every K)")
-            self._fail([error("E553", "a stage lost every GPU, so re-routing is impossible, and no restart is "
-                                      f"left (--max-restarts {self.options.max_restarts})", hint=where)]
-                       + list(exc.diagnostics))
-            return None, None, []
-        self.restarts += 1
-        spec = self.plan.spec
-        gone = set(self.dead)
-        lost_stages = [s for s in range(spec.pp)
-                       if not [g for g in spec.gpus if g.pp == s and g.live and g.rank not in gone]]
-        replacements = sorted(g.rank for g in spec.gpus if g.pp in lost_stages)
-        replacements = [r for r in replacements if r in gone or not spec.gpus[r].live]
-        recover = [f"recover gpu(dp={spec.gpus[r].dp}, pp={spec.gpus[r].pp})" for r in replacements]
-        from schedc.replan import replan
-
-        plan = replan(self.plan, events + recover, deadline=self.options.replan_deadline,
-                      solver=self._replan_solver())
-        found = self._own_latest_checkpoint()
-        restore = str(found.path) if found else "initial"
-        rec.method = "checkpoint"
-        rec.events += recover
-        self.dead.difference_update(replacements)
-        self._note("restart", f"stage(s) {lost_stages} lost every GPU: restoring "
-                              f"{found.path.name if found else 'the initial weights'} with replacement "
-                              f"process(es) for rank(s) {replacements} (restart {self.restarts} of "
-                              f"{self.options.max_restarts})", stages=lost_stages, replacements=replacements,
-                   restore=restore)
-        return plan, restore, replacements
-
-    def _own_latest_checkpoint(self) -> checkpoint.Checkpoint | None:
-        """The newest complete checkpoint this run wrote (or resumed from) that still exists."""
-        for path in reversed(self.checkpoints):
-            if Path(path, "meta.json").is_file():
-                return checkpoint.read(Path(path))
-        return None
-
-    def _restart_everything(self, rec: Recovery) -> None:
-        """recovery="restart": stop every worker; restart all from the latest checkpoint, failed GPUs replaced."""
-        survivors = [r for r in self.gen.members if r not in self.dead]
-        for r in survivors:
-            self.detector.forget(r)  # their exits are ours, not failures
-        self._signal(survivors, "kill")
-        deadline = time.monotonic() + 10
-        while self.alive & set(survivors) and time.monotonic() < deadline:
-            self.local.step(TICK)
-            for ev in self.job.events():
-                self._on_event(ev, self._now())
-        found = self._own_latest_checkpoint()
-        restore = str(found.path) if found else "initial"
-        plan = self.initial_plan
-        rec.t_plan = self._now()
-        rec.events = [f"restart from {Path(restore).name if found else 'the initial weights'}"]
-        self.dead.clear()
-        self._note("restart", f"restarting every process from {Path(restore).name if found else 'the initial weights'}"
-                              f" with the failed GPU(s) replaced", restore=restore)
-        self._announce(plan, restore=restore, reason=rec.events[0])
-        rec.to_generation = self.gen.number
-        rec.t_announce = self._now()
-        self._start_workers(self.gen.members)
-        self.phase = "recovering"
-
-    def _retry(self) -> None:
-        """Ranks lost a peer but no failure was detected: run the same plan again as a new generation."""
-        self._unexplained = None
-        self._retries += 1
-        if self._retries > 3:
-            self._fail([error("E554", "ranks keep losing their connections to live peers",
-                              hint="check the network between the hosts (GLOO_SOCKET_IFNAME)")])
-            return
-        self.job.abort(self.gen.number)
-        self._note("retry", f"ranks lost a connection but no rank failed: running generation {self.gen.number} "
-                            "again")
-        self._announce(self.plan, restore=None, reason="retry after a lost connection")
-        self.phase = "recovering"
-
-    # -- generations ---------------------------------------------------------------------------------------
-
-    def _members(self, plan: Plan) -> list[int]:
-        return [g.rank for g in plan.spec.gpus if g.live]
-
     def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None) -> None:
-        from schedc.codegen.generate import program_name, render_programs
-
+        """Publish the next generation: `plan`'s programs, rendered once (the same files are
+        shipped to the workers and written to ``OUT/live/gen-N``), its members, what to restore."""
         number = 0 if self.gen is None else self.gen.number + 1
-        schedule = plan.schedule
-        if hasattr(schedule, "expand"):  # a symmetric plan: the live job runs one program per rank
-            schedule = schedule.expand()
-        files = render_programs(plan.spec, schedule, metrics=plan.metrics, out_name=str(self.out))
-        members = self._members(plan)
-        programs = {r: files[program_name(r, self.world)] for r in members}
+        plan_dir = None if number == 0 else self.out / "live" / f"gen-{number:04d}"
+        files = plan.programs(str(plan_dir or self.out))
+        members = tuple(g.rank for g in plan.spec.gpus if g.live)
         armed = [i.to_json() for i in self.injections if i.index not in self._fired]
         speeds = {g.rank: g.speed for g in plan.spec.gpus if g.live and g.speed < 1.0}
-        gen = Generation(number, tuple(members), json.loads(files["programs.json"]), restore=restore,
-                         injections=tuple(armed), reason=reason, start_at=start_at, speeds=speeds)
-        self.job.announce(gen, programs)
+        from schedc.runtime.manifest import MANIFEST_NAME
+
+        gen = Generation(number, members, _json(files[MANIFEST_NAME]), restore=restore, injections=tuple(armed),
+                         reason=reason, start_at=start_at, speeds=speeds)
+        self.job.announce(gen, files)
         self.gen, self.plan = gen, plan
         self._ready, self._done = {}, set()
         self._unexplained = None
@@ -849,15 +557,31 @@ class Supervisor:
         else:  # they run the old plan until `start_at`: still watched (an exit is a failure) until then
             self._leaving = leaving
         self._gen_speeds[number] = {g.rank: g.speed for g in plan.spec.gpus if g.live}
-        plan_dir = None if number == 0 else str(self.out / "live" / f"gen-{number:04d}")
-        self.generation_records.append(GenerationRecord(number, members, reason, restore, plan.metrics.iteration_time,
-                                                        plan_dir, round(now, 4)))
+        self.generation_records.append(GenerationRecord(number, list(members), reason, restore,
+                                                        plan.metrics.iteration_time,
+                                                        None if plan_dir is None else str(plan_dir), round(now, 4)))
         if number > 0:
-            self._pending_write = (number, plan)
+            self._pending_write = (number, plan, files)
 
-    def _switch(self, plan: Plan, *, kind: str, reason: str, ranks: list[int]) -> str | None:
+    def _write_generation(self, number: int, plan: Plan, files: dict[str, str]) -> None:
+        """The generation's plan beside the compiled one, as `schedc compile -o` writes it (for the record)."""
+        try:
+            plan.write(self.out / "live" / f"gen-{number:04d}", programs=files)
+        except OSError as exc:
+            self._note("warning", f"could not write the plan of generation {number}: {exc}")
+
+    # -- planned changes (the policies' switches) --------------------------------------------------------
+
+    def _replan(self, base: Plan, events: Sequence[Failure], solver: str | None = None) -> Plan:
+        from schedc.replan import replan
+
+        chosen = base.spec.schedule.solver
+        solver = solver or (chosen if chosen in ("cpsat", "greedy") else "cpsat")  # templates cannot re-route
+        return replan(base, list(events), deadline=self.options.replan_deadline, solver=solver)
+
+    def _switch(self, plan: Plan, *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
         """Announce a planned switch to `plan` a little ahead; None, or why it was not made."""
-        if self.phase != "running":
+        if self.phase != Phase.RUNNING:
             return f"the run is {self.phase}"
         # Where the members are now (read after the planning that led here, which took time).
         fresh = self.job.heartbeats(self.gen.members)
@@ -878,18 +602,132 @@ class Supervisor:
             rec.catch_up_s, rec.catch_up_bytes = self.rejoins.catch_up_figures(ranks)
         self.switches.append(rec)
         self._switch_rec = rec
-        self.phase = "switching"
+        self.phase = Phase.SWITCHING
         self._note("switch", f"switch to generation {self.gen.number} at iteration {start_at} ({kind}): "
                              f"{before / 1e3:.2f} -> {plan.metrics.iteration_time / 1e3:.2f} ms per iteration",
                    switch=kind, start_at=start_at, generation=self.gen.number)
         return None
 
-    def _write_generation(self, number: int, plan: Plan) -> None:
-        """The generation's plan beside the compiled one, as `schedc compile -o` writes it (for the record)."""
+    def _switch_margin(self) -> int:
+        """Iterations between announcing a planned switch and its start: SWITCH_MARGIN, plus what
+        a heartbeat's staleness (the furthest rank may be further) spans at the measured pace, so
+        that no member is past the start when it reads of the switch (at its next boundary)."""
+        ends = [r.end for r in self.history[-6:]]
+        gaps = [b - a for a, b in zip(ends, ends[1:]) if b > a]
+        period = statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
+        return SWITCH_MARGIN + min(50, math.ceil(self.options.heartbeat_interval / max(period, 1e-3)))
+
+    # -- recovery -------------------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        # Failures that come together (a node) are planned together.
+        settle = time.monotonic() + SETTLE
+        while time.monotonic() < settle:
+            self.local.step(TICK)
+            now = self._now()
+            for ev in self.job.events():
+                self._dispatch(ev, now)
+        suspects, self._suspects = self._suspects, {}
+        failed = sorted(suspects)
+        for r in failed:
+            self.detector.forget(r)
+            self.rejoins.lost(r)  # a joiner that died is no longer wanted back (a new request can ask)
+        self.dead.update(failed)
+        if self.phase == Phase.SWITCHING:  # the switch is off: plan from the last plan that ran
+            self._note("switch", f"the switch to generation {self.gen.number} is abandoned: a failure came first")
+            self.plan = self.base_plan
+            self._switch_rec = None
+        self.rejoins.cancel_all()
+        old = self.gen
+        self.job.abort(old.number)
+        rec = self._recovery if (self._recovery and self._recovery.t_ready is None) else None
+        if rec is None:  # (a failure during a recovery extends it)
+            rec = Recovery(from_generation=old.number, t_detect=min(s.at for s in suspects.values()),
+                           method=self.options.recovery,
+                           t_last_complete=max((r.end for r in self.iteration_records.values()), default=None),
+                           predicted_before_us=self.plan.metrics.iteration_time)
+            self.recoveries.append(rec)
+            self._recovery = rec
+        rec.failed = sorted(set(rec.failed) | set(failed))
+        rec.causes.update({str(r): s.cause for r, s in suspects.items()})
+        faults = [ev["t"] - self.t0 for ev in self._fired.values() if set(ev["ranks"]) & set(failed)]
+        if faults and rec.t_fault is None:
+            rec.t_fault = min(faults)
         try:
-            plan.write(self.out / "live" / f"gen-{number:04d}")
-        except OSError as exc:
-            self._note("warning", f"could not write the plan of generation {number}: {exc}")
+            change = self.recovery.decide(self.plan, failed, self.dead)
+        except RunError as exc:
+            if self.options.recovery != "restart":
+                rec.events += describe(failure_events(self.plan.spec, failed))
+            self._fail(list(exc.diagnostics))
+            return
+        if change.restart_all:
+            self._stop_survivors()
+        rec.method = change.method
+        rec.events += list(change.events)
+        rec.t_plan = self._now()
+        if change.restart_all:
+            self.dead.clear()
+            self._note("restart", f"restarting every process from {restored_name(change.restore)} with the failed "
+                                  "GPU(s) replaced", restore=change.restore)
+        else:
+            self._note_replan(rec, change, old.number)
+        self.dead.difference_update(change.replacements)
+        self._announce(change.plan, restore=change.restore, reason="; ".join(change.events))
+        rec.to_generation = self.gen.number
+        rec.t_announce = self._now()
+        if change.restart_all:
+            self._start_workers(self.gen.members)
+        elif change.replacements:
+            self._start_workers(change.replacements)
+        self.phase = Phase.RECOVERING
+
+    def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
+        plan, s = change.plan, change.plan.schedule.solver
+        rec.solver = {"name": s.name, "status": s.status, "wall_s": round(s.wall_s, 4), "stopped_by": s.stopped_by}
+        rec.predicted_after_us = plan.metrics.iteration_time
+        events = [e for e in change.events if not e.startswith("recover ")]
+        self._note("replan", f"replan: {'; '.join(events)} -> generation {old + 1}, "
+                             f"{len([g for g in plan.spec.gpus if g.live])} ranks, "
+                             f"{plan.metrics.iteration_time / 1e3:.2f} ms per iteration "
+                             f"(was {self.plan.metrics.iteration_time / 1e3:.2f}); {s.name} {s.status} in "
+                             f"{s.wall_s:.3f} s" + (" (the deadline ended its search)" if s.stopped_by == "deadline"
+                                                    else ""),
+                   events=events, solver=rec.solver, predicted_us=plan.metrics.iteration_time)
+
+    def _stop_survivors(self) -> None:
+        """recovery="restart": every survivor is killed before all restart (their exits are ours)."""
+        survivors = [r for r in self.gen.members if r not in self.dead]
+        for r in survivors:
+            self.detector.forget(r)
+        self._signal(survivors, "kill")
+        deadline = time.monotonic() + 10
+        while self.alive & set(survivors) and time.monotonic() < deadline:
+            self.local.step(TICK)
+            for ev in self.job.events():
+                self._dispatch(ev, self._now())
+
+    def _own_latest_checkpoint(self) -> checkpoint.Checkpoint | None:
+        """The newest complete checkpoint this run wrote (or resumed from) that still exists."""
+        for path in reversed(self.checkpoints):
+            if Path(path, "meta.json").is_file():
+                return checkpoint.read(Path(path))
+        return None
+
+    def _retry(self) -> None:
+        """Ranks lost a peer but no failure was detected: run the same plan again as a new generation."""
+        self._unexplained = None
+        self._retries += 1
+        if self._retries > 3:
+            self._fail([error("E554", "ranks keep losing their connections to live peers",
+                              hint="check the network between the hosts (GLOO_SOCKET_IFNAME)")])
+            return
+        self.job.abort(self.gen.number)
+        self._note("retry", f"ranks lost a connection but no rank failed: running generation {self.gen.number} "
+                            "again")
+        self._announce(self.plan, restore=None, reason="retry after a lost connection")
+        self.phase = Phase.RECOVERING
+
+    # -- processes ---------------------------------------------------------------------------------------
 
     def _by_host(self, ranks) -> dict[int, list[int]]:
         by_host: dict[int, list[int]] = {}
@@ -904,7 +742,7 @@ class Supervisor:
             if host == 0:
                 self.local.start(rs)
             else:
-                self.job.command(host, {"op": "start", "ranks": rs})
+                self.job.command(host, StartRanks(tuple(rs)))
         self.alive.update(ranks)
 
     def _signal(self, ranks, name: str) -> None:
@@ -912,7 +750,7 @@ class Supervisor:
             if host == 0:
                 self.local.signal(rs, name)
             else:
-                self.job.command(host, {"op": "signal", "ranks": rs, "signal": name})
+                self.job.command(host, SignalRanks(tuple(rs), name))
 
     def _fire_timed_injections(self, now: float) -> None:
         if self._training_started is None:
@@ -920,14 +758,14 @@ class Supervisor:
         for inj in self.injections:
             m = inj.moment
             if m.kind == "time" and inj.index not in self._fired and now - self._training_started >= m.seconds:
-                self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks), "pending": True}
+                self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks)}
                 if inj.action == "rejoin":
                     self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
                     continue
                 for host in self._by_host(inj.ranks):
-                    self.job.command(host, {"op": "inject", "id": inj.index, "rank": None})
+                    self.job.command(host, FireInjection(inj.index))
 
-    # -- the end -------------------------------------------------------------------------------------------
+    # -- the end ---------------------------------------------------------------------------------------------
 
     def _finish(self) -> None:
         if self.options.want_weights:
@@ -941,7 +779,7 @@ class Supervisor:
                     return
                 state.update(torch.load(io.BytesIO(blob), weights_only=True))
             self.state_dict = state
-        self.phase = "finishing"
+        self.phase = Phase.FINISHING
         self._finish_deadline = self._now() + FINISH_WAIT
         self.job.stop("finished")
         self._note("finished", f"{self.iterations} iterations done")
@@ -950,7 +788,7 @@ class Supervisor:
         if self._failure is None:
             self._failure = diagnostics
             self._note("error", diagnostics[0].message)
-        self.phase = "failed"
+        self.phase = Phase.FAILED
 
     def _teardown(self, reason: str) -> None:
         if self.job is None:
@@ -960,7 +798,7 @@ class Supervisor:
                 self.job.abort(self.gen.number)
             self.job.stop(reason)
             for host in range(1, self.options.hosts):
-                self.job.command(host, {"op": "stop"})
+                self.job.command(host, StopAgent())
         except Exception:
             pass
         if self.local is not None:
@@ -970,12 +808,12 @@ class Supervisor:
             while self.alive - self.dead and time.monotonic() < deadline:
                 try:
                     for ev in self.job.events():
-                        if ev.get("kind") == "exit":
-                            self.alive.discard(ev["rank"])
+                        if isinstance(ev, Exited):
+                            self.alive.discard(ev.rank)
                 except Exception:
                     break
                 time.sleep(0.05)
-        if self._pending_write is not None and self.phase == "done":
+        if self._pending_write is not None and self.phase == Phase.DONE:
             self._write_generation(*self._pending_write)
             self._pending_write = None
         checkpoint.clean_partials(self.ckpt_root)  # the workers are gone: nothing half-written stays
@@ -985,6 +823,67 @@ class Supervisor:
         self.events.append({"t": round(t, 4), "kind": kind, "message": message, **details})
         if not quiet:
             self.on_line(f"[{t:8.3f} s] {message}")
+
+
+class _Control:
+    """The supervisor as its policies see it (`schedc.live.control.Controller`): nothing more."""
+
+    def __init__(self, sup: Supervisor):
+        self._sup = sup
+
+    @property
+    def phase(self) -> Phase:
+        return self._sup.phase
+
+    @property
+    def plan(self) -> Plan:
+        return self._sup.plan
+
+    @property
+    def base_plan(self) -> Plan:
+        return self._sup.base_plan
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        sup = self._sup
+        return () if sup.gen is None else tuple(r for r in sup.gen.members if r not in sup.dead)
+
+    @property
+    def completed(self) -> int:
+        return self._sup.completed
+
+    def is_running(self, rank: int) -> bool:
+        return rank in self._sup.alive
+
+    def note(self, kind: str, message: str, **details) -> None:
+        self._sup._note(kind, message, **details)
+
+    def replan(self, base: Plan, events: Sequence[Failure], solver: str | None = None) -> Plan:
+        return self._sup._replan(base, events, solver)
+
+    def switch(self, plan: Plan, *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
+        return self._sup._switch(plan, kind=kind, reason=reason, ranks=ranks)
+
+    def revive(self, rank: int) -> None:
+        sup = self._sup
+        if rank not in sup.alive:
+            sup.dead.discard(rank)
+            sup._start_workers([rank])
+
+    def direct(self, rank: int, directive: dict | None) -> None:
+        self._sup.job.direct(rank, directive)
+
+    def request_rejoin(self, rank: int, reason: str) -> None:
+        self._sup.rejoins.request(rank, reason)
+
+    def rejoin_wanted(self, rank: int) -> bool:
+        return rank in self._sup.rejoins.wanted
+
+
+def _json(text: str) -> dict:
+    import json
+
+    return json.loads(text)
 
 
 class TrainError(RunError):

@@ -1,9 +1,10 @@
 """Start every live rank of compiled programs as a local process (gloo) and watch them.
 
-`launch` is what `schedc run` does. Processes are forked from a forkserver
-that has imported torch once (``multiprocessing`` "forkserver" with a
-preload), so a run of L ranks does not pay L torch imports, and later runs in
-the same Python process start in milliseconds. Ranks rendezvous over TCP at
+`launch` is what `schedc run` does. Ranks are started through
+`schedc.runtime.processes.LocalProcesses`, as a live run's agents start
+theirs: forked from a forkserver that has imported torch once, so a run of L
+ranks does not pay L torch imports, and later runs in the same Python
+process start in milliseconds. Ranks rendezvous over TCP at
 127.0.0.1 on a free port; ``OMP_NUM_THREADS=1`` in every rank.
 
 A rank that fails reports diagnostics; one that dies (killed, crashed) is
@@ -16,75 +17,23 @@ from __future__ import annotations
 import io
 import math
 import multiprocessing as mp
-import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
 from typing import Callable
 
 from schedc.diagnostics import Diagnostic, RunError, error
+from schedc.live.protocol import IterationDone, Weights, WorkerError
 from schedc.runtime.manifest import Manifest, load_manifest, refuse_tensor_parallel
-from schedc.runtime.placement import Placement
-
-_CONTEXT = None
-
-
-def forkserver_context():
-    """The `multiprocessing` context every rank process is started from (`schedc run` and the
-    agents of `schedc train`): a forkserver that imported torch and did a warm-up step once."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the forkserver and the ranks
-        # gloo's C++ warnings repeat what the diagnostics say, once per rank and peer.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.warmup",
-                                         "schedc.runtime.worker", "schedc.runtime.runtime",
-                                         "schedc.live.worker"])
-    return _CONTEXT
-
+from schedc.runtime.processes import LocalProcesses, forkserver_context
+from schedc.runtime.result import IterationRecord, RunResult
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@dataclass
-class IterationReport:
-    iteration: int
-    start: float  # monotonic seconds: the earliest start over ranks
-    end: float  # the latest end over ranks
-    loss: float  # mean loss over the D*M microbatches
-
-
-@dataclass
-class RunResult:
-    """What a finished run measured (and the weights, when asked for)."""
-
-    manifest: Manifest
-    iterations: list[IterationReport]
-    state_dict: dict | None = None
-    wall_s: float = 0.0
-    placement: "Placement | None" = None
-
-    @property
-    def losses(self) -> list[float]:
-        return [it.loss for it in self.iterations]
-
-    def iteration_time(self, last: int = 4) -> float:
-        """Steady-state period in seconds: mean gap between the ends of the last `last`+1 iterations.
-
-        With fewer iterations, the gap over those there are; with one, its duration.
-        """
-        ends = [it.end for it in self.iterations]
-        if len(ends) < 2:
-            return self.iterations[0].end - self.iterations[0].start
-        k = min(last, len(ends) - 1)
-        return (ends[-1] - ends[-1 - k]) / k
 
 
 class Launch:
@@ -111,7 +60,7 @@ class Launch:
         # CUDA cannot be used in a process forked from one that touched it: GPU ranks start
         # fresh ("spawn", a torch import each); CPU ranks fork from the warm forkserver.
         on_gpu = any(d != "cpu" for d in self.placement.devices)
-        ctx = mp.get_context("spawn") if on_gpu else forkserver_context()
+        self.local = LocalProcesses(mp.get_context("spawn") if on_gpu else forkserver_context())
         from schedc.runtime.rendezvous import serve_store
 
         self.store = serve_store("127.0.0.1", 0, timeout)  # the ranks meet here (kept alive by this object)
@@ -119,28 +68,30 @@ class Launch:
         options = dict(iterations=self.iterations, emulate=emulate, timeout=timeout,
                        want_weights=self.want_weights, backend=self.placement.backend,
                        ordered=ordered or self.placement.ordered)
-        from schedc.runtime.worker import child_main
+        from schedc.runtime.rank import child_main
 
-        self.processes: dict[int, mp.Process] = {}
-        self._pipes: list = []  # one per rank, read here (a killed rank breaks only its own)
+        self._pipes: dict = {}  # connection -> schedule rank: one per rank (a killed rank breaks only its own)
         for dist_rank, rank in enumerate(self.manifest.live_ranks):
-            reader, writer = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=child_main, name=f"schedc-rank-{rank}",
-                            args=(str(self.out_dir), dist_rank, init,
-                                  {**options, "device": self.placement.devices[dist_rank]}, writer))
-            p.start()
+            reader, writer = self.local.context.Pipe(duplex=False)
+            self.local.start(rank, child_main, (str(self.out_dir), dist_rank, init,
+                                                {**options, "device": self.placement.devices[dist_rank]}, writer),
+                             f"schedc-rank-{rank}")
             writer.close()  # the child has it: its end of file is the rank's exit
-            self.processes[rank] = p
-            self._pipes.append(reader)
+            self._pipes[reader] = rank
         self.started = time.monotonic()
 
-    def wait(self, progress: Callable[[IterationReport], None] | None = None) -> RunResult:
+    @property
+    def processes(self) -> dict[int, mp.Process]:
+        """Schedule rank -> its process (for a caller that watches or kills ranks)."""
+        return self.local.processes
+
+    def wait(self, progress: Callable[[IterationRecord], None] | None = None) -> RunResult:
         """Collect reports until every rank exits; `progress` sees each finished iteration."""
         m = self.manifest
         n = len(m.live_ranks)
         last_stage = set(m.stage_groups[-1])
-        per_iter: dict[int, dict[int, tuple]] = {}
-        done: list[IterationReport] = []
+        per_iter: dict[int, dict[int, IterationDone]] = {}
+        done: list[IterationRecord] = []
         weights: dict[int, bytes] = {}
         errors: dict[int, list[dict]] = {}
         last_news = time.monotonic()
@@ -148,24 +99,23 @@ class Launch:
         # report within about that; beyond it (plus slack) something hangs: stop it.
         patience = self.timeout + 15.0
 
-        def handle(msg: tuple) -> None:
+        def handle(rank: int, msg) -> None:
             nonlocal last_news
             last_news = time.monotonic()
-            if msg[0] == "iter":
-                _, rank, it, t0, t1, loss = msg
-                per_iter.setdefault(it, {})[rank] = (t0, t1, loss)
+            if isinstance(msg, IterationDone):
+                per_iter.setdefault(msg.it, {})[rank] = msg
                 while len(per_iter.get(len(done), {})) == n:
                     reps = per_iter.pop(len(done))
-                    loss_sum = math.fsum(v[2] for r, v in reps.items() if r in last_stage)
-                    rep = IterationReport(len(done), min(v[0] for v in reps.values()),
-                                          max(v[1] for v in reps.values()), loss_sum)
-                    done.append(rep)
+                    loss_sum = math.fsum(v.loss for r, v in reps.items() if r in last_stage)
+                    rec = IterationRecord(len(done), 0, loss_sum, min(v.t0 for v in reps.values()),
+                                          max(v.t1 for v in reps.values()))
+                    done.append(rec)
                     if progress is not None:
-                        progress(rep)
-            elif msg[0] == "weights":
-                weights[msg[1]] = msg[2]
-            elif msg[0] == "error":
-                errors[m.live_ranks[msg[1]]] = msg[2]
+                        progress(rec)
+            elif isinstance(msg, Weights):
+                weights[rank] = msg.blob
+            elif isinstance(msg, WorkerError):
+                errors[rank] = list(msg.diagnostics)
 
         while True:
             if self._receive(handle, timeout=0.05):
@@ -195,28 +145,26 @@ class Launch:
         state = None
         if self.want_weights:
             state = _merge_weights(weights, m)
-        return RunResult(m, done, state, time.monotonic() - self.started, self.placement)
+        return RunResult(done, time.monotonic() - self.started, state_dict=state, manifest=m,
+                         placement=self.placement, out=str(self.out_dir))
 
-    def _receive(self, handle: Callable[[tuple], None], timeout: float) -> bool:
-        """Hand every report that arrives within `timeout` to `handle`; whether any did."""
+    def _receive(self, handle: Callable[[int, object], None], timeout: float) -> bool:
+        """Hand every report that arrives within `timeout` to `handle` (with the schedule rank whose
+        pipe it came on); whether any did."""
         got = False
-        for conn in wait_connections(self._pipes, timeout) if self._pipes else ():
+        for conn in wait_connections(list(self._pipes), timeout) if self._pipes else ():
             try:
                 msg = conn.recv()
             except (EOFError, OSError):  # the rank exited (or died mid-message): nothing more from it
-                self._pipes.remove(conn)
+                del self._pipes[conn]
                 conn.close()
                 continue
-            handle(msg)
+            handle(self._pipes[conn], msg)
             got = True
         return got
 
     def kill(self) -> None:
-        for p in self.processes.values():
-            if p.exitcode is None:
-                p.kill()
-        for p in self.processes.values():
-            p.join()
+        self.local.stop_all(grace=0)
 
     def _raise_if_failed(self, errors: dict[int, list[dict]]) -> None:
         diags: list[Diagnostic] = []
@@ -253,7 +201,7 @@ def _merge_weights(weights: dict[int, bytes], manifest: Manifest) -> dict:
 
 def launch(out_dir: Path | str, *, iterations: int | None = None, emulate: bool = False,
            timeout: float = 60.0, want_weights: bool = False,
-           progress: Callable[[IterationReport], None] | None = None, device: str = "cpu",
+           progress: Callable[[IterationRecord], None] | None = None, device: str = "cpu",
            backend: str = "auto", ordered: bool = False) -> RunResult:
     """Run the compiled programs in `out_dir` on local processes; raise `RunError` if any rank fails.
 

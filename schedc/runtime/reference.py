@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from schedc.runtime.manifest import Manifest, build_model, call_with_model_args, data_ref, load_callable
-from schedc.runtime.runtime import _make_optimizer
+from schedc.runtime.primitives import _make_optimizer
 
 
 def reference_train(manifest: Manifest, iterations: int) -> tuple[dict, list[float]]:

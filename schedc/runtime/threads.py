@@ -23,8 +23,8 @@ import torch
 
 from schedc.diagnostics import RunError, SchedcError, error
 from schedc.runtime.manifest import Manifest, load_manifest
-from schedc.runtime.runtime import Runtime
-from schedc.runtime.worker import load_program
+from schedc.runtime.primitives import Runtime
+from schedc.runtime.program import load_program
 
 _POLL = 0.02  # seconds between checks of "has another rank failed?"
 
@@ -74,7 +74,7 @@ class ThreadWorld:
 
 
 class ThreadTransport:
-    """The `Transport` interface of `schedc.runtime.runtime`, in memory."""
+    """The `Transport` interface of `schedc.runtime.primitives`, in memory."""
 
     def __init__(self, world: ThreadWorld, rank: int):
         self.world = world

@@ -16,7 +16,7 @@ Environment: SCHEDC_ITERATIONS (default 1), SCHEDC_EMULATE=1, SCHEDC_TIMEOUT (s)
 import sys
 from pathlib import Path
 
-from schedc.runtime.worker import torchrun_main
+from schedc.runtime.rank import torchrun_main
 
 if __name__ == "__main__":
     sys.exit(torchrun_main(Path(__file__).resolve().parent))

@@ -4,7 +4,7 @@
 # Metric iteration_time: 12345
 """Rank 1: GPU (dp=0, pp=1), 13 ops per iteration in schedule order.
 
-Call `iteration(rt)` once per training iteration with a `schedc.runtime.runtime.Runtime`;
+Call `iteration(rt)` once per training iteration with a `schedc.runtime.primitives.Runtime`;
 `schedc run out` or `torchrun --nproc-per-node=5 out/main.py` do.
 Times in the comments are the schedule's start times in microseconds.
 """

@@ -8,38 +8,21 @@ live schedule rank and progress goes to stdout).
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import sys
 import time
-import types
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
 from schedc.diagnostics import RunError, SchedcError, error, exception_site
-from schedc.runtime.manifest import Manifest, load_manifest
+from schedc.live.protocol import IterationDone, Weights, WorkerError
+from schedc.runtime.manifest import load_manifest
+from schedc.runtime.program import load_program
 from schedc.runtime.rendezvous import connect_store
 
-Report = Callable[[tuple], None]
-
-
-def load_program(out_dir: Path, manifest: Manifest, rank: int):
-    """The generated module of a schedule rank (its `iteration(rt)` function)."""
-    path = Path(out_dir) / manifest.programs[rank]
-    spec = importlib.util.spec_from_file_location(f"schedc_program_rank_{rank}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except FileNotFoundError:
-        raise RunError([error("E522", f"the program of rank {rank} (`{path}`) is missing",
-                              hint="recompile: `schedc compile SPEC -o OUT`")])
-    if rank in manifest.copy_of:  # a class program: bind this rank's copy of the class
-        table = manifest.copy_tables[manifest.copy_of[rank]]
-        ranks, pipelines = tuple(table["ranks"]), tuple(table["pipelines"])
-        return types.SimpleNamespace(iteration=lambda rt: module.iteration(rt, ranks, pipelines))
-    return module
+Report = Callable[[object], None]  # takes a `schedc.live.protocol` message
 
 
 def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int, emulate: bool,
@@ -50,14 +33,14 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
     `device` is where this rank computes, `backend` how it talks (`schedc.runtime.placement`);
     with `ordered` (always with NCCL) messages are matched by the sender's program order.
 
-    Reports are tuples: ``("iter", rank, iteration, t_start, t_end, loss_sum)`` after each
-    iteration (times from `time.monotonic`, shared by processes of one machine) and
-    ``("weights", rank, bytes)`` (a `torch.save`d state_dict) at the end.
+    Reports are `schedc.live.protocol` messages, as in a live run: `IterationDone` after each
+    iteration (times from `time.monotonic`, shared by processes of one machine; `loss` is
+    this rank's part of the loss) and `Weights` (a `torch.save`d state_dict) at the end.
     """
     import torch
     import torch.distributed as dist
 
-    from schedc.runtime.runtime import Runtime, Transport
+    from schedc.runtime.primitives import Runtime, Transport
 
     torch.set_num_threads(1)
     manifest = load_manifest(out_dir)
@@ -88,13 +71,13 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
             program.iteration(rt)
             loss = rt.loss_sum  # on a GPU: waits for this rank's work of the iteration
             sync()
-            report(("iter", rank, it, t0, time.monotonic(), loss))
+            report(IterationDone(rank=rank, it=it, t0=t0, t1=time.monotonic(), loss=loss))
         rt.transport.flush()
         sync()
         if want_weights and not emulate and rank == manifest.stage_groups[rt.stage][0]:
             buf = io.BytesIO()
             torch.save(rt.state_dict(), buf)
-            report(("weights", rank, buf.getvalue()))
+            report(Weights(rank=rank, blob=buf.getvalue()))
         finished = True
     finally:
         # Only after a clean run: with a peer dead, tearing the group down can block on it, and
@@ -114,13 +97,13 @@ def child_main(out_dir: str, dist_rank: int, init_method: str, options: dict, co
     try:
         run_rank(Path(out_dir), dist_rank, init_method, report=conn.send, **options)
     except SchedcError as exc:
-        conn.send(("error", dist_rank, [d.to_json() for d in exc.diagnostics]))
+        conn.send(WorkerError(rank=dist_rank, diagnostics=tuple(d.to_json() for d in exc.diagnostics)))
         conn.close()
         os._exit(1)
     except BaseException as exc:  # a bug or a broken model: still a diagnostic, with the frame
         msg = f"{type(exc).__name__}: {exc} (at {exception_site(exc)})"
-        conn.send(("error", dist_rank, [{"code": "E590", "message": f"schedule rank "
-                                         f"{_schedule_rank(out_dir, dist_rank)} failed: {msg}"}]))
+        conn.send(WorkerError(rank=dist_rank, diagnostics=({"code": "E590", "message": f"schedule rank "
+                                                       f"{_schedule_rank(out_dir, dist_rank)} failed: {msg}"},)))
         conn.close()
         os._exit(1)
     conn.close()
@@ -166,9 +149,9 @@ def torchrun_main(out_dir: Path) -> int:
 
     last_stage = set(manifest.stage_groups[-1])
 
-    def report(msg: tuple) -> None:
-        if msg[0] == "iter":
-            _, rank, it, t0, t1, loss = msg
+    def report(msg) -> None:
+        if isinstance(msg, IterationDone):
+            rank, it, t0, t1, loss = msg.rank, msg.it, msg.t0, msg.t1, msg.loss
             # A last-stage rank's part: the sum of loss/(D*M) over the microbatches it ran.
             part = f", loss part {loss:.6f}" if rank in last_stage else ""
             print(f"rank {rank}: iteration {it} took {t1 - t0:.4f} s{part}", flush=True)

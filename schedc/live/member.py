@@ -34,7 +34,6 @@ import signal
 import sys
 import threading
 import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -44,6 +43,8 @@ from schedc.live import checkpoint
 from schedc.live.catchup import Donor, Joiner
 from schedc.live.inject import Injection, Trigger
 from schedc.live.membership import Generation, Heartbeat, JobStore
+from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
+                                   IterationDone, Left, Probe, Ready, Started, WorkerError)
 from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
 from schedc.runtime.manifest import Manifest
 
@@ -89,7 +90,7 @@ def _report_error(job: JobStore | None, rank: int, diagnostics: list[dict]) -> N
         print("\n".join(f"error[{d['code']}]: {d['message']}" for d in diagnostics), file=sys.stderr)
         return
     try:
-        job.report({"kind": "error", "rank": rank, "diagnostics": diagnostics})
+        job.report(WorkerError(rank=rank, diagnostics=tuple(diagnostics)))
     except Exception:
         pass
 
@@ -139,7 +140,7 @@ class LiveWorker:
         self.heartbeat.start()
         if self.config.get("probe"):  # (--fail-slow act only)
             threading.Thread(target=self._probe_loop, name="schedc-probe", daemon=True).start()
-        self.job.report({"kind": "started", "rank": self.rank, "pid": os.getpid(), "host": self.host})
+        self.job.report(Started(rank=self.rank, pid=os.getpid(), host=self.host))
         number = self._next_generation(after=-1)
         while number is not None:
             gen = self.job.generation(number)
@@ -161,7 +162,7 @@ class LiveWorker:
             time.sleep(_POLL * 2)
 
     def _serve(self, gen: Generation) -> None:
-        from schedc.runtime.runtime import Interrupted
+        from schedc.runtime.primitives import Interrupted
 
         self.generation = gen.number
         self.state = "join"
@@ -181,17 +182,15 @@ class LiveWorker:
             transport = self._connect(gen, manifest)
             self.rt.retarget(manifest, transport)
             start, undone = self._resume(gen, transport)
-            program = self._program(gen)
-            self.job.report({"kind": "ready", "rank": self.rank, "gen": gen.number, "start": start,
-                             "undone": undone, "t": time.time()})
+            program = self._program(gen, manifest)
+            self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time()))
             self.state = "run"
             for it in range(start, self.config["iterations"]):
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
                 if self._switch_at(gen, it):  # a planned switch: leave in order, nothing to undo
                     transport.flush()
-                    self.job.report({"kind": "left", "rank": self.rank, "gen": gen.number, "steps": self.rt.steps_done,
-                                     "t": time.time()})
+                    self.job.report(Left(rank=self.rank, gen=gen.number, steps=self.rt.steps_done, t=time.time()))
                     return
                 self.iteration = it
                 self.donor.boundary(self.rt, self.heartbeat.directive)
@@ -205,9 +204,9 @@ class LiveWorker:
                 self._compute = self._planned = 0.0
                 t0 = time.time()
                 program.iteration(self.rt)
-                self.job.report({"kind": "iter", "rank": self.rank, "gen": gen.number, "it": it, "t0": t0,
-                                 "t1": time.time(), "loss": self.rt.iteration_loss, "steps": self.rt.steps_done,
-                                 "compute": self._compute, "planned": self._planned})
+                self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=time.time(), loss=self.rt.iteration_loss,
+                                              gen=gen.number, steps=self.rt.steps_done, compute=self._compute,
+                                              planned=self._planned))
                 if self.config.get("probe") and (self._planned == 0) != self._probing.is_set():
                     self._probing.set() if self._planned == 0 else self._probing.clear()  # nothing timed: probe
                 self.donor.after_step(self.rt)
@@ -217,8 +216,8 @@ class LiveWorker:
         except (Interrupted, RunError) as exc:
             if isinstance(exc, RunError) and not _lost_peer(exc):
                 raise  # the program broke a rule: a bug, not a failure to route around
-            self.job.report({"kind": "aborted", "rank": self.rank, "gen": gen.number, "steps": self.rt.steps_done,
-                             "reason": _reason(exc), "t": time.time()})
+            self.job.report(Aborted(rank=self.rank, gen=gen.number, steps=self.rt.steps_done, reason=_reason(exc),
+                                    t=time.time()))
         finally:
             self._probing.clear()
             if transport is not None:
@@ -253,8 +252,8 @@ class LiveWorker:
             while not self.heartbeat.stopped and self.heartbeat.latest <= gen.number:
                 if self.joiner.follow(self.rt, self.heartbeat.directive) and self.joiner.steps != reported:
                     reported = self.joiner.steps
-                    self.job.report({"kind": "caughtup", "rank": self.rank, "session": self.joiner.session,
-                                     "steps": reported, "bytes": self.joiner.received, "t": time.time()})
+                    self.job.report(CaughtUp(rank=self.rank, session=self.joiner.session, steps=reported,
+                                         bytes=self.joiner.received, t=time.time()))
                 time.sleep(_POLL)
         finally:
             self._probing.clear()
@@ -267,7 +266,7 @@ class LiveWorker:
             if not self._probing.wait(0.2) or self.rt is None:
                 continue
             try:
-                job.report({"kind": "probe", "rank": self.rank, "speed": self._probe(), "t": time.time()})
+                job.report(Probe(rank=self.rank, speed=self._probe(), t=time.time()))
             except Exception:  # the store went away: the heartbeat thread handles that
                 return
             time.sleep(PROBE_EVERY)
@@ -302,15 +301,15 @@ class LiveWorker:
 
     def _catch_up_to(self, gen: Generation) -> None:
         """Replay the donor's steps until this rank has `gen.start_at` of them (or the switch is aborted)."""
-        from schedc.runtime.runtime import Interrupted
+        from schedc.runtime.primitives import Interrupted
 
         while self.rt.steps_done < gen.start_at:
             if self.aborted() or self.heartbeat.stopped:
                 raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} caught up")
             if not self.joiner.follow(self.rt, self.heartbeat.directive):
                 time.sleep(_POLL)
-        self.job.report({"kind": "caughtup", "rank": self.rank, "session": self.joiner.session,
-                         "steps": self.rt.steps_done, "bytes": self.joiner.received, "t": time.time()})
+        self.job.report(CaughtUp(rank=self.rank, session=self.joiner.session, steps=self.rt.steps_done,
+                                         bytes=self.joiner.received, t=time.time()))
 
     def _side(self) -> ThreadPoolExecutor:
         """The one side thread (checkpoints, catch-up state): training goes on while it stores."""
@@ -323,7 +322,7 @@ class LiveWorker:
     def _build(self, manifest: Manifest) -> None:
         import dataclasses
 
-        from schedc.runtime.runtime import Runtime
+        from schedc.runtime.primitives import Runtime
 
         if self.rank not in manifest.coords:  # a rank on standby: not in this plan, but its stage is known
             coords = {**manifest.coords, self.rank: tuple(self.config["coords"][str(self.rank)])}
@@ -347,7 +346,7 @@ class LiveWorker:
             self._probe_base = sorted(times)[1]
 
     def _wait_joined(self, gen: Generation) -> None:
-        from schedc.runtime.runtime import Interrupted
+        from schedc.runtime.primitives import Interrupted
 
         while not self.job.all_joined(gen.number, gen.members):
             if self.aborted():
@@ -357,7 +356,7 @@ class LiveWorker:
     def _connect(self, gen: Generation, manifest: Manifest):
         import torch.distributed as dist
 
-        from schedc.runtime.runtime import Transport
+        from schedc.runtime.primitives import Transport
 
         # The main thread's own store connection: no new connection for the server to accept.
         store = self.job.store
@@ -400,11 +399,12 @@ class LiveWorker:
         self.rt.load_stage_state(state)
         self.snapshot.steps = None
 
-    def _program(self, gen: Generation):
-        text = self.job.program(gen.number, self.rank)
-        module = types.ModuleType(f"schedc_gen{gen.number}_rank{self.rank}")
-        exec(compile(text, f"<generation {gen.number}, rank {self.rank}>", "exec"), module.__dict__)
-        return module
+    def _program(self, gen: Generation, manifest: Manifest):
+        from schedc.runtime.program import program_from_text
+
+        name = manifest.programs[self.rank]
+        return program_from_text(self.job.program_file(gen.number, name), f"<generation {gen.number}, {name}>",
+                                 manifest, self.rank)
 
     def _maybe_checkpoint(self, gen: Generation) -> None:
         every = self.config["checkpoint_every"]
@@ -413,15 +413,15 @@ class LiveWorker:
             return
         state = self.rt.stage_state()  # copies: training goes on while a thread saves them
         root = Path(self.config["checkpoint_dir"])
-        report = {"rank": self.rank, "stage": self.rt.stage, "iteration": steps, "gen": gen.number}
+        where = dict(rank=self.rank, stage=self.rt.stage, iteration=steps, gen=gen.number)
 
         def save() -> None:
             try:
                 checkpoint.write_stage(root, steps, self.rt.stage, state)
             except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
-                self._side_job.report({"kind": "ckpt_error", "reason": _reason(exc), **report})
+                self._side_job.report(CheckpointFailed(reason=_reason(exc), **where))
                 return
-            self._side_job.report({"kind": "ckpt", **report})
+            self._side_job.report(CheckpointWritten(**where))
 
         self._side().submit(save)
 
@@ -441,8 +441,7 @@ class LiveWorker:
             buf = io.BytesIO()
             torch.save(self.rt.state_dict(), buf)
             self.job.put_weights(gen.number, self.rt.stage, buf.getvalue())
-        self.job.report({"kind": "done", "rank": self.rank, "gen": gen.number, "steps": self.rt.steps_done,
-                         "t": time.time()})
+        self.job.report(Done(rank=self.rank, gen=gen.number, steps=self.rt.steps_done, t=time.time()))
 
     # -- injection ---------------------------------------------------------------------------
 
@@ -451,8 +450,8 @@ class LiveWorker:
         wait here to be killed or stopped: the fault lands exactly at this point of the program."""
         if inj is None:
             return
-        self.job.command(self.host, {"op": "inject", "id": inj.index, "rank": self.rank,
-                                     "iteration": self.iteration, "t": time.time()})
+        self.job.command(self.host, FireInjection(id=inj.index, rank=self.rank, iteration=self.iteration,
+                                                  t=time.time()))
         deadline = time.monotonic() + INJECT_WAIT
         while time.monotonic() < deadline:
             time.sleep(0.01)

@@ -1,0 +1,73 @@
+"""The seam between the supervisor and its policies (fail-slow, rejoin, recovery).
+
+A policy decides; the supervisor carries out. A policy sees the run only
+through a `Controller`: a few read-only facts (phase, plans, members,
+iterations completed) and a few requests (say something, plan a change,
+switch to a plan at an iteration boundary, start or direct a worker). It
+never holds the supervisor, so it is tested alone against a fake controller
+(tests/test_live_policies.py), and it imports nothing of the supervisor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from schedc.live.protocol import Phase
+    from schedc.plan import Plan
+    from schedc.spec import Failure
+
+
+class Controller(Protocol):
+    """What a policy may see of a live run and ask of it."""
+
+    # -- what it sees -----------------------------------------------------------------------
+
+    @property
+    def phase(self) -> "Phase":
+        """Where the run is (`schedc.live.protocol.Phase`)."""
+
+    @property
+    def plan(self) -> "Plan":
+        """The plan of the newest announced generation."""
+
+    @property
+    def base_plan(self) -> "Plan":
+        """The plan of the last generation that became ready (what runs now): changes are planned from it."""
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The ranks of the newest generation that have not failed."""
+
+    @property
+    def completed(self) -> int:
+        """Iterations completed so far."""
+
+    def is_running(self, rank: int) -> bool:
+        """Whether a worker process runs for `rank` (started, its exit not seen)."""
+
+    # -- what it asks -----------------------------------------------------------------------
+
+    def note(self, kind: str, message: str, **details) -> None:
+        """Print `message` and log it as an event of `kind` with `details`."""
+
+    def replan(self, base: "Plan", events: Sequence["Failure"]) -> "Plan":
+        """`schedc.replan` of `base` under the run's solver and deadline (raises `SchedcError`)."""
+
+    def switch(self, plan: "Plan", *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
+        """Announce a planned switch to `plan` at an iteration boundary a little ahead;
+        None, or why it was not made."""
+
+    def revive(self, rank: int) -> None:
+        """Start a worker for `rank` if none runs (it waits on standby until a plan names it)."""
+
+    def direct(self, rank: int, directive: dict | None) -> None:
+        """Give `rank` a catch-up role (``{"role": "donate"|"join", "session", ...}``), or none."""
+
+    # -- the other policies ---------------------------------------------------------------------
+
+    def request_rejoin(self, rank: int, reason: str) -> None:
+        """Ask the rejoin policy to take `rank` back."""
+
+    def rejoin_wanted(self, rank: int) -> bool:
+        """Whether the rejoin policy is bringing `rank` back now."""

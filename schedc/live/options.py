@@ -1,0 +1,74 @@
+"""The options of a live run (`schedc train`), their defaults and their checks: the one place
+both the CLI and the library read them from."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from schedc.diagnostics import RunError, error
+
+RecoveryMethod = Literal["reroute", "drop-pipeline", "restart"]
+RECOVERY_METHODS = ("reroute", "drop-pipeline", "restart")
+FAIL_SLOW_MODES = ("act", "detect", "off")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How a live run goes (the options of `schedc train`)."""
+
+    iterations: int | None = None  # default: the spec's train.iterations
+    emulate: bool = False
+    inject: tuple[str, ...] = ()
+    checkpoint_every: int = 0  # 0: no checkpoints
+    checkpoint_dir: str | None = None  # default OUT/checkpoints
+    keep_checkpoints: int = 2
+    resume: bool = False
+    recovery: RecoveryMethod = "reroute"
+    fail_slow: str = "act"  # act: detect slow GPUs and switch plans by cost; detect: only say so; off
+    detect_timeout: float = 3.0  # seconds of heartbeat silence before a rank is declared hung
+    heartbeat_interval: float = 0.05
+    stall_timeout: float | None = None  # default: max(10 s, 10 x the plan's iteration time)
+    startup_timeout: float = 120.0
+    replan_deadline: float = 0.5
+    max_restarts: int = 3
+    want_weights: bool = False
+    wait_timeout: float = 600.0  # a rank's longest wait for a peer before it gives up by itself
+    hosts: int = 1
+    store_host: str = "127.0.0.1"
+    store_port: int = 0
+    agent_timeout: float = 60.0
+
+    def check(self) -> None:
+        """E555 for option values that make no sense."""
+        problems = []
+        for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
+                     "agent_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
+        if self.stall_timeout is not None and not (math.isfinite(self.stall_timeout) and self.stall_timeout > 0):
+            problems.append(f"stall-timeout must be a positive number of seconds, got {self.stall_timeout}")
+        if self.iterations is not None and self.iterations < 1:
+            problems.append(f"iterations must be at least 1, got {self.iterations}")
+        for name in ("checkpoint_every", "max_restarts", "store_port"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
+        if self.keep_checkpoints < 1:
+            problems.append(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if self.hosts < 1:
+            problems.append(f"hosts must be at least 1, got {self.hosts}")
+        if self.heartbeat_interval * 3 > self.detect_timeout:
+            problems.append("detect-timeout must be at least three heartbeat intervals")
+        if self.recovery not in RECOVERY_METHODS:
+            problems.append(f"unknown recovery `{self.recovery}` (reroute, drop-pipeline or restart)")
+        if self.fail_slow not in FAIL_SLOW_MODES:
+            problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")
+        if self.recovery == "restart" and not self.checkpoint_every:
+            problems.append("recovery `restart` restarts from checkpoints: give --checkpoint-every K")
+        if self.want_weights and self.emulate:
+            problems.append("weights need real compute, not --emulate")
+        if problems:
+            raise RunError([error("E555", p) for p in problems])
+

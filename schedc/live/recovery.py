@@ -1,0 +1,132 @@
+"""The recovery policy: which plan a live run goes on with after GPUs fail.
+
+Given the ranks that just failed, `RecoveryPolicy.decide` returns a `Change`
+for the supervisor to carry out:
+
+* ``reroute`` (the default): `schedc.replan` the survivors (SlipStream/ReCycle:
+  a failed GPU's work goes to its data-parallel peers);
+* ``drop-pipeline`` (FT-HSDP/torchft): a pipeline with a failed GPU leaves;
+* ``checkpoint``: a stage lost every GPU, so re-routing is impossible: the
+  latest complete checkpoint (or the initial weights) is restored with
+  replacement processes for that stage's GPUs, at most `max_restarts` times;
+* ``restart`` (torchelastic): every process restarts from the latest
+  checkpoint, the failed GPUs replaced.
+
+The policy talks to the run only through its `Controller`; it never waits
+and never touches processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from schedc.diagnostics import RunError, SchedcError, error
+from schedc.live.control import Controller
+from schedc.spec import Failure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from schedc.live.checkpoint import Checkpoint
+    from schedc.plan import Plan
+
+
+@dataclass(frozen=True)
+class Change:
+    """What the run does next: announce `plan` as the next generation."""
+
+    plan: "Plan"
+    events: tuple[str, ...]  # what happened, as replan event text (for the record)
+    method: str  # reroute, drop-pipeline, checkpoint, restart
+    restore: str | None = None  # a checkpoint's path, "initial", or None: roll back in memory
+    replacements: tuple[int, ...] = ()  # ranks that get a fresh process (their stage was lost)
+    restart_all: bool = False  # every survivor is stopped first (recovery "restart")
+
+
+def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
+    """Replan events for ranks that died: a whole node as `fail node N`, else one GPU each."""
+    per = spec.cluster.gpus_per_node
+    world = spec.dp * spec.pp
+    out, covered = [], set()
+    for node in sorted({spec.cluster.node_of(r) for r in failed}):
+        ranks = range(node * per, min((node + 1) * per, world))
+        if len(ranks) > 1 and all(r in failed or not spec.gpus[r].live for r in ranks):
+            out.append(Failure("fail_node", node=node))
+            covered.update(ranks)
+    for r in failed:
+        if r not in covered:
+            g = spec.gpus[r]
+            out.append(Failure("fail_gpu", dp=g.dp, pp=g.pp))
+    return out
+
+
+def describe(events: Sequence[Failure]) -> list[str]:
+    from schedc.events import describe_events
+
+    return [describe_events([e]) for e in events]
+
+
+class RecoveryPolicy:
+    """Chooses the `Change` after a failure (see the module docstring)."""
+
+    def __init__(self, ctl: Controller, *, method: str, max_restarts: int, initial_plan: "Plan",
+                 latest_checkpoint: Callable[[], "Checkpoint | None"], out: str | Path = "OUT"):
+        self.ctl = ctl
+        self.out = out
+        self.method = method
+        self.max_restarts = max_restarts
+        self.initial_plan = initial_plan
+        self.latest_checkpoint = latest_checkpoint
+        self.restarts = 0
+
+    def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int]) -> Change:
+        """The change after `failed` failed, from `plan` (the last plan that ran); `lost` holds
+        every rank lost for good so far, `failed` included. Raises `RunError` when the run cannot
+        go on."""
+        if self.method == "restart":
+            found = self.latest_checkpoint()
+            restore = str(found.path) if found else "initial"
+            return Change(self.initial_plan, (f"restart from {found.path.name if found else 'the initial weights'}",),
+                          "restart", restore=restore, restart_all=True)
+        events = failure_events(plan.spec, failed)
+        solver = "drop-pipeline" if self.method == "drop-pipeline" else None
+        from schedc.validate import LostStageError
+
+        try:
+            return Change(self.ctl.replan(plan, events, solver=solver), tuple(describe(events)), self.method)
+        except LostStageError as exc:
+            return self._from_checkpoint(plan, events, lost, exc)
+        except SchedcError as exc:  # e.g. no plan fits in memory any more
+            raise RunError([error("E553", f"no plan can continue after {', '.join(describe(events))}",
+                                  hint="see the reason below")] + list(exc.diagnostics)) from None
+
+    def _from_checkpoint(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
+        """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""
+        found = self.latest_checkpoint()
+        if self.restarts >= self.max_restarts:
+            where = (f"the latest complete checkpoint is `{found.path}`; resume from it with "
+                     f"`schedc train {self.out} --resume` once the GPUs are replaced" if found else
+                     "no checkpoint was written (train with --checkpoint-every K)")
+            raise RunError([error("E553", "a stage lost every GPU, so re-routing is impossible, and no restart is "
+                                          f"left (--max-restarts {self.max_restarts})", hint=where)]
+                           + list(exc.diagnostics))
+        self.restarts += 1
+        spec = plan.spec
+        lost_stages = [s for s in range(spec.pp)
+                       if not [g for g in spec.gpus if g.pp == s and g.live and g.rank not in lost]]
+        replacements = [g.rank for g in spec.gpus if g.pp in lost_stages and (g.rank in lost or not g.live)]
+        recover = [Failure("recover_gpu", dp=spec.gpus[r].dp, pp=spec.gpus[r].pp) for r in replacements]
+        new = self.ctl.replan(plan, events + recover)
+        restore = str(found.path) if found else "initial"
+        self.ctl.note("restart", f"stage(s) {lost_stages} lost every GPU: restoring "
+                                 f"{found.path.name if found else 'the initial weights'} with replacement "
+                                 f"process(es) for rank(s) {replacements} (restart {self.restarts} of "
+                                 f"{self.max_restarts})", stages=lost_stages, replacements=replacements,
+                      restore=restore)
+        return Change(new, tuple(describe(events + recover)), "checkpoint", restore=restore,
+                      replacements=tuple(replacements))
+
+
+def restored_name(restore: str | None) -> str:
+    """How a generation's `restore` reads in a message."""
+    return "the initial weights" if restore == "initial" else Path(restore).name

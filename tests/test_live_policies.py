@@ -1,0 +1,174 @@
+"""The live run's policies (recovery, rejoin, fail-slow) alone, against a fake controller:
+no supervisor, no store, no processes. What each one asks of the run is recorded and checked."""
+
+from __future__ import annotations
+
+import pytest
+
+import schedc
+from live_support import spec_text
+from schedc.live.protocol import CaughtUp, IterationDone, Phase
+from schedc.live.recovery import RecoveryPolicy, failure_events
+from schedc.live.rejoin import Rejoins
+from schedc.live.slowness import Slowness
+from schedc.spec import Failure
+
+
+class FakeController:
+    """A `Controller` over one plan: it replans for real and records every request."""
+
+    def __init__(self, plan, *, phase=Phase.RUNNING, completed=5, refuse_switch=None):
+        self.plan = self.base_plan = plan
+        self.phase = phase
+        self.completed = completed
+        self.running: set[int] = {g.rank for g in plan.spec.gpus if g.live}
+        self.lost: set[int] = set()
+        self.notes: list[tuple[str, str]] = []
+        self.replans: list[tuple] = []
+        self.switches: list[dict] = []
+        self.directives: dict[int, dict | None] = {}
+        self.revived: list[int] = []
+        self.rejoin_requests: list[int] = []
+        self.refuse_switch = refuse_switch
+
+    @property
+    def members(self):
+        return tuple(g.rank for g in self.plan.spec.gpus if g.live and g.rank not in self.lost)
+
+    def is_running(self, rank):
+        return rank in self.running
+
+    def note(self, kind, message, **details):
+        self.notes.append((kind, message))
+
+    def replan(self, base, events, solver=None):
+        self.replans.append((tuple(events), solver))
+        return schedc.replan(base, list(events), deadline=5.0, solver=solver or "greedy")
+
+    def switch(self, plan, *, kind, reason, ranks):
+        self.switches.append({"plan": plan, "kind": kind, "reason": reason, "ranks": list(ranks)})
+        return self.refuse_switch
+
+    def revive(self, rank):
+        self.revived.append(rank)
+        self.running.add(rank)
+
+    def direct(self, rank, directive):
+        self.directives[rank] = directive
+
+    def request_rejoin(self, rank, reason):
+        self.rejoin_requests.append(rank)
+
+    def rejoin_wanted(self, rank):
+        return False
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return schedc.compile(spec_text(dp=2, pp=2))
+
+
+def test_recovery_reroutes_a_failed_gpu(plan):
+    ctl = FakeController(plan)
+    policy = RecoveryPolicy(ctl, method="reroute", max_restarts=3, initial_plan=plan, latest_checkpoint=lambda: None)
+    change = policy.decide(plan, [2], {2})
+    assert change.method == "reroute" and change.events == ("fail gpu(dp=1, pp=0)",)
+    assert change.restore is None and change.replacements == () and not change.restart_all
+    assert not change.plan.spec.gpus[2].live and ctl.replans == [((Failure("fail_gpu", dp=1, pp=0),), None)]
+
+
+def test_recovery_drop_pipeline_asks_for_its_solver(plan):
+    ctl = FakeController(plan)
+    policy = RecoveryPolicy(ctl, method="drop-pipeline", max_restarts=3, initial_plan=plan,
+                            latest_checkpoint=lambda: None)
+    change = policy.decide(plan, [2], {2})
+    assert change.method == "drop-pipeline" and ctl.replans[0][1] == "drop-pipeline"
+
+
+def test_a_lost_stage_restores_with_replacements_until_no_restart_is_left(plan):
+    ctl = FakeController(plan)
+    policy = RecoveryPolicy(ctl, method="reroute", max_restarts=1, initial_plan=plan, latest_checkpoint=lambda: None,
+                            out="OUTDIR")
+    change = policy.decide(plan, [0, 2], {0, 2})  # both GPUs of stage 0
+    assert change.method == "checkpoint" and change.restore == "initial" and change.replacements == (0, 2)
+    assert all(g.live for g in change.plan.spec.gpus)
+    assert ctl.notes[-1][0] == "restart" and "restart 1 of 1" in ctl.notes[-1][1]
+    with pytest.raises(schedc.RunError) as info:
+        policy.decide(plan, [0, 2], {0, 2})
+    assert info.value.codes[0] == "E553" and "no checkpoint was written" in info.value.diagnostics[0].hint
+
+
+def test_recovery_restart_restarts_everything_from_the_initial_plan(plan):
+    later = schedc.replan(plan, "fail gpu(dp=1, pp=1)", solver="greedy")
+    policy = RecoveryPolicy(FakeController(later), method="restart", max_restarts=3, initial_plan=plan,
+                            latest_checkpoint=lambda: None)
+    change = policy.decide(later, [1], {1})
+    assert change.restart_all and change.plan is plan and change.restore == "initial"
+
+
+def test_failure_events_name_a_whole_node_once():
+    plan = schedc.compile(spec_text(dp=2, pp=2, gpus_per_node=2))
+    assert failure_events(plan.spec, [2, 3]) == [Failure("fail_node", node=1)]
+    assert failure_events(plan.spec, [1]) == [Failure("fail_gpu", dp=0, pp=1)]
+
+
+def test_rejoin_revives_catches_up_then_switches(plan):
+    gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    ctl = FakeController(gone)
+    ctl.running.discard(2)
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    assert ctl.revived == [2] and 2 in rejoins.wanted
+    assert ctl.directives[0] == {"role": "donate", "session": 1, "joiner": 2}  # the stage's live GPU donates
+    assert ctl.directives[2] == {"role": "join", "session": 1, "donor": 0}
+    rejoins.switch_if_ready(ctl.completed)
+    assert ctl.switches == []  # not caught up yet
+    rejoins.caught_up(CaughtUp(rank=2, session=1, steps=ctl.completed - 1, bytes=100, t=0.0))
+    rejoins.switch_if_ready(ctl.completed)
+    (sw,) = ctl.switches
+    assert sw["kind"] == "rejoin" and sw["ranks"] == [2] and sw["plan"].spec.gpus[2].live
+    assert sw["reason"] == "recover gpu(dp=1, pp=0): asked for"
+    rejoins.joined((0, 1, 2, 3))
+    assert rejoins.wanted == {} and ctl.directives[0] is None and ctl.directives[2] is None
+
+
+def test_a_refused_rejoin_switch_gives_up_and_says_why(plan):
+    gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    ctl = FakeController(gone, refuse_switch="the run ends first")
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    rejoins.caught_up(CaughtUp(rank=2, session=1, steps=ctl.completed, bytes=1, t=0.0))
+    rejoins.switch_if_ready(ctl.completed)
+    assert rejoins.wanted == {} and ("rejoin", "rank 2 stays out: the run ends first") in ctl.notes
+
+
+def test_rejoin_of_a_running_member_is_a_no_op(plan):
+    ctl = FakeController(plan)
+    Rejoins(ctl).request(1, "asked for")
+    assert ctl.revived == [] and "runs already" in ctl.notes[-1][1]
+
+
+def _reports(rank, speed, iterations, planned=0.01):
+    return [IterationDone(rank=rank, it=i, t0=0.0, t1=1.0, compute=planned / speed, planned=planned)
+            for i in iterations]
+
+
+@pytest.mark.parametrize("mode", ["act", "detect"])
+def test_slowness_finds_a_slow_gpu_and_acts_only_in_act_mode(plan, mode):
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode=mode)
+    for i in range(40):
+        for rank in (0, 1, 2, 3):
+            speed = 0.4 if rank == 3 and i >= 10 else 1.0
+            (rep,) = _reports(rank, speed, [i])
+            slowness.observe(rep, 1.0)
+        ctl.completed = i + 1
+        slowness.tick(i)
+    slow = [m for k, m in ctl.notes if k == "slow"]
+    assert slow and slow[0].startswith("rank 3 GPU (dp=1, pp=1) runs at speed 0.40")
+    assert not any("rank 0" in m or "rank 1" in m or "rank 2" in m for m in slow)  # healthy peers: no alarm
+    assert slowness.decisions and {d["rank"] for d in slowness.decisions} == {3}
+    if mode == "act":
+        assert [s["kind"] for s in ctl.switches][:1] in (["rebalance"], ["exclude"])
+    else:
+        assert ctl.switches == [] and "--fail-slow detect" in slowness.decisions[-1]["reason"]
