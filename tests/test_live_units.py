@@ -448,7 +448,7 @@ def test_sealing_a_boundary_again_keeps_the_old_checkpoint_until_the_new_one_is_
 
 
 def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(tmp_path):
-    asm = checkpoint.Assembler(tmp_path, stages=2, keep=2)
+    asm = checkpoint.RunCheckpoints(tmp_path, stages=2, keep=2)
     asm.resumed(0, 0)
     asm.resumed(1, 3)  # generation 1 resumed at 3: steps 4 and later were undone
     for stage in (0, 1):
@@ -458,3 +458,4 @@ def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(t
     assert asm.stage_written(1, 4, 0, {}) is None  # one stage of two
     done = asm.stage_written(1, 4, 1, {"generation": 1})
     assert done is not None and done.path.name == "iter-000004" and done.iteration == 4
+    assert asm.paths == [str(done.path)] and asm.latest_own() == done

@@ -125,3 +125,76 @@ class Agent:
                 self.step(0)  # report the last exits
             except RuntimeError:
                 pass
+
+
+class Fleet:
+    """The supervisor's handle on every host's agent: host 0's runs inside the supervisor's
+    process (`step` drives it); every other host's gets commands through the store."""
+
+    def __init__(self, job: JobStore, spec, hosts: int):
+        self.job = job
+        self.hosts = hosts
+        world = spec.dp * spec.pp
+        nodes = -(-world // spec.cluster.gpus_per_node)
+        self.host_of = {r: spec.cluster.node_of(r) * hosts // nodes for r in range(world)}
+        self.local = Agent(job, 0)
+        self.local.register()
+
+    def wait_for_agents(self, timeout: float, note) -> None:
+        """Until every other host's agent has registered; E557 after `timeout` seconds."""
+        want = set(range(1, self.hosts))
+        if not want:
+            return
+        job = self.job
+        note("agents", f"waiting for {len(want)} agent(s): on each other host run "
+                       f"`schedc agent --store {job.host}:{job.port} --host H` (H = {', '.join(map(str, sorted(want)))})")
+        deadline = time.monotonic() + timeout
+        while want and time.monotonic() < deadline:
+            want -= {ev.host for ev in job.events() if isinstance(ev, AgentUp)}
+            time.sleep(0.01)
+        if want:
+            from schedc.diagnostics import RunError, error
+
+            raise RunError([error("E557", f"agents of host(s) {sorted(want)} did not register within {timeout:g} s",
+                                  hint=f"start them with `schedc agent --store {job.host}:{job.port} --host H`, "
+                                       "or run with fewer --hosts")])
+
+    def by_host(self, ranks) -> dict[int, list[int]]:
+        by_host: dict[int, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(self.host_of[r], []).append(r)
+        return dict(sorted(by_host.items()))
+
+    def step(self, timeout: float) -> None:
+        """Host 0's agent: wait up to `timeout` for an exit, carry out its commands, report exits."""
+        self.local.step(timeout)
+
+    def start(self, ranks) -> None:
+        for r in ranks:
+            self.job.forget_heartbeat(r)  # a replacement must not inherit its predecessor's last beat
+        for host, rs in self.by_host(ranks).items():
+            if host == 0:
+                self.local.start(rs)
+            else:
+                self.job.command(host, StartRanks(tuple(rs)))
+
+    def signal(self, ranks, name: str) -> None:
+        for host, rs in self.by_host(ranks).items():
+            if host == 0:
+                self.local.signal(rs, name)
+            else:
+                self.job.command(host, SignalRanks(tuple(rs), name))
+
+    def fire(self, injection: int, ranks) -> None:
+        """Carry out injection `injection` now, on the hosts of `ranks`."""
+        for host in self.by_host(ranks):
+            self.job.command(host, FireInjection(injection))
+
+    def stop(self, grace: float) -> None:
+        """Every other host's agent is told to stop; host 0's workers end (killed after `grace`)."""
+        try:
+            for host in range(1, self.hosts):
+                self.job.command(host, StopAgent())
+        except Exception:  # the store is gone: the remote agents stop by themselves
+            pass
+        self.local.stop_all(grace=grace)

@@ -164,9 +164,10 @@ def clean_partials(root: Path) -> list[Path]:
     return gone
 
 
-class Assembler:
-    """The supervisor's side of checkpoints: it hears of each stage file as it is written and
-    seals a checkpoint once every stage of it is there (`complete`).
+class RunCheckpoints:
+    """The supervisor's side of one run's checkpoints: the folder, the checkpoint it resumes
+    from, and those it completes. It hears of each stage file as it is written and seals a
+    checkpoint once every stage of it is there (`complete`).
 
     A stage file of step k written by generation g is void when a later generation resumed
     from fewer than k steps (a rollback undid step k): it will be written again.
@@ -176,8 +177,30 @@ class Assembler:
         self.root = Path(root)
         self.stages = stages
         self.keep = keep
+        self.paths: list[str] = []  # this run's complete checkpoints (and the one it resumed from)
         self.written: dict[int, set[int]] = {}  # steps -> stages written
         self.starts: dict[int, int] = {}  # generation -> the steps it resumed from
+
+    def prepare(self, *, resume: bool, every: int, **plan) -> tuple[Checkpoint | None, list[Path]]:
+        """Before the run: the checkpoint to resume from (`resume`; E556/E570 when there is none
+        that fits `plan`, as `check_resumable` takes it), refusing another run's checkpoints and
+        an unwritable folder when `every` > 0; removes unfinished files (returned)."""
+        found = None
+        if resume:
+            found = latest(self.root)
+            if found is None:
+                raise RunError([error("E556", f"no complete checkpoint in `{self.root}` to resume from",
+                                      hint="train with --checkpoint-every K first, or drop --resume")])
+            check_resumable(found, stages=self.stages, **plan)
+            self.paths.append(str(found.path))
+        elif every and latest(self.root) is not None:
+            # Another run's checkpoints: mixing them would make `latest` and pruning lie.
+            raise RunError([error("E556", f"`{self.root}` holds checkpoints of an earlier run",
+                                  hint="continue that run with --resume, or give this one another "
+                                       "--checkpoint-dir (or remove the old checkpoints)")])
+        if every:
+            check_writable(self.root)
+        return found, clean_partials(self.root)
 
     def resumed(self, generation: int, steps: int) -> None:
         """Generation `generation` resumed from `steps` steps: files of later steps are void."""
@@ -194,7 +217,16 @@ class Assembler:
         if len(stages) < self.stages:
             return None
         del self.written[steps]
-        return complete(self.root, steps, self.stages, meta, keep=self.keep)
+        done = complete(self.root, steps, self.stages, meta, keep=self.keep)
+        self.paths.append(str(done.path))
+        return done
+
+    def latest_own(self) -> Checkpoint | None:
+        """The newest complete checkpoint this run wrote (or resumed from) that still exists."""
+        for path in reversed(self.paths):
+            if Path(path, "meta.json").is_file():
+                return read(Path(path))
+        return None
 
 
 def check_resumable(found: Checkpoint, *, stages: int, emulate: bool, optimizer: str, iterations: int) -> None:

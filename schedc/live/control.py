@@ -6,6 +6,7 @@ iterations completed) and a few requests (say something, plan a change,
 switch to a plan at an iteration boundary, start or direct a worker). It
 never holds the supervisor, so it is tested alone against a fake controller
 (tests/test_live_policies.py), and it imports nothing of the supervisor.
+`SupervisorControl` is the controller a `Supervisor` hands its policies.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class Controller(Protocol):
     def note(self, kind: str, message: str, **details) -> None:
         """Print `message` and log it as an event of `kind` with `details`."""
 
-    def replan(self, base: "Plan", events: Sequence["Failure"]) -> "Plan":
-        """`schedc.replan` of `base` under the run's solver and deadline (raises `SchedcError`)."""
+    def replan(self, base: "Plan", events: Sequence["Failure"], solver: str | None = None) -> "Plan":
+        """`schedc.replan` of `base` under the run's deadline, with `solver` or the run's
+        (raises `SchedcError`)."""
 
     def switch(self, plan: "Plan", *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
         """Announce a planned switch to `plan` at an iteration boundary a little ahead;
@@ -71,3 +73,59 @@ class Controller(Protocol):
 
     def rejoin_wanted(self, rank: int) -> bool:
         """Whether the rejoin policy is bringing `rank` back now."""
+
+
+class SupervisorControl:
+    """The `Controller` over a `schedc.live.supervisor.Supervisor`: what its policies get
+    instead of the supervisor itself (forwarding only; the supervisor is not imported)."""
+
+    def __init__(self, sup):
+        self._sup = sup
+
+    @property
+    def phase(self) -> "Phase":
+        return self._sup.phase
+
+    @property
+    def plan(self) -> "Plan":
+        return self._sup.plan
+
+    @property
+    def base_plan(self) -> "Plan":
+        return self._sup.base_plan
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        sup = self._sup
+        return () if sup.gen is None else tuple(r for r in sup.gen.members if r not in sup.dead)
+
+    @property
+    def completed(self) -> int:
+        return self._sup.completed
+
+    def is_running(self, rank: int) -> bool:
+        return rank in self._sup.alive
+
+    def note(self, kind: str, message: str, **details) -> None:
+        self._sup._note(kind, message, **details)
+
+    def replan(self, base: "Plan", events: Sequence["Failure"], solver: str | None = None) -> "Plan":
+        return self._sup._replan(base, events, solver)
+
+    def switch(self, plan: "Plan", *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
+        return self._sup._switch(plan, kind=kind, reason=reason, ranks=ranks)
+
+    def revive(self, rank: int) -> None:
+        sup = self._sup
+        if rank not in sup.alive:
+            sup.dead.discard(rank)
+            sup._start_workers([rank])
+
+    def direct(self, rank: int, directive: dict | None) -> None:
+        self._sup.job.direct(rank, directive)
+
+    def request_rejoin(self, rank: int, reason: str) -> None:
+        self._sup.rejoins.request(rank, reason)
+
+    def rejoin_wanted(self, rank: int) -> bool:
+        return rank in self._sup.rejoins.wanted

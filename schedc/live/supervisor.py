@@ -33,18 +33,19 @@ from typing import Callable, Sequence
 
 from schedc.diagnostics import Diagnostic, RunError, SchedcError, error
 from schedc.live import checkpoint
-from schedc.live.agent import Agent
+from schedc.live.agent import Fleet
+from schedc.live.control import SupervisorControl
 from schedc.live.detect import Beat, Detector, Suspect
 from schedc.live.inject import Injection, parse_injections
+from schedc.live.ledger import Ledger
 from schedc.live.membership import Generation, JobStore
 from schedc.live.options import TrainOptions
-from schedc.live.protocol import (Aborted, AgentUp, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited,
-                                  FireInjection, Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked,
-                                  SignalRanks, StartRanks, StopAgent, WorkerError)
+from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited, Injected,
+                                  IterationDone, Left, Phase, Probe, Ready, RejoinAsked, WorkerError)
 from schedc.live.recovery import Change, RecoveryPolicy, describe, failure_events, restored_name
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
-from schedc.live.slowness import Slowness, measured_speed
+from schedc.live.slowness import Slowness
 from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
 from schedc.spec import Failure
@@ -80,29 +81,22 @@ class Supervisor:
         self.iterations = options.iterations or spec.train.iterations
         self.injections: tuple[Injection, ...] = parse_injections(options.inject, spec, iterations=self.iterations)
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()
-        self.world = spec.dp * spec.pp
-        nodes = -(-self.world // spec.cluster.gpus_per_node)
-        self._host_of = {r: spec.cluster.node_of(r) * options.hosts // nodes for r in range(self.world)}
         stall = options.stall_timeout or max(10.0, 10 * self.plan.metrics.iteration_time / 1e6)
         self.detector = Detector(heartbeat_timeout=options.detect_timeout, stall_timeout=stall,
                                  startup_timeout=options.startup_timeout)
         self.phase = Phase.NEW
         self.job: JobStore | None = None
-        self.local: Agent | None = None
+        self.fleet: Fleet | None = None  # every host's agent
         self.gen: Generation | None = None
         self.dead: set[int] = set()  # ranks lost for good in this run (failed, fenced)
         self.alive: set[int] = set()  # ranks whose worker process runs (started, no exit reported yet)
         self.events: list[dict] = []
-        self.iteration_records: dict[int, IterationRecord] = {}  # the latest completion of each
-        self.history: list[IterationRecord] = []  # every completion, in order
+        self.ledger = Ledger(self.t0, with_loss=not options.emulate)  # which iterations are done
         self.recoveries: list[Recovery] = []
         self.generation_records: list[GenerationRecord] = []
         self.switches: list[Switch] = []
-        self.checkpoints: list[str] = []
         self.state_dict: dict | None = None
-        self.assembler = checkpoint.Assembler(self.ckpt_root, spec.pp, options.keep_checkpoints)
-        self._reports: dict[tuple[int, int], dict[int, IterationDone]] = {}  # (generation, iteration) -> rank ->
-        self._first_iteration: int | None = None  # where this run started (a resumed run: the checkpoint's)
+        self.checkpoints = checkpoint.RunCheckpoints(self.ckpt_root, spec.pp, options.keep_checkpoints)
         self._ready: dict[int, Ready] = {}
         self._done: set[int] = set()
         self._suspects: dict[int, Suspect] = {}
@@ -120,11 +114,11 @@ class Supervisor:
         self._failure: list[Diagnostic] | None = None
         self._unexplained: float | None = None  # an abort no failure explains, since when
         self._retries = 0
-        control = _Control(self)
+        control = SupervisorControl(self)
         self.rejoins = Rejoins(control)
         self.slowness = Slowness(control, mode=options.fail_slow)
         self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
-                                       initial_plan=self.plan, latest_checkpoint=self._own_latest_checkpoint,
+                                       initial_plan=self.plan, latest_checkpoint=self.checkpoints.latest_own,
                                        out=self.out)
         self._handlers = {
             WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
@@ -164,40 +158,26 @@ class Supervisor:
         opts = dict(self.options.__dict__, iterations=self.iterations)
         return TrainResult(
             ok=self.phase == Phase.DONE and not self._failure, out=str(self.out),
-            iterations=[self.iteration_records[i] for i in sorted(self.iteration_records)],
+            iterations=[self.ledger.records[i] for i in sorted(self.ledger.records)],
             events=self.events, recoveries=self.recoveries, generations=self.generation_records,
             wall_s=time.time() - self.t0, options=opts, state_dict=self.state_dict,
             error=[d.to_json() for d in self._failure] if self._failure else None,
-            checkpoints=self.checkpoints, history=list(self.history), switches=self.switches,
+            checkpoints=list(self.checkpoints.paths), history=list(self.ledger.history), switches=self.switches,
             decisions=self.slowness.decisions)
 
     @property
     def completed(self) -> int:
         """Iterations completed so far (the next one to complete)."""
-        return max(self.iteration_records, default=-1) + 1
+        return self.ledger.completed
 
     # -- start ---------------------------------------------------------------------------------
 
     def _setup(self) -> None:
         opts, spec = self.options, self.plan.spec
-        restore = None
-        if opts.resume:
-            found = checkpoint.latest(self.ckpt_root)
-            if found is None:
-                raise RunError([error("E556", f"no complete checkpoint in `{self.ckpt_root}` to resume from",
-                                      hint="train with --checkpoint-every K first, or drop --resume")])
-            checkpoint.check_resumable(found, stages=spec.pp, emulate=opts.emulate, optimizer=spec.train.optimizer,
-                                       iterations=self.iterations)
-            restore = str(found.path)
-            self.checkpoints.append(restore)
-        elif opts.checkpoint_every and checkpoint.latest(self.ckpt_root) is not None:
-            # Another run's checkpoints: mixing them would make `latest` and pruning lie.
-            raise RunError([error("E556", f"`{self.ckpt_root}` holds checkpoints of an earlier run",
-                                  hint="continue that run with --resume, or give this one another "
-                                       "--checkpoint-dir (or remove the old checkpoints)")])
-        if opts.checkpoint_every:
-            checkpoint.check_writable(self.ckpt_root)
-        removed = checkpoint.clean_partials(self.ckpt_root)
+        found, removed = self.checkpoints.prepare(resume=opts.resume, every=opts.checkpoint_every,
+                                                  emulate=opts.emulate, optimizer=spec.train.optimizer,
+                                                  iterations=self.iterations)
+        restore = str(found.path) if found else None
         try:
             self.job = JobStore.serve(opts.store_host, opts.store_port)
         except (RuntimeError, OSError) as exc:  # a busy port, an address not of this machine
@@ -213,36 +193,18 @@ class Supervisor:
             "probe": opts.fail_slow == "act",
             "cluster": [spec.cluster.dp, spec.cluster.pp],  # GPUs with no ops to time measure their speed by probes
         })
-        self.local = Agent(self.job, 0)
-        self.local.register()
+        self.fleet = Fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
-        self._wait_for_agents()
+        self.fleet.wait_for_agents(opts.agent_timeout, lambda kind, message: self._note(kind, message))
         self._announce(self.plan, restore=restore, reason=f"resume from {Path(restore).name}" if restore else "start")
         self._start_workers(self.gen.members)
         self.phase = Phase.STARTING
 
-    def _wait_for_agents(self) -> None:
-        want = set(range(1, self.options.hosts))
-        if not want:
-            return
-        self._note("agents", f"waiting for {len(want)} agent(s): on each other host run "
-                             f"`schedc agent --store {self.job.host}:{self.job.port} --host H` (H = "
-                             f"{', '.join(map(str, sorted(want)))})")
-        deadline = time.monotonic() + self.options.agent_timeout
-        while want and time.monotonic() < deadline:
-            want -= {ev.host for ev in self.job.events() if isinstance(ev, AgentUp)}
-            time.sleep(0.01)
-        if want:
-            raise RunError([error("E557", f"agents of host(s) {sorted(want)} did not register within "
-                                          f"{self.options.agent_timeout:g} s",
-                                  hint=f"start them with `schedc agent --store {self.job.host}:{self.job.port} "
-                                       f"--host H`, or run with fewer --hosts")])
-
     # -- the loop --------------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        self.local.step(TICK)
+        self.fleet.step(TICK)
         now = self._now()
         for msg in self.job.reports() + self.job.events():
             self._dispatch(msg, now)
@@ -275,8 +237,8 @@ class Supervisor:
         elif self.phase == Phase.RUNNING and self._complete():
             self._finish()
         elif self.phase == Phase.RUNNING and self.gen is not None and self._done >= set(self.gen.members):
-            missing = [i for i in range(self._first_iteration or 0, self.iterations) if i not in self.iteration_records]
-            self._fail([error("E554", f"every rank finished, yet iterations {missing} were never completed",
+            self._fail([error("E554", f"every rank finished, yet iterations {self.ledger.missing(self.iterations)} "
+                                      "were never completed",
                               hint="this is a bug in schedc's live runtime; please report it with the --log file")])
         elif self.phase == Phase.FINISHING and (not (self.alive - self.dead) or now > self._finish_deadline):
             self.phase = Phase.DONE  # (workers still there after the deadline are killed at teardown)
@@ -308,16 +270,13 @@ class Supervisor:
                 self._generation_ready(now)
 
     def _on_iteration(self, msg: IterationDone, now: float) -> None:
-        reps = self._reports.setdefault((msg.gen, msg.it), {})
-        reps[msg.rank] = msg
         speeds = self._gen_speeds.get(msg.gen, {})
         current = self.gen.number if self.gen else -1
         if msg.rank in speeds and msg.gen == current and self.options.fail_slow != "off":
             self.slowness.observe(msg, speeds[msg.rank])
-        members = self._members_of(msg.gen)
-        if members is not None and set(reps) >= set(members):
-            del self._reports[(msg.gen, msg.it)]
-            self._iteration_done(msg.it, msg.gen, reps, now)
+        record = self.ledger.add(msg, self._members_of(msg.gen), speeds)
+        if record is not None:
+            self._iteration_done(record, now)
 
     def _on_aborted(self, msg: Aborted, now: float) -> None:
         self._note("aborted", f"rank {msg.rank} left generation {msg.gen}: {msg.reason}", quiet=True,
@@ -337,9 +296,8 @@ class Supervisor:
         meta = {"spec": self.plan.spec.source_name, "optimizer": self.plan.spec.train.optimizer,
                 "emulate": self.options.emulate, "model": self.gen.manifest["source"] if self.gen else None,
                 "generation": self.gen.number, "time": time.time()}
-        done = self.assembler.stage_written(msg.gen, msg.iteration, msg.stage, meta)
+        done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta)
         if done is not None:
-            self.checkpoints.append(str(done.path))
             self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {done.iteration} steps)",
                        path=str(done.path), iteration=done.iteration)
 
@@ -411,19 +369,10 @@ class Supervisor:
     def _generation_ready(self, now: float) -> None:
         start = min(r.start for r in self._ready.values())
         undone = sum(1 for r in self._ready.values() if r.undone)
-        if self._first_iteration is None:
-            self._first_iteration = start
-        # Every iteration before `start` is committed: every survivor applied its step. One whose
-        # report a dying rank never sent is recorded from the reports that did arrive.
-        for it in range(self._first_iteration, start):
-            if it not in self.iteration_records:
-                for (g, i), reps in sorted(self._reports.items(), reverse=True):
-                    if i == it and reps:
-                        self._iteration_done(it, g, reps, now)
-                        break
-        self.assembler.resumed(self.gen.number, start)  # checkpoint files of undone steps are written again
-        for key in [key for key in self._reports if key[1] < start]:
-            del self._reports[key]  # committed: recorded above
+        # Every iteration before `start` is committed: every survivor applied its step.
+        for record in self.ledger.commit_before(start, lambda g: self._gen_speeds.get(g, {})):
+            self._iteration_done(record, now)
+        self.checkpoints.resumed(self.gen.number, start)  # checkpoint files of undone steps are written again
         self.generation_records[-1].t_ready = now
         first = self._training_started is None
         changed = self.phase in (Phase.RECOVERING, Phase.SWITCHING)
@@ -464,19 +413,8 @@ class Supervisor:
                                        f"{now - t0:.2f} s after the failure; {back}",
                        generation=self.gen.number, start=start, undone=undone)
 
-    def _iteration_done(self, it: int, gen: int, reps: dict[int, IterationDone], now: float) -> None:
-        # The last stage sums the loss over its GPUs as it steps: each of its reports has all of it.
-        losses = [r.loss for r in reps.values() if r.loss is not None]
-        loss = None if self.options.emulate or not losses else losses[0]
-        start = min(r.t0 for r in reps.values()) - self.t0
-        end = max(r.t1 for r in reps.values()) - self.t0
-        old = self.iteration_records.get(it)
-        plan_speeds = self._gen_speeds.get(gen, {})
-        measured = {r: measured_speed(rep, plan_speeds.get(r, 1.0)) for r, rep in sorted(reps.items())}
-        record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4), runs=(old.runs + 1) if old else 1,
-                                 speeds={r: round(v, 4) for r, v in measured.items() if v is not None})
-        self.iteration_records[it] = record
-        self.history.append(record)
+    def _iteration_done(self, record: IterationRecord, now: float) -> None:
+        it, gen = record.iteration, record.generation
         self._after_iteration(record)
         rec = self._recovery
         if rec is not None and rec.t_first is None and rec.to_generation == gen == self.gen.number:
@@ -485,9 +423,9 @@ class Supervisor:
             self._note("recovered", f"first iteration under generation {gen} done {now - t0:.2f} s after the "
                                     "failure", generation=gen, iteration=it)
             self._recovery = None
-        loss_text = "" if loss is None else f"  loss {loss:.6f}"
+        loss_text = "" if record.loss is None else f"  loss {record.loss:.6f}"
         again = f"  (run {record.runs})" if record.runs > 1 else ""
-        self.on_line(f"iteration {it:4d}{loss_text}  {end - start:7.3f} s  gen {gen}{again}")
+        self.on_line(f"iteration {it:4d}{loss_text}  {record.end - record.start:7.3f} s  gen {gen}{again}")
 
     def _after_iteration(self, record: IterationRecord) -> None:
         """An iteration is done: a switch's figures; for the current generation, the policies."""
@@ -523,10 +461,9 @@ class Supervisor:
         return None
 
     def _complete(self) -> bool:
-        if self.gen is None or self._first_iteration is None:
+        if self.gen is None or self.ledger.first is None:
             return False
-        todo = range(self._first_iteration, self.iterations)
-        return all(it in self.iteration_records for it in todo) and self._done >= set(self.gen.members)
+        return not self.ledger.missing(self.iterations) and self._done >= set(self.gen.members)
 
     def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None) -> None:
         """Publish the next generation: `plan`'s programs, rendered once (the same files are
@@ -612,7 +549,7 @@ class Supervisor:
         """Iterations between announcing a planned switch and its start: SWITCH_MARGIN, plus what
         a heartbeat's staleness (the furthest rank may be further) spans at the measured pace, so
         that no member is past the start when it reads of the switch (at its next boundary)."""
-        ends = [r.end for r in self.history[-6:]]
+        ends = [r.end for r in self.ledger.history[-6:]]
         gaps = [b - a for a, b in zip(ends, ends[1:]) if b > a]
         period = statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
         return SWITCH_MARGIN + min(50, math.ceil(self.options.heartbeat_interval / max(period, 1e-3)))
@@ -623,7 +560,7 @@ class Supervisor:
         # Failures that come together (a node) are planned together.
         settle = time.monotonic() + SETTLE
         while time.monotonic() < settle:
-            self.local.step(TICK)
+            self.fleet.step(TICK)
             now = self._now()
             for ev in self.job.events():
                 self._dispatch(ev, now)
@@ -644,7 +581,7 @@ class Supervisor:
         if rec is None:  # (a failure during a recovery extends it)
             rec = Recovery(from_generation=old.number, t_detect=min(s.at for s in suspects.values()),
                            method=self.options.recovery,
-                           t_last_complete=max((r.end for r in self.iteration_records.values()), default=None),
+                           t_last_complete=max((r.end for r in self.ledger.records.values()), default=None),
                            predicted_before_us=self.plan.metrics.iteration_time)
             self.recoveries.append(rec)
             self._recovery = rec
@@ -702,16 +639,9 @@ class Supervisor:
         self._signal(survivors, "kill")
         deadline = time.monotonic() + 10
         while self.alive & set(survivors) and time.monotonic() < deadline:
-            self.local.step(TICK)
+            self.fleet.step(TICK)
             for ev in self.job.events():
                 self._dispatch(ev, self._now())
-
-    def _own_latest_checkpoint(self) -> checkpoint.Checkpoint | None:
-        """The newest complete checkpoint this run wrote (or resumed from) that still exists."""
-        for path in reversed(self.checkpoints):
-            if Path(path, "meta.json").is_file():
-                return checkpoint.read(Path(path))
-        return None
 
     def _retry(self) -> None:
         """Ranks lost a peer but no failure was detected: run the same plan again as a new generation."""
@@ -729,28 +659,12 @@ class Supervisor:
 
     # -- processes ---------------------------------------------------------------------------------------
 
-    def _by_host(self, ranks) -> dict[int, list[int]]:
-        by_host: dict[int, list[int]] = {}
-        for r in ranks:
-            by_host.setdefault(self._host_of[r], []).append(r)
-        return dict(sorted(by_host.items()))
-
     def _start_workers(self, ranks) -> None:
-        for r in ranks:
-            self.job.forget_heartbeat(r)  # a replacement must not inherit its predecessor's last beat
-        for host, rs in self._by_host(ranks).items():
-            if host == 0:
-                self.local.start(rs)
-            else:
-                self.job.command(host, StartRanks(tuple(rs)))
+        self.fleet.start(ranks)
         self.alive.update(ranks)
 
     def _signal(self, ranks, name: str) -> None:
-        for host, rs in self._by_host(ranks).items():
-            if host == 0:
-                self.local.signal(rs, name)
-            else:
-                self.job.command(host, SignalRanks(tuple(rs), name))
+        self.fleet.signal(ranks, name)
 
     def _fire_timed_injections(self, now: float) -> None:
         if self._training_started is None:
@@ -762,8 +676,7 @@ class Supervisor:
                 if inj.action == "rejoin":
                     self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
                     continue
-                for host in self._by_host(inj.ranks):
-                    self.job.command(host, FireInjection(inj.index))
+                self.fleet.fire(inj.index, inj.ranks)
 
     # -- the end ---------------------------------------------------------------------------------------------
 
@@ -797,12 +710,10 @@ class Supervisor:
             if self.gen is not None:
                 self.job.abort(self.gen.number)
             self.job.stop(reason)
-            for host in range(1, self.options.hosts):
-                self.job.command(host, StopAgent())
         except Exception:
             pass
-        if self.local is not None:
-            self.local.stop_all(grace=2.0)
+        if self.fleet is not None:
+            self.fleet.stop(grace=2.0)
         if self.options.hosts > 1:  # remote agents report their workers' exits: wait a little for them
             deadline = time.monotonic() + 5.0
             while self.alive - self.dead and time.monotonic() < deadline:
@@ -823,61 +734,6 @@ class Supervisor:
         self.events.append({"t": round(t, 4), "kind": kind, "message": message, **details})
         if not quiet:
             self.on_line(f"[{t:8.3f} s] {message}")
-
-
-class _Control:
-    """The supervisor as its policies see it (`schedc.live.control.Controller`): nothing more."""
-
-    def __init__(self, sup: Supervisor):
-        self._sup = sup
-
-    @property
-    def phase(self) -> Phase:
-        return self._sup.phase
-
-    @property
-    def plan(self) -> Plan:
-        return self._sup.plan
-
-    @property
-    def base_plan(self) -> Plan:
-        return self._sup.base_plan
-
-    @property
-    def members(self) -> tuple[int, ...]:
-        sup = self._sup
-        return () if sup.gen is None else tuple(r for r in sup.gen.members if r not in sup.dead)
-
-    @property
-    def completed(self) -> int:
-        return self._sup.completed
-
-    def is_running(self, rank: int) -> bool:
-        return rank in self._sup.alive
-
-    def note(self, kind: str, message: str, **details) -> None:
-        self._sup._note(kind, message, **details)
-
-    def replan(self, base: Plan, events: Sequence[Failure], solver: str | None = None) -> Plan:
-        return self._sup._replan(base, events, solver)
-
-    def switch(self, plan: Plan, *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
-        return self._sup._switch(plan, kind=kind, reason=reason, ranks=ranks)
-
-    def revive(self, rank: int) -> None:
-        sup = self._sup
-        if rank not in sup.alive:
-            sup.dead.discard(rank)
-            sup._start_workers([rank])
-
-    def direct(self, rank: int, directive: dict | None) -> None:
-        self._sup.job.direct(rank, directive)
-
-    def request_rejoin(self, rank: int, reason: str) -> None:
-        self._sup.rejoins.request(rank, reason)
-
-    def rejoin_wanted(self, rank: int) -> bool:
-        return rank in self._sup.rejoins.wanted
 
 
 def _json(text: str) -> dict:

@@ -1,0 +1,75 @@
+"""Which iterations of a live run are done: the ranks' `IterationDone` reports, gathered.
+
+An iteration of generation g is done when every rank that runs it has
+reported it (`add` with those ranks). One a rank died before reporting is
+done all the same once the next generation resumes after it: every survivor
+applied its step (`commit_before`). An iteration run again after a rollback
+gets a new record (`runs` counts them); `history` keeps every completion.
+Pure bookkeeping on the supervisor's clock: no I/O.
+"""
+
+from __future__ import annotations
+
+from schedc.live.protocol import IterationDone
+from schedc.live.slowness import measured_speed
+from schedc.runtime.result import IterationRecord
+
+
+class Ledger:
+    def __init__(self, t0: float, *, with_loss: bool = True):
+        self.t0 = t0  # the clock's zero (reports carry `time.time()`)
+        self.with_loss = with_loss  # False with --emulate: no loss is computed
+        self.records: dict[int, IterationRecord] = {}  # the latest completion of each iteration
+        self.history: list[IterationRecord] = []  # every completion, in order
+        self.first: int | None = None  # where the run started (a resumed run: the checkpoint's)
+        self._reports: dict[tuple[int, int], dict[int, IterationDone]] = {}  # (generation, iteration) -> rank ->
+
+    @property
+    def completed(self) -> int:
+        """Iterations completed so far (the next one to complete)."""
+        return max(self.records, default=-1) + 1
+
+    def add(self, msg: IterationDone, members, speeds: dict[int, float]) -> IterationRecord | None:
+        """One rank's report; the iteration's record once every one of `members` has reported.
+        `speeds` are the speeds the generation's plan assumes (rank -> speed)."""
+        reps = self._reports.setdefault((msg.gen, msg.it), {})
+        reps[msg.rank] = msg
+        if members is None or not set(reps) >= set(members):
+            return None
+        del self._reports[(msg.gen, msg.it)]
+        return self._record(msg.it, msg.gen, reps, speeds)
+
+    def commit_before(self, start: int, speeds_of) -> list[IterationRecord]:
+        """A generation resumes at `start`: every iteration before it is committed. Records those
+        whose last reports never came (from the reports that did), and drops what is left."""
+        if self.first is None:
+            self.first = start
+        out = []
+        for it in range(self.first, start):
+            if it not in self.records:
+                for (g, i), reps in sorted(self._reports.items(), reverse=True):
+                    if i == it and reps:
+                        del self._reports[(g, i)]
+                        out.append(self._record(it, g, reps, speeds_of(g)))
+                        break
+        for key in [key for key in self._reports if key[1] < start]:
+            del self._reports[key]
+        return out
+
+    def missing(self, iterations: int) -> list[int]:
+        """Iterations of the run not completed yet."""
+        return [i for i in range(self.first or 0, iterations) if i not in self.records]
+
+    def _record(self, it: int, gen: int, reps: dict[int, IterationDone], speeds: dict[int, float]) -> IterationRecord:
+        # The last stage sums the loss over its GPUs as it steps: each of its reports has all of it.
+        losses = [r.loss for r in reps.values() if r.loss is not None]
+        loss = losses[0] if losses and self.with_loss else None
+        start = min(r.t0 for r in reps.values()) - self.t0
+        end = max(r.t1 for r in reps.values()) - self.t0
+        old = self.records.get(it)
+        measured = {r: measured_speed(rep, speeds.get(r, 1.0)) for r, rep in sorted(reps.items())}
+        record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4), runs=(old.runs + 1) if old else 1,
+                                 speeds={r: round(v, 4) for r, v in measured.items() if v is not None})
+        self.records[it] = record
+        self.history.append(record)
+        return record
