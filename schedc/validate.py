@@ -14,16 +14,18 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from dataclasses import dataclass, field, replace
-from fractions import Fraction
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from schedc.diagnostics import Diagnostic, InfeasibleError, Label, Span, SpecError, did_you_mean, error
+from schedc.diagnostics import Diagnostic, Label, Span, did_you_mean, error, spec_error
+from schedc.diagnostics import LostStageError  # noqa: F401  (callers catch it as schedc.validate's)
+from schedc.failures import failures_from_block, resolve_gpus
 from schedc.parse import (FLOPS_UNITS, RATE_UNITS, SIZE_UNITS, TIME_UNITS, Assign, Block, Document, Statement,
                           Value, display_text)
+from schedc.printer import human_bytes
 from schedc.spec import (
     STAGE_KEYS,
     STAGE_SIZE_KEYS,
@@ -39,10 +41,6 @@ from schedc.spec import (
     StageCosts,
     TrainSpec,
 )
-
-
-class LostStageError(SpecError, InfeasibleError):
-    """Failures leave a stage without any live GPU (E301). Both a `SpecError` and an `InfeasibleError`."""
 
 
 # -- units (the tables are the language's, in schedc.parse) -------------------------
@@ -109,7 +107,6 @@ class _Strict(BaseModel):
 MAX_TIME_US = 10**10  # one op or one transfer's latency: about 2.8 hours
 MAX_BYTES = 2**60  # one EiB
 MAX_GPUS = 131_072  # dp * pp: schedc checks a cluster this large in seconds
-MIN_SPEED = Fraction(1, 1000)  # slower than this, a GPU is better failed than slowed
 
 
 class _Cluster(_Strict):
@@ -446,21 +443,11 @@ def validate(doc: Document, *, name: str | None = None) -> Spec:
         _check_memory(ctx, cluster, stages, costs)
 
     if ctx.diags:
-        raise _spec_error(ctx.diags, {doc.file: display_text(doc.text)})
+        raise spec_error(ctx.diags, {doc.file: display_text(doc.text)})
     assert cluster is not None and train is not None and schedule is not None and stages is not None
     return Spec(cluster=cluster, stages=stages, train=train, schedule=schedule, failures=failures or (),
                 gpus=gpus, model=model, partition=partition, costs=costs, source_name=name or doc.file,
                 source_text=display_text(doc.text), spans=MappingProxyType(dict(ctx.spans)))
-
-
-def _spec_error(diags: Sequence[Diagnostic], sources: dict[str, str]) -> SpecError:
-    # E1xx/E2xx sort before E3xx (meaning errors usually explain the rest); within each, in
-    # source order, so a user can work down the file.
-    ordered = sorted(diags, key=lambda d: (d.code[:2] == "E3",
-                                           (d.span.line, d.span.column) if d.span else (0, 0)))
-    if all(d.code.startswith("E3") for d in ordered):
-        return LostStageError(ordered, sources)
-    return SpecError(ordered, sources)
 
 
 def _doc_span(doc: Document) -> Span:
@@ -816,207 +803,14 @@ def _partition(ctx: _Ctx, block: Block | None, cluster: ClusterSpec | None, mode
 def _failures(ctx: _Ctx, block: Block | None) -> tuple[Failure, ...] | None:
     if block is None:
         return ()
-    out: list[Failure] = []
-    ok = True
-    for item in block.items:
-        if not isinstance(item, Statement):
-            span = item.key_span if isinstance(item, Assign) else item.name_span
-            name = item.key if isinstance(item, Assign) else item.name
-            ctx.add(error("E201", f"unknown statement `{name}` in `failures`", span,
-                          label=did_you_mean(name, ("fail", "slow")) or "not a failure statement",
-                          hint="write `fail gpu(dp=D, pp=S)`, `fail rank R`, `fail node N` or "
-                               "`slow gpu(dp=D, pp=S) speed = X`"))
-            ok = False
-            continue
-        f, diags = failure_from_statement(item, allow_recover=False)
-        ctx.diags.extend(diags)
-        if f is None:
-            ok = False
-            continue
-        ctx.spans[f"failures.{len(out)}"] = item.span
-        out.append(f)
-    return tuple(out) if ok else None
-
-
-def _int_of(v: Value, what: str) -> tuple[int | None, Diagnostic | None]:
-    if v.kind != "number" or v.unit or v.number.denominator != 1:  # type: ignore[union-attr]
-        return None, error("E205", f"{what} must be a whole number, got `{v.text}`", v.span, label="expected a number")
-    return int(v.number), None  # type: ignore[arg-type]
-
-
-def failure_from_statement(st: Statement, *, allow_recover: bool) -> tuple[Failure | None, list[Diagnostic]]:
-    """One `fail`/`slow`/`recover` statement -> `Failure` (shape and value checks only, not ranges)."""
-    diags: list[Diagnostic] = []
-    if st.verb == "recover" and not allow_recover:
-        return None, [error("E201", "`recover` is a replan event, not a spec statement", st.span,
-                            label="only in events", hint="remove the GPU's `fail`/`slow` line instead")]
-    targets = ("gpu", "rank", "node") if st.verb == "fail" else ("gpu",)
-    if st.target not in targets:
-        return None, [error("E201", f"`{st.verb}` cannot name `{st.target}`", st.target_span,
-                            label=did_you_mean(st.target, targets) or "unknown target",
-                            hint=f"`{st.verb}` takes " + ", ".join(
-                                "gpu(dp=D, pp=S)" if t == "gpu" else f"{t} N" for t in targets))]
-    coords: dict[str, int] = {}
-    index = None
-    if st.target == "gpu":
-        if st.args is None:
-            return None, [error("E205", f"`{st.verb} gpu` needs coordinates", st.target_span,
-                                label="expected (dp=D, pp=S)", hint=f"write `{st.verb} gpu(dp=0, pp=1)`")]
-        for arg in st.args:
-            if arg.name not in ("dp", "pp"):
-                diags.append(error("E201", f"unknown coordinate `{arg.name}`", arg.span,
-                                   label=did_you_mean(arg.name, ("dp", "pp")) or "expected dp or pp",
-                                   hint="a GPU is named gpu(dp=D, pp=S)"))
-            elif arg.name in coords:
-                diags.append(error("E202", f"coordinate `{arg.name}` is given twice", arg.span, label="twice"))
-            else:
-                n, d = _int_of(arg.value, f"`{arg.name}`")
-                if d:
-                    diags.append(d)
-                    coords[arg.name] = -1
-                else:
-                    coords[arg.name] = n  # type: ignore[assignment]
-        for c in ("dp", "pp"):
-            if c not in coords and not diags:
-                diags.append(error("E203", f"`gpu(...)` is missing `{c}`", st.target_span, label=f"no {c}",
-                                   hint=f"write `{st.verb} gpu(dp=0, pp=1)`"))
-    else:
-        if st.index is None:
-            return None, [error("E205", f"`fail {st.target}` needs a number", st.target_span,
-                                label=f"expected `{st.target} N`", hint=f"write `fail {st.target} 0`")]
-        index, d = _int_of(st.index, f"the {st.target}")
-        if d:
-            diags.append(d)
-    speed = None
-    if st.verb == "slow":
-        assert st.setting is not None  # the grammar requires `speed = X` after `slow gpu(...)`
-        if st.setting.key != "speed":
-            diags.append(error("E201", f"unknown setting `{st.setting.key}` of `slow`", st.setting.key_span,
-                               label=did_you_mean(st.setting.key, ("speed",)) or "expected `speed`",
-                               hint="write `slow gpu(dp=0, pp=1) speed = 0.5`"))
-        else:
-            v = st.setting.value
-            if v.kind != "number" or v.unit:
-                diags.append(error("E205", f"`speed` must be a plain number in (0, 1], got `{v.text}`", v.span,
-                                   label="expected a number"))
-            elif not 0 < v.number <= 1:  # type: ignore[operator]
-                diags.append(error("E206", f"`speed` must be in (0, 1], got {v.text}", v.span,
-                                   label="out of range",
-                                   hint="speed is the fraction of full speed: 0.5 means its ops take twice as long"))
-            elif v.number < MIN_SPEED:  # type: ignore[operator]
-                diags.append(error("E206", f"`speed` must be at least {float(MIN_SPEED):g}, got {v.text}", v.span,
-                                   label="too slow",
-                                   hint="a GPU this slow is better taken out: `fail gpu(...)`"))
-            else:
-                speed = float(v.number)  # type: ignore[arg-type]
-    if diags:
-        return None, diags
-    kind = {"fail": f"fail_{st.target}", "slow": "slow_gpu", "recover": "recover_gpu"}[st.verb]
-    return Failure(kind=kind, dp=coords.get("dp"), pp=coords.get("pp"),  # type: ignore[arg-type]
-                   rank=index if st.target == "rank" else None, node=index if st.target == "node" else None,
-                   speed=speed, span=st.span), []
-
-
-def describe_failure(f: Failure) -> str:
-    """The statement text of a failure (`fail gpu(dp=1, pp=2)`), as the printer writes it."""
-    if f.kind in ("fail_gpu", "recover_gpu"):
-        return f"{f.kind.split('_')[0]} gpu(dp={f.dp}, pp={f.pp})"
-    if f.kind == "slow_gpu":
-        return f"slow gpu(dp={f.dp}, pp={f.pp}) speed = {f.speed!r}"
-    if f.kind == "fail_rank":
-        return f"fail rank {f.rank}"
-    return f"fail node {f.node}"
-
-
-def failure_ranks(cluster: ClusterSpec, f: Failure) -> tuple[list[int], Diagnostic | None]:
-    """The ranks a failure names, or a diagnostic (E207) if it names a GPU/rank/node that does not exist."""
-    world = cluster.world_size
-    if f.kind in ("fail_gpu", "slow_gpu", "recover_gpu"):
-        assert f.dp is not None and f.pp is not None
-        if not (0 <= f.dp < cluster.dp and 0 <= f.pp < cluster.pp):
-            return [], error("E207", f"there is no GPU (dp={f.dp}, pp={f.pp})", f.span, label="no such GPU",
-                             hint=f"the cluster has dp = 0..{cluster.dp - 1} and pp = 0..{cluster.pp - 1}")
-        return [cluster.rank_of(f.dp, f.pp)], None
-    if f.kind == "fail_rank":  # a real GPU's rank: its whole tensor-parallel group fails
-        assert f.rank is not None
-        devices = cluster.devices
-        if not 0 <= f.rank < devices:
-            how = f"dp * pp * tp = {devices}" if cluster.tp > 1 else f"dp * pp = {world}"
-            return [], error("E207", f"there is no rank {f.rank}", f.span, label="no such rank",
-                             hint=f"the cluster has ranks 0..{devices - 1} ({how})")
-        return [f.rank // cluster.tp], None
-    assert f.node is not None
-    nodes = cluster.nodes
-    if not 0 <= f.node < nodes:
-        return [], error("E207", f"there is no node {f.node}", f.span, label="no such node",
-                         hint=f"the cluster has nodes 0..{nodes - 1} ({cluster.devices} GPUs, "
-                              f"gpus_per_node = {cluster.gpus_per_node})")
-    return list(cluster.ranks_on_node(f.node)), None
-
-
-def resolve_gpus(cluster: ClusterSpec, failures: Sequence[Failure], *,
-                 block_span: Span | None = None) -> tuple[tuple[Gpu, ...], list[Diagnostic]]:
-    """Every GPU in rank order with `failures` applied, and the problems found (E207, E208, E301)."""
-    diags: list[Diagnostic] = []
-    state: dict[int, tuple[str, float]] = {}
-    cause: dict[int, Failure] = {}
-    for f in failures:
-        if f.kind == "recover_gpu":
-            diags.append(error("E201", "`recover` is a replan event, not a failure", f.span))
-            continue
-        ranks, d = failure_ranks(cluster, f)
-        if d is not None:
-            diags.append(d)
-            continue
-        if f.kind == "fail_rank" and cluster.tp > 1 and all(
-                cause.get(r) is not None and cause[r].kind == "fail_rank" and cause[r].rank != f.rank for r in ranks):
-            continue  # another real GPU of the same tensor-parallel group: the group failed already
-        for r in ranks:
-            if r in cause:
-                dp, pp = cluster.coords_of(r)
-                first = cause[r]
-                notes = [Label(first.span, "first listed here")] if first.span is not None else []
-                diags.append(error("E208", f"GPU (dp={dp}, pp={pp}) (rank {r}) is listed twice", f.span,
-                                   label="listed again here", notes=notes,
-                                   hint="a GPU is either failed or slow, and listed once; remove one line"))
-                break
-        else:
-            for r in ranks:
-                cause[r] = f
-                state[r] = ("failed", 1.0) if f.kind != "slow_gpu" else ("live", float(f.speed or 1.0))
-    gpus = []
-    for r in range(cluster.world_size):
-        dp, pp = cluster.coords_of(r)
-        st, speed = state.get(r, ("live", 1.0))
-        gpus.append(Gpu(rank=r, dp=dp, pp=pp, node=cluster.node_of(r), state=st, speed=speed))  # type: ignore[arg-type]
-    if not diags:
-        for s in range(cluster.pp):
-            if any(g.live for g in gpus if g.pp == s):
-                continue
-            causes: list[Failure] = []
-            for g in gpus:
-                if g.pp == s and cause[g.rank] not in causes:
-                    causes.append(cause[g.rank])
-            notes = [Label(c.span, f"{describe_failure(c)} takes a replica of stage {s}")
-                     for c in causes if c.span is not None]
-            diags.append(error(
-                "E301", f"stage {s} has no live GPU left: all {cluster.dp} of its replicas failed",
-                block_span if block_span is not None else (causes[-1].span if causes else None),
-                label=f"stage {s} is lost", notes=notes,
-                hint=f"the weights of stage {s} exist on no live GPU: restore from a checkpoint onto "
-                     f"replacement GPUs, or remove one of these `fail` lines"))
-    return tuple(gpus), diags
+    failures, diags = failures_from_block(block)
+    ctx.diags.extend(diags)
+    for i, f in enumerate(failures or ()):
+        ctx.spans[f"failures.{i}"] = f.span  # type: ignore[assignment]  # parsed: always has one
+    return failures
 
 
 # -- memory ------------------------------------------------------------------------
-
-
-def human_bytes(n: int) -> str:
-    """Approximate size for messages (`1.5GiB`); the printer writes exact sizes."""
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= f:
-            return f"{n / f:.2f}".rstrip("0").rstrip(".") + unit
-    return f"{n}B"
 
 
 def _check_memory(ctx: _Ctx, cluster: ClusterSpec, stages: Sequence[StageCosts], costs: str) -> None:
@@ -1037,15 +831,3 @@ def _check_memory(ctx: _Ctx, cluster: ClusterSpec, stages: Sequence[StageCosts],
                                   f"{human_bytes(st.static + st.activation - mem)}: no microbatch can run",
                           where, label="no room for a microbatch", notes=notes,
                           hint="use more pipeline stages, smaller microbatches, or GPUs with more memory"))
-
-
-def validate_failures(spec: Spec, failures: Sequence[Failure], sources: dict[str, str] | None = None) -> Spec:
-    """`spec` with its failures replaced by `failures`, re-checked (E207, E208, E301)."""
-    gpus, diags = resolve_gpus(spec.cluster, failures, block_span=spec.span("failures"))
-    if diags:
-        raise _spec_error(diags, sources or {})
-    spans = {k: v for k, v in spec.spans.items() if not k.startswith("failures.")}
-    for i, f in enumerate(failures):
-        if f.span is not None:
-            spans[f"failures.{i}"] = f.span
-    return replace(spec, failures=tuple(failures), gpus=gpus, spans=MappingProxyType(spans))

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 from schedc.diagnostics import Diagnostic, Span, SpecError, did_you_mean, error
+from schedc.failures import describe_failure, failure_from_statement, failure_ranks
 from schedc.parse import parse_statements
 from schedc.spec import Failure, Spec
-from schedc.validate import describe_failure, failure_from_statement, failure_ranks
 
 OP_KINDS = ("F", "B", "W", "O")
 _OP_NAMES = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W",
