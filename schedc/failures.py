@@ -59,13 +59,18 @@ def _int_of(v: Value, what: str) -> tuple[int | None, Diagnostic | None]:
     return int(v.number), None  # type: ignore[arg-type]
 
 
-def failure_from_statement(st: Statement, *, allow_recover: bool) -> tuple[Failure | None, list[Diagnostic]]:
-    """One `fail`/`slow`/`recover` statement -> `Failure` (shape and value checks only, not ranges)."""
+def failure_from_statement(st: Statement, *, allow_recover: bool,
+                           verb: str | None = None) -> tuple[Failure | None, list[Diagnostic]]:
+    """One `fail`/`slow`/`recover` statement -> `Failure` (shape and value checks only, not ranges).
+
+    `verb` reads the statement as that verb (an injection's `hang` names what `fail` names);
+    messages still quote the verb as written."""
     diags: list[Diagnostic] = []
-    if st.verb == "recover" and not allow_recover:
+    meaning = verb or st.verb
+    if meaning == "recover" and not allow_recover:
         return None, [error("E201", "`recover` is a replan event, not a spec statement", st.span,
                             label="only in events", hint="remove the GPU's `fail`/`slow` line instead")]
-    targets = FAIL_TARGETS if st.verb == "fail" else ("gpu",)
+    targets = FAIL_TARGETS if meaning == "fail" else ("gpu",)
     if st.target not in targets:
         return None, [error("E201", f"`{st.verb}` cannot name `{st.target}`", st.target_span,
                             label=did_you_mean(st.target, targets) or "unknown target",
@@ -97,13 +102,13 @@ def failure_from_statement(st: Statement, *, allow_recover: bool) -> tuple[Failu
                                    hint=f"write `{st.verb} gpu(dp=0, pp=1)`"))
     else:
         if st.index is None:
-            return None, [error("E205", f"`fail {st.target}` needs a number", st.target_span,
-                                label=f"expected `{st.target} N`", hint=f"write `fail {st.target} 0`")]
+            return None, [error("E205", f"`{st.verb} {st.target}` needs a number", st.target_span,
+                                label=f"expected `{st.target} N`", hint=f"write `{st.verb} {st.target} 0`")]
         index, d = _int_of(st.index, f"the {st.target}")
         if d:
             diags.append(d)
     speed = None
-    if st.verb == "slow":
+    if meaning == "slow":
         assert st.setting is not None  # the grammar requires `speed = X` after `slow gpu(...)`
         if st.setting.key != "speed":
             diags.append(error("E201", f"unknown setting `{st.setting.key}` of `slow`", st.setting.key_span,
@@ -126,7 +131,7 @@ def failure_from_statement(st: Statement, *, allow_recover: bool) -> tuple[Failu
                 speed = float(v.number)  # type: ignore[arg-type]
     if diags:
         return None, diags
-    kind = {"fail": f"fail_{st.target}", "slow": "slow_gpu", "recover": "recover_gpu"}[st.verb]
+    kind = {"fail": f"fail_{st.target}", "slow": "slow_gpu", "recover": "recover_gpu"}[meaning]
     return Failure(kind=kind, dp=coords.get("dp"), pp=coords.get("pp"),  # type: ignore[arg-type]
                    rank=index if st.target == "rank" else None, node=index if st.target == "node" else None,
                    speed=speed, span=st.span), []
