@@ -165,7 +165,8 @@ def _moment(tree: Tree, file: str) -> tuple[Moment, dict[str, Span]]:
             _stop("the optimizer step O belongs to no microbatch", spans["mb"], label="remove the microbatch",
                   hint=SYNTAX)
         mb = _whole_number(mb_word, "a microbatch number", file)
-    return Moment(kind="iteration", iteration=iteration, phase=str(phase), op=op, mb=mb), spans  # type: ignore[arg-type]
+    moment = Moment(kind="iteration", iteration=iteration, phase=str(phase), op=op, mb=mb)  # type: ignore[arg-type]
+    return moment, spans
 
 
 def _time(tree: Tree, file: str) -> Moment:
