@@ -105,6 +105,22 @@ class InfeasibleError(SchedcError):
     """No schedule exists for the spec, or the chosen solver cannot make one (E3xx)."""
 
 
+class LostStageError(SpecError, InfeasibleError):
+    """Only E3xx problems: failures leave a stage without any live GPU (E301), or no microbatch
+    fits in memory (E302). Both a `SpecError` and an `InfeasibleError`."""
+
+
+def spec_error(diags: Sequence[Diagnostic], sources: dict[str, str]) -> SpecError:
+    """The error for a spec's problems: a `LostStageError` when all are E3xx, else a `SpecError`."""
+    # E1xx/E2xx sort before E3xx (meaning errors usually explain the rest); within each, in
+    # source order, so a user can work down the file.
+    ordered = sorted(diags, key=lambda d: (d.code[:2] == "E3",
+                                           (d.span.line, d.span.column) if d.span else (0, 0)))
+    if all(d.code.startswith("E3") for d in ordered):
+        return LostStageError(ordered, sources)
+    return SpecError(ordered, sources)
+
+
 class VerificationError(SchedcError):
     """A schedule breaks a rule of docs/architecture.md, "the meaning of a schedule" (E4xx)."""
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from schedc.diagnostics import Diagnostic, SpecError, error
+from schedc.failures import describe_failure, failure_from_statement, failure_ranks, validate_failures
 from schedc.parse import parse_statements
 from schedc.spec import Failure, Spec
-from schedc.validate import describe_failure, failure_from_statement, failure_ranks, validate_failures
 
 def parse_events(event: str | Failure | Sequence[str | Failure]) -> tuple[Failure, ...]:
     """Events as `Failure`s. A string may hold several statements (separated by spaces or newlines)."""

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from importlib import resources
-from typing import Literal, Union
+from typing import Callable, Literal, Mapping, Union
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from schedc.diagnostics import Diagnostic, Span, SpecError, did_you_mean, error
 
@@ -162,7 +162,7 @@ def parse_statements(text: str, file: str = "<event>") -> tuple[Statement, ...]:
     text = normalize_newlines(text)
     tree = _run_parser(text, file, "events")
     with _showing(text, file):
-        return tuple(_statement(c, file) for c in tree.children)
+        return tuple(statement_of(c, file) for c in tree.children)
 
 
 @contextmanager
@@ -216,20 +216,33 @@ def _checked_number(text: str, span: Span, file: str) -> Fraction:
 
 def _run_parser(text: str, file: str, start: str) -> Tree:
     _check_nesting(text, file)
+    return run_parser(_parser(), text, file, start, syntax_diagnostic)
+
+
+#: What turns a lark error into a diagnostic: (error, text, file, the two tokens before it).
+Diagnose = Callable[[UnexpectedInput, str, str, "list[Token]"], Diagnostic]
+
+
+def run_parser(parser: Lark, text: str, file: str, start: str, diagnose: Diagnose) -> Tree:
+    """`text` parsed by `parser` (any of schedc's grammars); a syntax error is a `SpecError`
+    with the single diagnostic `diagnose` makes of it."""
     # Feed tokens one by one so that an error knows the tokens before it.
-    interactive = _parser().parse_interactive(text, start=start)
+    interactive = parser.parse_interactive(text, start=start)
     recent: list[Token] = []
     try:
         for tok in interactive.iter_parse():
             recent = (recent + [tok])[-2:]
         return interactive.resume_parse()
     except UnexpectedInput as exc:
-        raise SpecError([_syntax_diagnostic(exc, text, file, recent)], {file: display_text(text)}) from None
+        if isinstance(exc, UnexpectedToken) and exc.interactive_parser is None:
+            exc.interactive_parser = interactive  # as lark's own parse() gives it: what it accepts here
+        raise SpecError([diagnose(exc, text, file, recent)], {file: display_text(text)}) from None
 
 
 # -- friendly syntax errors ----------------------------------------------------
 
-_TERMINAL_NAMES = {
+#: How a syntax error names a terminal of the grammar (the --inject grammar adds its own).
+TERMINAL_NAMES = {
     "LBRACE": "`{`", "RBRACE": "`}`", "EQUAL": "`=`", "LPAR": "`(`", "RPAR": "`)`",
     "LSQB": "`[`", "RSQB": "`]`", "COLON": "`:`", "COMMA": "`,`", "NAME": "a name",
     "NUMBER": "a number", "STRING": "a string", "FAIL": "`fail`", "SLOW": "`slow`",
@@ -237,14 +250,15 @@ _TERMINAL_NAMES = {
 }
 
 
-def _describe_expected(expected: set[str]) -> str:
-    names = sorted({_TERMINAL_NAMES.get(t, t) for t in expected})
-    if not names:
+def describe_expected(expected: set[str], names: Mapping[str, str] = TERMINAL_NAMES) -> str:
+    """`a name, `(` or `=``: what the parser could have taken, in words."""
+    words = sorted({names.get(t, t) for t in expected})
+    if not words:
         return "nothing"
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _tok_span(tok: Token, file: str) -> Span:
+def token_span(tok: Token, file: str) -> Span:
     line, col = tok.line or 1, tok.column or 1
     end_line = tok.end_line or line
     end_col = tok.end_column if tok.end_column is not None else col + max(len(tok), 1)
@@ -259,7 +273,7 @@ def _point(text: str, pos: int, file: str, width: int = 1) -> Span:
     return Span(file, line, col, line, col + max(width, 1))
 
 
-def _end_span(text: str, file: str) -> Span:
+def end_span(text: str, file: str) -> Span:
     """Where 'the end of the input' is shown: just after the last non-blank character."""
     stripped = text.rstrip()
     return _point(text, len(stripped), file)
@@ -289,7 +303,7 @@ def unclosed_brace(text: str) -> int | None:
     return stack[-1] if stack else None
 
 
-def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[Token]) -> Diagnostic:
+def syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[Token]) -> Diagnostic:
     if isinstance(exc, UnexpectedCharacters):
         pos = exc.pos_in_stream
         ch = text[pos] if pos < len(text) else ""
@@ -310,11 +324,11 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[
         if brace is not None:
             return error("E103", "unclosed `{`", _point(text, brace, file), label="this `{` is never closed",
                          hint="add the matching `}` at the end of the block")
-        return error("E102", f"unexpected end of input; expected {_describe_expected(expected)}",
-                     _end_span(text, file), hint="the last statement is incomplete")
+        return error("E102", f"unexpected end of input; expected {describe_expected(expected)}",
+                     end_span(text, file), hint="the last statement is incomplete")
 
     assert token is not None  # every other UnexpectedInput carries the token
-    span = _tok_span(token, file)
+    span = token_span(token, file)
     found = f"`{token.value}`"
     if token.type == "RBRACE" and "RBRACE" not in expected:
         # A `}` where a block cannot end here: either one too many, or a value is missing.
@@ -340,12 +354,12 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[
         if len(recent) == 2 and recent[0].type == "NAME" and recent[1].type in ("NUMBER", "STRING"):
             key, val = recent
             return error("E104", f"missing `=` between `{key.value}` and `{val.value}`",
-                         _tok_span(val, file), label="expected `=` before this",
+                         token_span(val, file), label="expected `=` before this",
                          hint=f"write `{key.value} = {val.value}`")
         if len(recent) == 2 and recent[0].type == "NUMBER" and recent[1].value in _UNITS:
             num, unit = recent
             return error("E104", f"a space between `{num.value}` and its unit `{unit.value}`",
-                         _tok_span(unit, file), label="the unit must touch its number",
+                         token_span(unit, file), label="the unit must touch its number",
                          hint=f"write `{num.value}{unit.value}`")
         if recent and recent[-1].type == "NAME":
             key = recent[-1]
@@ -354,12 +368,12 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[
                          hint=f"write `{key.value} = value`, or `{key.value} {{ ... }}` for a block")
     if token.type == "EQUAL" and recent and recent[-1].type in ("FAIL", "SLOW", "RECOVER"):
         word = recent[-1].value
-        return error("E102", f"`{word}` is a keyword and cannot be a key", _tok_span(recent[-1], file),
+        return error("E102", f"`{word}` is a keyword and cannot be a key", token_span(recent[-1], file),
                      label="keyword", hint=f"`{word}` starts a statement such as `{word} gpu(dp=0, pp=1)`")
     if recent and recent[-1].type == "EQUAL" and token.type in ("EQUAL", "RBRACE", "LBRACE"):
         return error("E102", f"missing value after `=`, found {found}", span, label="expected a value",
                      hint="values are numbers (with units), strings, true/false, names or layers[a:b]")
-    return error("E102", f"unexpected {found}; expected {_describe_expected(expected)}", span,
+    return error("E102", f"unexpected {found}; expected {describe_expected(expected)}", span,
                  label="unexpected here")
 
 
@@ -387,51 +401,56 @@ def _item(tree: Tree, file: str) -> Item:
         return _block(tree, file)
     if tree.data == "assignment":
         return _assign(tree, file)
-    return _statement(tree, file)
+    return statement_of(tree, file)
 
 
 def _block(tree: Tree, file: str) -> Block:
     name, label, *items = tree.children
     lab = None
     if label is not None:
-        lab = _value_of_token(label.children[0], file)
-    return Block(name=str(name), name_span=_tok_span(name, file), label=lab,
+        lab = value_of_token(label.children[0], file)
+    return Block(name=str(name), name_span=token_span(name, file), label=lab,
                  items=tuple(_item(c, file) for c in items), span=_meta_span(tree, file))
 
 
 def _assign(tree: Tree, file: str) -> Assign:
     name, index, value = tree.children
-    return Assign(key=str(name), key_span=_tok_span(name, file), value=_value(value, file),
+    return Assign(key=str(name), key_span=token_span(name, file), value=_value(value, file),
                   span=_meta_span(tree, file),
-                  index=_value_of_token(index, file) if index is not None else None)
+                  index=value_of_token(index, file) if index is not None else None)
 
 
-def _statement(tree: Tree, file: str) -> Statement:
-    verb_tok, target = tree.children[0], tree.children[1]
+def statement_of(tree: Tree, file: str) -> Statement:
+    """A statement's subtree -> `Statement`. Also reads the `--inject` grammar's `hang target` and
+    `slow link target key = value`: the verb, then the target, then the setting, words between
+    them (`link`) skipped."""
+    verb_tok, *rest = tree.children
     span = _meta_span(tree, file)
+    target = next(c for c in rest if isinstance(c, Tree))
+    after = rest[rest.index(target) + 1:]
     target_name = target.children[0]
     args = index = setting = None
     if target.data == "target_args":
         args = tuple(
-            Arg(name=str(a.children[0]), value=_value_of_token(a.children[1], file), span=_meta_span(a, file))
+            Arg(name=str(a.children[0]), value=value_of_token(a.children[1], file), span=_meta_span(a, file))
             for a in target.children[1:] if a is not None
         )
     else:
-        index = _value_of_token(target.children[1], file)
-    if tree.data == "slow":
-        key, val = tree.children[2], tree.children[3]
+        index = value_of_token(target.children[1], file)
+    if after:
+        key, val = after
         vspan = _value(val, file)
-        setting = Assign(key=str(key), key_span=_tok_span(key, file), value=vspan,
+        setting = Assign(key=str(key), key_span=token_span(key, file), value=vspan,
                          span=Span(file, key.line, key.column, vspan.span.end_line, vspan.span.end_column))
-    return Statement(verb=str(verb_tok), target=str(target_name), target_span=_tok_span(target_name, file),
+    return Statement(verb=str(verb_tok), target=str(target_name), target_span=token_span(target_name, file),
                      span=span, args=args, index=index, setting=setting)
 
 
 _NUMBER_RE = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)(.*)", re.S)
 
 
-def _value_of_token(tok: Token, file: str) -> Value:
-    span = _tok_span(tok, file)
+def value_of_token(tok: Token, file: str) -> Value:
+    span = token_span(tok, file)
     if tok.type == "NUMBER":
         m = _NUMBER_RE.fullmatch(str(tok))
         assert m is not None  # the grammar's NUMBER guarantees this shape
@@ -451,12 +470,12 @@ def _value(tree: Tree, file: str) -> Value:
     if tree.data == "slice":
         name, a, b = tree.children
         span = _meta_span(tree, file)
-        lo = _value_of_token(a, file) if a is not None else None
-        hi = _value_of_token(b, file) if b is not None else None
+        lo = value_of_token(a, file) if a is not None else None
+        hi = value_of_token(b, file) if b is not None else None
         text = f"{name}[{a or ''}:{b or ''}]"
         return Value("slice", text, span, slice_of=str(name),
                      start=_slice_bound(lo), stop=_slice_bound(hi))
-    return _value_of_token(tree.children[0], file)
+    return value_of_token(tree.children[0], file)
 
 
 def _slice_bound(v: Value | None) -> int | None:

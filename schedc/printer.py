@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from schedc.failures import describe_failure
 from schedc.spec import STAGE_KEYS, STAGE_SIZE_KEYS, Failure, Spec, StageCosts
-from schedc.validate import describe_failure
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(-[A-Za-z0-9_]+)*")
 
@@ -135,6 +135,14 @@ def format_size(n: int) -> str:
     for unit, f in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n and n % f == 0:
             return f"{n // f}{unit}"
+    return f"{n}B"
+
+
+def human_bytes(n: int) -> str:
+    """Approximate size for messages and tables (`1.5GiB`); `format_size` is the exact one."""
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f:
+            return f"{n / f:.2f}".rstrip("0").rstrip(".") + unit
     return f"{n}B"
 
 

@@ -425,7 +425,7 @@ def render(p: Profile) -> str:
     head = f"{'stage':>5} {'layers':>9} {'params':>11} {'F ms':>9} {'B ms':>9} {'W ms':>9} {'B+W ms':>9} " \
            f"{'full bwd':>9} {'step ms':>9} {'spread':>7} {'activation':>11} {'stash':>11} {'static':>11} {'send':>11}"
     lines.append(head)
-    from schedc.summary import human_bytes
+    from schedc.printer import human_bytes
 
     for st in p.stages:
         spread = max(st.forward.spread, st.backward_input.spread, st.backward_weight.spread)

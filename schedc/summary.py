@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from schedc.printer import format_rate, format_size, format_time
+from schedc.failures import describe_failure
+from schedc.printer import format_rate, format_size, format_time, human_bytes
 from schedc.spec import Spec
-from schedc.validate import describe_failure, human_bytes
 
 
 def _gpu_line(g) -> str:

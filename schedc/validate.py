@@ -1,29 +1,26 @@
 """Parsed spec tree -> validated `Spec` (E2xx meaning errors, E3xx lost stages).
 
 The second pass of docs/architecture.md's data flow. Every mistake found is collected and raised
-once, as one `SpecError` carrying all diagnostics with their spans. Values
-are first converted by unit (times to µs, sizes to bytes, rates to bytes/s);
-ranges and required keys are then checked by pydantic models, whose errors
-are turned into schedc diagnostics here (a pydantic message is never shown).
+once, as one `SpecError` carrying all diagnostics with their spans. Each block's values are
+read by `schedc.values` (converted by unit, then checked for ranges and required keys by the
+pydantic models here); the `failures` block means what `schedc.failures` says.
 
 Codes are listed in docs/errors.md.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
 import re
-from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from schedc.diagnostics import Diagnostic, InfeasibleError, Label, Span, SpecError, did_you_mean, error
-from schedc.parse import (FLOPS_UNITS, RATE_UNITS, SIZE_UNITS, TIME_UNITS, Assign, Block, Document, Statement,
-                          Value, display_text)
+from schedc.diagnostics import Label, Span, error, spec_error
+from schedc.diagnostics import LostStageError  # noqa: F401  (callers catch it as schedc.validate's)
+from schedc.failures import failures_from_block, resolve_gpus
+from schedc.parse import Assign, Block, Document, Statement, Value, display_text
+from schedc.printer import human_bytes
 from schedc.spec import (
     STAGE_KEYS,
     STAGE_SIZE_KEYS,
@@ -39,24 +36,11 @@ from schedc.spec import (
     StageCosts,
     TrainSpec,
 )
+from schedc.values import (EXAMPLES, Collector, Kind, check_model, convert, converted, duplicate, read_block,
+                           type_error, unknown_name)
 
-
-class LostStageError(SpecError, InfeasibleError):
-    """Failures leave a stage without any live GPU (E301). Both a `SpecError` and an `InfeasibleError`."""
-
-
-# -- units (the tables are the language's, in schedc.parse) -------------------------
-
-
-_UNIT_TABLES = {"time": TIME_UNITS, "seconds": TIME_UNITS, "size": SIZE_UNITS, "rate": RATE_UNITS,
-                "flops": FLOPS_UNITS}
-_UNIT_WORDS = {"time": "a time", "seconds": "a time", "size": "a size", "rate": "a bandwidth",
-               "flops": "a compute rate"}
-_UNIT_EXAMPLES = {"time": "1.2ms", "seconds": "5s", "size": "16MiB", "rate": "25GB/s", "flops": "312TFLOPS"}
 
 # -- what each block may hold ----------------------------------------------------
-
-Kind = Literal["int", "float", "time", "seconds", "size", "rate", "flops", "bool", "word", "name", "string"]
 
 CLUSTER_KEYS: dict[str, Kind] = {"dp": "int", "pp": "int", "tp": "int", "gpus_per_node": "int", "placement": "word"}
 GPU_KEYS: dict[str, Kind] = {"memory": "size", "flops": "flops", "efficiency": "float"}
@@ -77,24 +61,6 @@ DEFAULT_LINK_LATENCY = 0  # µs
 DEFAULT_LINK_BANDWIDTH = 25 * 10**9  # bytes/s (25 GB/s)
 
 
-def _solver_names() -> list[str]:
-    from schedc.solvers import solver_names  # the registry only: no solver module is imported
-
-    return solver_names()
-
-
-_CHOICES: dict[str, Callable[[], Sequence[str]]] = {
-    "cluster.placement": lambda: ("pipeline_major", "stage_major"),
-    "train.optimizer": lambda: ("sgd", "adam", "adamw"),
-    "model.precision": lambda: ("bf16", "fp16", "fp32"),
-    "schedule.solver": _solver_names,
-}
-
-_EXAMPLES = {
-    "cluster.dp": "dp = 4", "cluster.pp": "pp = 4", "cluster.gpu.memory": "gpu { memory = 80GiB }",
-    "cluster.gpu.flops": "gpu { flops = 312TFLOPS }", "train.microbatches": "train { microbatches = 8 }",
-}
-
 _SOURCE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 # -- pydantic boundary models (ranges and required keys) -------------------------------
@@ -109,7 +75,6 @@ class _Strict(BaseModel):
 MAX_TIME_US = 10**10  # one op or one transfer's latency: about 2.8 hours
 MAX_BYTES = 2**60  # one EiB
 MAX_GPUS = 131_072  # dp * pp: schedc checks a cluster this large in seconds
-MIN_SPEED = Fraction(1, 1000)  # slower than this, a GPU is better failed than slowed
 
 
 class _Cluster(_Strict):
@@ -168,249 +133,13 @@ class _Model(_Strict):
     data: str | None = None
 
 
-# -- the collector -------------------------------------------------------------------
-
-
-@dataclass
-class _Ctx:
-    file: str
-    diags: list[Diagnostic] = field(default_factory=list)
-    spans: dict[str, Span] = field(default_factory=dict)
-    bad: set[str] = field(default_factory=set)  # paths whose value was rejected (no "missing" for them)
-    texts: dict[str, str] = field(default_factory=dict)  # path -> the value as written
-
-    def add(self, diag: Diagnostic) -> None:
-        self.diags.append(diag)
-
-
-@dataclass
-class _Read:
-    """The assignments and sub-blocks of one block, by name."""
-
-    values: dict[str, Value] = field(default_factory=dict)
-    blocks: dict[str, Block] = field(default_factory=dict)
-
-
-def _read_block(ctx: _Ctx, block: Block, path: str, keys: Iterable[str], subblocks: Iterable[str] = ()) -> _Read:
-    keys, subblocks = tuple(keys), tuple(subblocks)
-    out = _Read()
-    seen: dict[str, Span] = {}
-    for item in block.items:
-        if isinstance(item, Statement):
-            ctx.add(error("E201", f"`{item.verb}` statements belong in the `failures` block, not in `{path}`",
-                          item.span, label="not allowed here", hint="move it into `failures { ... }`"))
-            continue
-        name = item.key if isinstance(item, Assign) else item.name
-        name_span = item.key_span if isinstance(item, Assign) else item.name_span
-        is_block = isinstance(item, Block)
-        if name not in (subblocks if is_block else keys):
-            ctx.add(_unknown(name, name_span, path, keys, subblocks, is_block))
-            # A misspelt key is not also reported as missing.
-            ctx.bad.update(f"{path}.{m}" for m in difflib.get_close_matches(name, keys, n=1, cutoff=0.6))
-            continue
-        if isinstance(item, Assign) and item.index is not None:
-            ctx.add(error("E201", f"`{name} {item.index.text} = ...` is not allowed in `{path}`", item.span,
-                          hint=f"write `{name} = value`"))
-            continue
-        if is_block and item.label is not None:
-            ctx.add(error("E201", f"`{name}` takes no label", item.label.span, label="remove this",
-                          hint=f"write `{name} {{ ... }}`"))
-            continue
-        if name in seen:
-            ctx.add(_duplicate(f"{path}.{name}", name_span, seen[name]))
-            continue
-        seen[name] = name_span
-        if is_block:
-            out.blocks[name] = item
-            ctx.spans[f"{path}.{name}"] = item.name_span
-        else:
-            out.values[name] = item.value
-            ctx.spans[f"{path}.{name}"] = item.value.span
-            ctx.texts[f"{path}.{name}"] = item.value.text
-    return out
-
-
-def _unknown(name: str, span: Span, path: str, keys: Sequence[str], subblocks: Sequence[str], is_block: bool) -> Diagnostic:
-    what = "block" if is_block else "key"
-    suggestion = did_you_mean(name, tuple(keys) + tuple(subblocks))
-    known = ", ".join(tuple(keys) + tuple(f"{b} {{ }}" for b in subblocks)) or "nothing"
-    where = f" in `{path}`" if path else ""
-    if name in subblocks and not is_block:
-        return error("E201", f"`{name}` is a block{where}, not a key", span, label="expected `{`",
-                     hint=f"write `{name} {{ ... }}`")
-    if name in keys and is_block:
-        return error("E201", f"`{name}` is a key{where}, not a block", span, label="expected `=`",
-                     hint=f"write `{name} = value`")
-    return error("E201", f"unknown {what} `{name}`{where}", span, label=suggestion or f"unknown {what}",
-                 hint=f"{path or 'a spec'} may contain: {known}")
-
-
-def _duplicate(path: str, span: Span, first: Span) -> Diagnostic:
-    return error("E202", f"`{path}` is given twice", span, label="second definition",
-                 notes=[Label(first, "first defined here")], hint="remove one of them")
-
-
-# -- value conversion by kind ----------------------------------------------------------
-
-
-def _convert(ctx: _Ctx, value: Value, kind: Kind, path: str) -> Any:
-    """The Python value of `value` as a `kind`, or None (with a diagnostic) if it is not one."""
-    bad = object()
-    result: Any = bad
-    if kind in _UNIT_TABLES:
-        result = _convert_unit(ctx, value, kind, path)
-        if result is None:
-            result = bad
-    elif kind in ("int", "float"):
-        if value.kind != "number":
-            ctx.add(_type_error(value, path, "a number"))
-        elif value.unit:
-            ctx.add(error("E204", f"`{path}` takes no unit, got `{value.unit}`", value.span,
-                          label="remove the unit", hint=f"write `{path.rsplit('.', 1)[-1]} = {value.text[:-len(value.unit)]}`"))
-        elif kind == "int" and value.number.denominator != 1:  # type: ignore[union-attr]
-            ctx.add(error("E205", f"`{path}` must be a whole number, got `{value.text}`", value.span,
-                          label="not a whole number"))
-        else:
-            result = int(value.number) if kind == "int" else float(value.number)  # type: ignore[arg-type]
-    elif kind == "bool":
-        if value.kind != "bool":
-            ctx.add(_type_error(value, path, "`true` or `false`"))
-        else:
-            result = value.boolean
-    elif kind == "word":
-        if value.kind not in ("word", "bool"):
-            ctx.add(_type_error(value, path, "a name"))
-        else:
-            result = value.text
-    elif kind == "name":
-        if value.kind in ("word", "bool"):
-            result = value.text
-        elif value.kind == "string":
-            result = value.string
-        else:
-            ctx.add(_type_error(value, path, "a name"))
-    elif kind == "string":
-        if value.kind != "string":
-            ctx.add(_type_error(value, path, 'a string in double quotes ("...")'))
-        else:
-            result = value.string
-    if result is bad:
-        ctx.bad.add(path)
-        return None
-    choices = _CHOICES.get(path)
-    if choices is not None and result not in choices():
-        options = list(choices())
-        ctx.add(error("E215", f"unknown {path.rsplit('.', 1)[-1]} `{result}`", value.span,
-                      label=did_you_mean(str(result), options) or "not a known choice",
-                      hint="choose one of: " + ", ".join(options)))
-        ctx.bad.add(path)
-        return None
-    return result
-
-
-def _type_error(value: Value, path: str, expected: str) -> Diagnostic:
-    return error("E205", f"`{path}` expects {expected}, got {value.describe()} `{value.text}`", value.span,
-                 label=f"expected {expected}")
-
-
-def _convert_unit(ctx: _Ctx, value: Value, kind: str, path: str) -> Any:
-    table = _UNIT_TABLES[kind]
-    key = path.rsplit(".", 1)[-1]
-    if value.kind != "number":
-        ctx.add(_type_error(value, path, f"{_UNIT_WORDS[kind]} such as `{_UNIT_EXAMPLES[kind]}`"))
-        return None
-    if not value.unit:
-        ctx.add(error("E204", f"missing unit: `{path}` is {_UNIT_WORDS[kind]}", value.span,
-                      label="add a unit", hint=f"for example `{key} = {value.text}{_unit_sample(kind)}`; "
-                                               f"units: {', '.join(table)}"))
-        return None
-    if value.unit not in table:
-        known = {u.lower(): u for u in table}
-        close = known.get(value.unit.lower())
-        other = next((w for k, t in _UNIT_TABLES.items() if value.unit in t for w in [_UNIT_WORDS[k]]), None)
-        why = f"`{value.unit}` is a unit of {other[2:] if other and other.startswith('a ') else other}" if other \
-            else f"unknown unit `{value.unit}`"
-        ctx.add(error("E204", f"wrong unit for `{path}`: {why}, but `{key}` is {_UNIT_WORDS[kind]}", value.span,
-                      label=f"did you mean `{close}`?" if close else "wrong unit",
-                      hint=f"units of {_UNIT_WORDS[kind][2:]}: {', '.join(table)}"))
-        return None
-    exact = value.number * table[value.unit]  # type: ignore[operator]
-    if kind == "seconds":
-        return float(exact / 1_000_000)
-    if kind == "flops":
-        return float(exact)
-    # Times in whole µs and sizes in whole bytes; a fraction is rounded up.
-    return math.ceil(exact)
-
-
-def _unit_sample(kind: str) -> str:
-    return {"time": "ms", "seconds": "s", "size": "MiB", "rate": "GB/s", "flops": "TFLOPS"}[kind]
-
-
-def _converted(ctx: _Ctx, read: _Read, kinds: dict[str, Kind], path: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in read.values.items():
-        v = _convert(ctx, value, kinds[key], f"{path}.{key}")
-        if v is not None:
-            out[key] = v
-    return out
-
-
-def _check_model(ctx: _Ctx, model_cls: type[BaseModel], data: dict[str, Any], path: str, where: Span | None,
-                 *, missing_hint: Callable[[str], str] | None = None,
-                 missing_message: Callable[[str], str] | None = None,
-                 sources: dict[str, str] | None = None) -> BaseModel | None:
-    """Run a pydantic model; turn its errors into diagnostics at the value's span."""
-    try:
-        return model_cls.model_validate(data)
-    except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            key = ".".join(str(p) for p in err["loc"])
-            full = f"{path}.{key}" if path else key
-            if full in ctx.bad:
-                continue
-            shown = (sources or {}).get(full, full)  # e.g. stages.2.send was set in stages.all.send
-            ctx.add(_pydantic_diagnostic(err, shown, ctx.spans.get(full) or where, missing_hint, missing_message,
-                                         ctx.texts.get(shown)))
-        return None
-
-
-def _pydantic_diagnostic(err: dict, path: str, span: Span | None, missing_hint, missing_message,
-                         written: str | None = None) -> Diagnostic:
-    kind = err["type"]
-    c = err.get("ctx") or {}
-    got = err.get("input")
-    key = path.rsplit(".", 1)[-1]
-    if kind == "missing":
-        msg = missing_message(key) if missing_message else f"missing `{path}`"
-        hint = missing_hint(key) if missing_hint else f"add `{_EXAMPLES.get(path, key + ' = ...')}`"
-        return error("E203", msg, span, label="required", hint=hint)
-    bounds = {
-        "greater_than_equal": ("at least", "ge"), "greater_than": ("greater than", "gt"),
-        "less_than_equal": ("at most", "le"), "less_than": ("less than", "lt"),
-    }
-    if kind in bounds:
-        words, name = bounds[kind]
-        limit = c.get(name)
-        shown = written if written is not None else _show(got)
-        if kind == "greater_than_equal" and limit == 0:
-            return error("E206", f"`{path}` must not be negative, got {shown}", span, label="negative")
-        return error("E206", f"`{path}` must be {words} {limit}, got {shown}", span, label="out of range")
-    return error("E205", f"`{path}` has the wrong type of value", span, label="invalid value")
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
 
 # -- the passes ------------------------------------------------------------------------
 
 
 def validate(doc: Document, *, name: str | None = None) -> Spec:
     """Turn a parsed document into a validated `Spec`; raise `SpecError` with every problem found."""
-    ctx = _Ctx(doc.file)
+    ctx = Collector(doc.file)
     blocks = _top_blocks(ctx, doc)
 
     cluster = _cluster(ctx, blocks.get("cluster"), doc)
@@ -446,36 +175,26 @@ def validate(doc: Document, *, name: str | None = None) -> Spec:
         _check_memory(ctx, cluster, stages, costs)
 
     if ctx.diags:
-        raise _spec_error(ctx.diags, {doc.file: display_text(doc.text)})
+        raise spec_error(ctx.diags, {doc.file: display_text(doc.text)})
     assert cluster is not None and train is not None and schedule is not None and stages is not None
     return Spec(cluster=cluster, stages=stages, train=train, schedule=schedule, failures=failures or (),
                 gpus=gpus, model=model, partition=partition, costs=costs, source_name=name or doc.file,
                 source_text=display_text(doc.text), spans=MappingProxyType(dict(ctx.spans)))
 
 
-def _spec_error(diags: Sequence[Diagnostic], sources: dict[str, str]) -> SpecError:
-    # E1xx/E2xx sort before E3xx (meaning errors usually explain the rest); within each, in
-    # source order, so a user can work down the file.
-    ordered = sorted(diags, key=lambda d: (d.code[:2] == "E3",
-                                           (d.span.line, d.span.column) if d.span else (0, 0)))
-    if all(d.code.startswith("E3") for d in ordered):
-        return LostStageError(ordered, sources)
-    return SpecError(ordered, sources)
-
-
 def _doc_span(doc: Document) -> Span:
     return Span(doc.file, 1, 1, 1, 2)
 
 
-def _top_blocks(ctx: _Ctx, doc: Document) -> dict[str, Block]:
+def _top_blocks(ctx: Collector, doc: Document) -> dict[str, Block]:
     blocks: dict[str, Block] = {}
     for item in doc.items:
         if isinstance(item, Block):
             if item.name not in TOP_BLOCKS:
-                ctx.add(_unknown(item.name, item.name_span, "", (), TOP_BLOCKS, True))
+                ctx.add(unknown_name(item.name, item.name_span, "", (), TOP_BLOCKS, True))
                 continue
             if item.name in blocks:
-                ctx.add(_duplicate(item.name, item.name_span, blocks[item.name].name_span))
+                ctx.add(duplicate(item.name, item.name_span, blocks[item.name].name_span))
                 continue
             if item.label is not None and item.name != "model":
                 ctx.add(error("E201", f"`{item.name}` takes no label", item.label.span, label="remove this",
@@ -490,27 +209,27 @@ def _top_blocks(ctx: _Ctx, doc: Document) -> dict[str, Block]:
     return blocks
 
 
-def _cluster(ctx: _Ctx, block: Block | None, doc: Document) -> ClusterSpec | None:
+def _cluster(ctx: Collector, block: Block | None, doc: Document) -> ClusterSpec | None:
     if block is None:
         ctx.add(error("E203", "missing `cluster` block", _doc_span(doc), label="required",
                       hint="add `cluster { dp = 2  pp = 2  gpu { memory = 80GiB } }`"))
         return None
-    read = _read_block(ctx, block, "cluster", CLUSTER_KEYS, ("gpu", "link"))
-    data = _converted(ctx, read, CLUSTER_KEYS, "cluster")
-    top = _check_model(ctx, _Cluster, data, "cluster", block.name_span)
+    read = read_block(ctx, block, "cluster", CLUSTER_KEYS, ("gpu", "link"))
+    data = converted(ctx, read, CLUSTER_KEYS, "cluster")
+    top = check_model(ctx, _Cluster, data, "cluster", block.name_span)
 
     gpu_block = read.blocks.get("gpu")
     gpu_data = {}
     if gpu_block is not None:
-        gpu_data = _converted(ctx, _read_block(ctx, gpu_block, "cluster.gpu", GPU_KEYS), GPU_KEYS, "cluster.gpu")
-    gpu = _check_model(ctx, _Gpu, gpu_data, "cluster.gpu", gpu_block.name_span if gpu_block else block.name_span,
-                       missing_hint=lambda k: f"add `{_EXAMPLES.get('cluster.gpu.' + k, k)}` to `cluster`")
+        gpu_data = converted(ctx, read_block(ctx, gpu_block, "cluster.gpu", GPU_KEYS), GPU_KEYS, "cluster.gpu")
+    gpu = check_model(ctx, _Gpu, gpu_data, "cluster.gpu", gpu_block.name_span if gpu_block else block.name_span,
+                       missing_hint=lambda k: f"add `{EXAMPLES.get('cluster.gpu.' + k, k)}` to `cluster`")
     link_block = read.blocks.get("link")
     link_data = {}
     if link_block is not None:
-        link_data = _converted(ctx, _read_block(ctx, link_block, "cluster.link", LINK_KEYS), LINK_KEYS,
+        link_data = converted(ctx, read_block(ctx, link_block, "cluster.link", LINK_KEYS), LINK_KEYS,
                                "cluster.link")
-    link = _check_model(ctx, _Link, link_data, "cluster.link", block.name_span)
+    link = check_model(ctx, _Link, link_data, "cluster.link", block.name_span)
     if top is not None and top.gpus_per_node % top.tp:
         ctx.add(error("E206", f"`cluster.tp` ({top.tp}) must divide `cluster.gpus_per_node` ({top.gpus_per_node}): "
                               "a tensor-parallel group sits inside one node", ctx.spans.get("cluster.tp", block.name_span),
@@ -530,28 +249,28 @@ def _cluster(ctx: _Ctx, block: Block | None, doc: Document) -> ClusterSpec | Non
                        link=LinkSpec(latency=link.latency, bandwidth=link.bandwidth))
 
 
-def _train(ctx: _Ctx, block: Block | None, doc: Document) -> TrainSpec | None:
+def _train(ctx: Collector, block: Block | None, doc: Document) -> TrainSpec | None:
     if block is None:
         ctx.add(error("E203", "missing `train` block", _doc_span(doc), label="required",
                       hint="add `train { microbatches = 8 }`"))
         return None
-    data = _converted(ctx, _read_block(ctx, block, "train", TRAIN_KEYS), TRAIN_KEYS, "train")
-    t = _check_model(ctx, _Train, data, "train", block.name_span)
+    data = converted(ctx, read_block(ctx, block, "train", TRAIN_KEYS), TRAIN_KEYS, "train")
+    t = check_model(ctx, _Train, data, "train", block.name_span)
     return None if t is None else TrainSpec(microbatches=t.microbatches, optimizer=t.optimizer, lr=t.lr,
                                             iterations=t.iterations)
 
 
-def _schedule(ctx: _Ctx, block: Block | None) -> ScheduleOptions | None:
+def _schedule(ctx: Collector, block: Block | None) -> ScheduleOptions | None:
     if block is None:
         return ScheduleOptions()
-    data = _converted(ctx, _read_block(ctx, block, "schedule", SCHEDULE_KEYS), SCHEDULE_KEYS, "schedule")
-    s = _check_model(ctx, _Schedule, data, "schedule", block.name_span)
+    data = converted(ctx, read_block(ctx, block, "schedule", SCHEDULE_KEYS), SCHEDULE_KEYS, "schedule")
+    s = check_model(ctx, _Schedule, data, "schedule", block.name_span)
     return None if s is None else ScheduleOptions(decouple_backward=s.decouple_backward,
                                                   stagger_optimizer=s.stagger_optimizer, solver=s.solver,
                                                   time_limit=s.time_limit)
 
 
-def _model(ctx: _Ctx, block: Block | None) -> ModelSpec | None:
+def _model(ctx: Collector, block: Block | None) -> ModelSpec | None:
     if block is None:
         return None
     name = None
@@ -562,8 +281,8 @@ def _model(ctx: _Ctx, block: Block | None) -> ModelSpec | None:
         else:
             name = block.label.string
             ctx.spans["model.name"] = block.label.span
-    read = _read_block(ctx, block, "model", MODEL_KEYS)
-    data = _converted(ctx, read, MODEL_KEYS, "model")
+    read = read_block(ctx, block, "model", MODEL_KEYS)
+    data = converted(ctx, read, MODEL_KEYS, "model")
     for key in ("source", "data"):
         if key in data and not _SOURCE_RE.fullmatch(data[key]):
             ctx.add(error("E212", f"`model.{key}` must be `module:callable`, got \"{data[key]}\"",
@@ -571,7 +290,7 @@ def _model(ctx: _Ctx, block: Block | None) -> ModelSpec | None:
                           hint=f'for example `{key} = "schedc.models.mlp:{"build" if key == "source" else "batch"}"`'))
             ctx.bad.add(f"model.{key}")
             del data[key]
-    m = _check_model(ctx, _Model, data, "model", block.name_span)
+    m = check_model(ctx, _Model, data, "model", block.name_span)
     if m is None:
         ctx.bad.add("model")
         return None
@@ -585,7 +304,7 @@ def _model(ctx: _Ctx, block: Block | None) -> ModelSpec | None:
                      source=m.source, data=m.data)
 
 
-def _stage_index(ctx: _Ctx, value: Value | None, span: Span, cluster: ClusterSpec | None, where: str) -> int | None:
+def _stage_index(ctx: Collector, value: Value | None, span: Span, cluster: ClusterSpec | None, where: str) -> int | None:
     if value is None or value.kind != "number" or value.unit or value.number.denominator != 1:  # type: ignore[union-attr]
         ctx.add(error("E205", f"`stage` in `{where}` needs a whole stage number", value.span if value else span,
                       label="expected a stage number", hint="write `stage 0 { ... }`"))
@@ -598,27 +317,27 @@ def _stage_index(ctx: _Ctx, value: Value | None, span: Span, cluster: ClusterSpe
     return n
 
 
-def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tuple[StageCosts, ...] | None:
+def _explicit_stages(ctx: Collector, block: Block, cluster: ClusterSpec | None) -> tuple[StageCosts, ...] | None:
     base: dict[str, Value] = {}
     overrides: dict[int, tuple[Block, dict[str, Value]]] = {}
     seen_all: Span | None = None
     for item in block.items:
         if isinstance(item, Block) and item.name == "all" and item.label is None:
             if seen_all is not None:
-                ctx.add(_duplicate("stages.all", item.name_span, seen_all))
+                ctx.add(duplicate("stages.all", item.name_span, seen_all))
                 continue
             seen_all = item.name_span
             ctx.spans["stages.all"] = item.name_span
-            base = _read_block(ctx, item, "stages.all", STAGE_KEYS).values
+            base = read_block(ctx, item, "stages.all", STAGE_KEYS).values
         elif isinstance(item, Block) and item.name == "stage":
             n = _stage_index(ctx, item.label, item.name_span, cluster, "stages")
             if n is None:
                 continue
             if n in overrides:
-                ctx.add(_duplicate(f"stages.{n}", item.name_span, overrides[n][0].name_span))
+                ctx.add(duplicate(f"stages.{n}", item.name_span, overrides[n][0].name_span))
                 continue
             ctx.spans[f"stages.{n}"] = item.name_span
-            overrides[n] = (item, _read_block(ctx, item, f"stages.{n}", STAGE_KEYS).values)
+            overrides[n] = (item, read_block(ctx, item, f"stages.{n}", STAGE_KEYS).values)
         elif isinstance(item, Statement):
             ctx.add(error("E201", f"`{item.verb}` statements belong in the `failures` block", item.span,
                           label="not allowed here"))
@@ -629,9 +348,9 @@ def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tu
                 ctx.add(error("E201", f"`{name}` must be inside `all {{ }}` or `stage N {{ }}`", span,
                               label="directly in `stages`", hint=f"write `all {{ {name} = ... }}`"))
             else:
-                ctx.add(_unknown(name, span, "stages", (), ("all", "stage N"), True))
-    all_values = {k: _convert(ctx, v, STAGE_KINDS[k], f"stages.all.{k}") for k, v in base.items()}
-    over_values = {n: {k: _convert(ctx, v, STAGE_KINDS[k], f"stages.{n}.{k}") for k, v in vals.items()}
+                ctx.add(unknown_name(name, span, "stages", (), ("all", "stage N"), True))
+    all_values = {k: convert(ctx, v, STAGE_KINDS[k], f"stages.all.{k}") for k, v in base.items()}
+    over_values = {n: {k: convert(ctx, v, STAGE_KINDS[k], f"stages.{n}.{k}") for k, v in vals.items()}
                    for n, (_, vals) in overrides.items()}
     if cluster is None:
         return None
@@ -659,7 +378,7 @@ def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tu
                 data[key] = val
         # A range error in `all` is reported once, not once per stage.
         before = len(ctx.diags)
-        checked = _check_model(
+        checked = check_model(
             ctx, _Stage, data, f"stages.{s}", ctx.spans.get(f"stages.{s}", block.name_span),
             missing_message=lambda k, s=s: f"stage {s} has no `{k}`",
             missing_hint=lambda k, s=s: f"set `{k}` in `stages {{ all {{ ... }} }}` or in `stage {s} {{ ... }}`",
@@ -682,7 +401,7 @@ def _explicit_stages(ctx: _Ctx, block: Block, cluster: ClusterSpec | None) -> tu
     return tuple(stages) if ok else None
 
 
-def _dedupe_from_all(ctx: _Ctx, start: int) -> None:
+def _dedupe_from_all(ctx: Collector, start: int) -> None:
     """Drop diagnostics added since `start` that repeat one already reported for the same span (from `all`)."""
     fresh = ctx.diags[start:]
     del ctx.diags[start:]
@@ -692,7 +411,7 @@ def _dedupe_from_all(ctx: _Ctx, start: int) -> None:
         ctx.diags.append(d)
 
 
-def _derived_stages(ctx: _Ctx, blocks: dict[str, Block], cluster: ClusterSpec | None, model: ModelSpec,
+def _derived_stages(ctx: Collector, blocks: dict[str, Block], cluster: ClusterSpec | None, model: ModelSpec,
                     train: TrainSpec | None, partition):
     from schedc import costmodel
 
@@ -727,7 +446,7 @@ def _derived_stages(ctx: _Ctx, blocks: dict[str, Block], cluster: ClusterSpec | 
     return stages, partition
 
 
-def _partition(ctx: _Ctx, block: Block | None, cluster: ClusterSpec | None, model: ModelSpec | None):
+def _partition(ctx: Collector, block: Block | None, cluster: ClusterSpec | None, model: ModelSpec | None):
     if block is None:
         return None
     slices: dict[int, tuple[Value, Assign]] = {}
@@ -744,12 +463,12 @@ def _partition(ctx: _Ctx, block: Block | None, cluster: ClusterSpec | None, mode
             ctx.bad.add("partition")
             continue
         if n in slices:
-            ctx.add(_duplicate(f"partition.{n}", item.key_span, slices[n][1].key_span))
+            ctx.add(duplicate(f"partition.{n}", item.key_span, slices[n][1].key_span))
             ctx.bad.add("partition")
             continue
         v = item.value
         if v.kind != "slice" or v.slice_of != "layers":
-            ctx.add(_type_error(v, f"partition.{n}", "a layer slice `layers[a:b]`"))
+            ctx.add(type_error(v, f"partition.{n}", "a layer slice `layers[a:b]`"))
             ctx.bad.add("partition")
             continue
         if (v.start is not None and v.start < 0) or (v.stop is not None and v.stop < 0):
@@ -813,213 +532,20 @@ def _partition(ctx: _Ctx, block: Block | None, cluster: ClusterSpec | None, mode
 # -- failures ------------------------------------------------------------------------
 
 
-def _failures(ctx: _Ctx, block: Block | None) -> tuple[Failure, ...] | None:
+def _failures(ctx: Collector, block: Block | None) -> tuple[Failure, ...] | None:
     if block is None:
         return ()
-    out: list[Failure] = []
-    ok = True
-    for item in block.items:
-        if not isinstance(item, Statement):
-            span = item.key_span if isinstance(item, Assign) else item.name_span
-            name = item.key if isinstance(item, Assign) else item.name
-            ctx.add(error("E201", f"unknown statement `{name}` in `failures`", span,
-                          label=did_you_mean(name, ("fail", "slow")) or "not a failure statement",
-                          hint="write `fail gpu(dp=D, pp=S)`, `fail rank R`, `fail node N` or "
-                               "`slow gpu(dp=D, pp=S) speed = X`"))
-            ok = False
-            continue
-        f, diags = failure_from_statement(item, allow_recover=False)
-        ctx.diags.extend(diags)
-        if f is None:
-            ok = False
-            continue
-        ctx.spans[f"failures.{len(out)}"] = item.span
-        out.append(f)
-    return tuple(out) if ok else None
-
-
-def _int_of(v: Value, what: str) -> tuple[int | None, Diagnostic | None]:
-    if v.kind != "number" or v.unit or v.number.denominator != 1:  # type: ignore[union-attr]
-        return None, error("E205", f"{what} must be a whole number, got `{v.text}`", v.span, label="expected a number")
-    return int(v.number), None  # type: ignore[arg-type]
-
-
-def failure_from_statement(st: Statement, *, allow_recover: bool) -> tuple[Failure | None, list[Diagnostic]]:
-    """One `fail`/`slow`/`recover` statement -> `Failure` (shape and value checks only, not ranges)."""
-    diags: list[Diagnostic] = []
-    if st.verb == "recover" and not allow_recover:
-        return None, [error("E201", "`recover` is a replan event, not a spec statement", st.span,
-                            label="only in events", hint="remove the GPU's `fail`/`slow` line instead")]
-    targets = ("gpu", "rank", "node") if st.verb == "fail" else ("gpu",)
-    if st.target not in targets:
-        return None, [error("E201", f"`{st.verb}` cannot name `{st.target}`", st.target_span,
-                            label=did_you_mean(st.target, targets) or "unknown target",
-                            hint=f"`{st.verb}` takes " + ", ".join(
-                                "gpu(dp=D, pp=S)" if t == "gpu" else f"{t} N" for t in targets))]
-    coords: dict[str, int] = {}
-    index = None
-    if st.target == "gpu":
-        if st.args is None:
-            return None, [error("E205", f"`{st.verb} gpu` needs coordinates", st.target_span,
-                                label="expected (dp=D, pp=S)", hint=f"write `{st.verb} gpu(dp=0, pp=1)`")]
-        for arg in st.args:
-            if arg.name not in ("dp", "pp"):
-                diags.append(error("E201", f"unknown coordinate `{arg.name}`", arg.span,
-                                   label=did_you_mean(arg.name, ("dp", "pp")) or "expected dp or pp",
-                                   hint="a GPU is named gpu(dp=D, pp=S)"))
-            elif arg.name in coords:
-                diags.append(error("E202", f"coordinate `{arg.name}` is given twice", arg.span, label="twice"))
-            else:
-                n, d = _int_of(arg.value, f"`{arg.name}`")
-                if d:
-                    diags.append(d)
-                    coords[arg.name] = -1
-                else:
-                    coords[arg.name] = n  # type: ignore[assignment]
-        for c in ("dp", "pp"):
-            if c not in coords and not diags:
-                diags.append(error("E203", f"`gpu(...)` is missing `{c}`", st.target_span, label=f"no {c}",
-                                   hint=f"write `{st.verb} gpu(dp=0, pp=1)`"))
-    else:
-        if st.index is None:
-            return None, [error("E205", f"`fail {st.target}` needs a number", st.target_span,
-                                label=f"expected `{st.target} N`", hint=f"write `fail {st.target} 0`")]
-        index, d = _int_of(st.index, f"the {st.target}")
-        if d:
-            diags.append(d)
-    speed = None
-    if st.verb == "slow":
-        assert st.setting is not None  # the grammar requires `speed = X` after `slow gpu(...)`
-        if st.setting.key != "speed":
-            diags.append(error("E201", f"unknown setting `{st.setting.key}` of `slow`", st.setting.key_span,
-                               label=did_you_mean(st.setting.key, ("speed",)) or "expected `speed`",
-                               hint="write `slow gpu(dp=0, pp=1) speed = 0.5`"))
-        else:
-            v = st.setting.value
-            if v.kind != "number" or v.unit:
-                diags.append(error("E205", f"`speed` must be a plain number in (0, 1], got `{v.text}`", v.span,
-                                   label="expected a number"))
-            elif not 0 < v.number <= 1:  # type: ignore[operator]
-                diags.append(error("E206", f"`speed` must be in (0, 1], got {v.text}", v.span,
-                                   label="out of range",
-                                   hint="speed is the fraction of full speed: 0.5 means its ops take twice as long"))
-            elif v.number < MIN_SPEED:  # type: ignore[operator]
-                diags.append(error("E206", f"`speed` must be at least {float(MIN_SPEED):g}, got {v.text}", v.span,
-                                   label="too slow",
-                                   hint="a GPU this slow is better taken out: `fail gpu(...)`"))
-            else:
-                speed = float(v.number)  # type: ignore[arg-type]
-    if diags:
-        return None, diags
-    kind = {"fail": f"fail_{st.target}", "slow": "slow_gpu", "recover": "recover_gpu"}[st.verb]
-    return Failure(kind=kind, dp=coords.get("dp"), pp=coords.get("pp"),  # type: ignore[arg-type]
-                   rank=index if st.target == "rank" else None, node=index if st.target == "node" else None,
-                   speed=speed, span=st.span), []
-
-
-def describe_failure(f: Failure) -> str:
-    """The statement text of a failure (`fail gpu(dp=1, pp=2)`), as the printer writes it."""
-    if f.kind in ("fail_gpu", "recover_gpu"):
-        return f"{f.kind.split('_')[0]} gpu(dp={f.dp}, pp={f.pp})"
-    if f.kind == "slow_gpu":
-        return f"slow gpu(dp={f.dp}, pp={f.pp}) speed = {f.speed!r}"
-    if f.kind == "fail_rank":
-        return f"fail rank {f.rank}"
-    return f"fail node {f.node}"
-
-
-def failure_ranks(cluster: ClusterSpec, f: Failure) -> tuple[list[int], Diagnostic | None]:
-    """The ranks a failure names, or a diagnostic (E207) if it names a GPU/rank/node that does not exist."""
-    world = cluster.world_size
-    if f.kind in ("fail_gpu", "slow_gpu", "recover_gpu"):
-        assert f.dp is not None and f.pp is not None
-        if not (0 <= f.dp < cluster.dp and 0 <= f.pp < cluster.pp):
-            return [], error("E207", f"there is no GPU (dp={f.dp}, pp={f.pp})", f.span, label="no such GPU",
-                             hint=f"the cluster has dp = 0..{cluster.dp - 1} and pp = 0..{cluster.pp - 1}")
-        return [cluster.rank_of(f.dp, f.pp)], None
-    if f.kind == "fail_rank":  # a real GPU's rank: its whole tensor-parallel group fails
-        assert f.rank is not None
-        devices = cluster.devices
-        if not 0 <= f.rank < devices:
-            how = f"dp * pp * tp = {devices}" if cluster.tp > 1 else f"dp * pp = {world}"
-            return [], error("E207", f"there is no rank {f.rank}", f.span, label="no such rank",
-                             hint=f"the cluster has ranks 0..{devices - 1} ({how})")
-        return [f.rank // cluster.tp], None
-    assert f.node is not None
-    nodes = cluster.nodes
-    if not 0 <= f.node < nodes:
-        return [], error("E207", f"there is no node {f.node}", f.span, label="no such node",
-                         hint=f"the cluster has nodes 0..{nodes - 1} ({cluster.devices} GPUs, "
-                              f"gpus_per_node = {cluster.gpus_per_node})")
-    return list(cluster.ranks_on_node(f.node)), None
-
-
-def resolve_gpus(cluster: ClusterSpec, failures: Sequence[Failure], *,
-                 block_span: Span | None = None) -> tuple[tuple[Gpu, ...], list[Diagnostic]]:
-    """Every GPU in rank order with `failures` applied, and the problems found (E207, E208, E301)."""
-    diags: list[Diagnostic] = []
-    state: dict[int, tuple[str, float]] = {}
-    cause: dict[int, Failure] = {}
-    for f in failures:
-        if f.kind == "recover_gpu":
-            diags.append(error("E201", "`recover` is a replan event, not a failure", f.span))
-            continue
-        ranks, d = failure_ranks(cluster, f)
-        if d is not None:
-            diags.append(d)
-            continue
-        if f.kind == "fail_rank" and cluster.tp > 1 and all(
-                cause.get(r) is not None and cause[r].kind == "fail_rank" and cause[r].rank != f.rank for r in ranks):
-            continue  # another real GPU of the same tensor-parallel group: the group failed already
-        for r in ranks:
-            if r in cause:
-                dp, pp = cluster.coords_of(r)
-                first = cause[r]
-                notes = [Label(first.span, "first listed here")] if first.span is not None else []
-                diags.append(error("E208", f"GPU (dp={dp}, pp={pp}) (rank {r}) is listed twice", f.span,
-                                   label="listed again here", notes=notes,
-                                   hint="a GPU is either failed or slow, and listed once; remove one line"))
-                break
-        else:
-            for r in ranks:
-                cause[r] = f
-                state[r] = ("failed", 1.0) if f.kind != "slow_gpu" else ("live", float(f.speed or 1.0))
-    gpus = []
-    for r in range(cluster.world_size):
-        dp, pp = cluster.coords_of(r)
-        st, speed = state.get(r, ("live", 1.0))
-        gpus.append(Gpu(rank=r, dp=dp, pp=pp, node=cluster.node_of(r), state=st, speed=speed))  # type: ignore[arg-type]
-    if not diags:
-        for s in range(cluster.pp):
-            if any(g.live for g in gpus if g.pp == s):
-                continue
-            causes: list[Failure] = []
-            for g in gpus:
-                if g.pp == s and cause[g.rank] not in causes:
-                    causes.append(cause[g.rank])
-            notes = [Label(c.span, f"{describe_failure(c)} takes a replica of stage {s}")
-                     for c in causes if c.span is not None]
-            diags.append(error(
-                "E301", f"stage {s} has no live GPU left: all {cluster.dp} of its replicas failed",
-                block_span if block_span is not None else (causes[-1].span if causes else None),
-                label=f"stage {s} is lost", notes=notes,
-                hint=f"the weights of stage {s} exist on no live GPU: restore from a checkpoint onto "
-                     f"replacement GPUs, or remove one of these `fail` lines"))
-    return tuple(gpus), diags
+    failures, diags = failures_from_block(block)
+    ctx.diags.extend(diags)
+    for i, f in enumerate(failures or ()):
+        ctx.spans[f"failures.{i}"] = f.span  # type: ignore[assignment]  # parsed: always has one
+    return failures
 
 
 # -- memory ------------------------------------------------------------------------
 
 
-def human_bytes(n: int) -> str:
-    """Approximate size for messages (`1.5GiB`); the printer writes exact sizes."""
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= f:
-            return f"{n / f:.2f}".rstrip("0").rstrip(".") + unit
-    return f"{n}B"
-
-
-def _check_memory(ctx: _Ctx, cluster: ClusterSpec, stages: Sequence[StageCosts], costs: str) -> None:
+def _check_memory(ctx: Collector, cluster: ClusterSpec, stages: Sequence[StageCosts], costs: str) -> None:
     mem = cluster.gpu.memory
     mem_span = ctx.spans.get("cluster.gpu.memory")
     for st in stages:
@@ -1037,15 +563,3 @@ def _check_memory(ctx: _Ctx, cluster: ClusterSpec, stages: Sequence[StageCosts],
                                   f"{human_bytes(st.static + st.activation - mem)}: no microbatch can run",
                           where, label="no room for a microbatch", notes=notes,
                           hint="use more pipeline stages, smaller microbatches, or GPUs with more memory"))
-
-
-def validate_failures(spec: Spec, failures: Sequence[Failure], sources: dict[str, str] | None = None) -> Spec:
-    """`spec` with its failures replaced by `failures`, re-checked (E207, E208, E301)."""
-    gpus, diags = resolve_gpus(spec.cluster, failures, block_span=spec.span("failures"))
-    if diags:
-        raise _spec_error(diags, sources or {})
-    spans = {k: v for k, v in spec.spans.items() if not k.startswith("failures.")}
-    for i, f in enumerate(failures):
-        if f.span is not None:
-            spans[f"failures.{i}"] = f.span
-    return replace(spec, failures=tuple(failures), gpus=gpus, spans=MappingProxyType(spans))

@@ -58,7 +58,7 @@ def test_injections_parse_to_their_moment_and_targets(spec, text, moment, action
 @pytest.mark.parametrize("text, code, where, words", [
     ("at iteraton 3: fail rank 1", "E560", 4, "did you mean `iteration`"),
     ("iteration 3: fail rank 1", "E560", 1, "starts with `at`"),
-    ("at iteration 3 fail rank 1", "E560", 26, "missing `:`"),
+    ("at iteration 3 fail rank 1", "E560", 16, "missing `:`"),  # at the event the `:` should precede
     ("at iteration x: fail rank 1", "E560", 14, "whole number"),
     ("at iteration 3 during X: fail rank 1", "E560", 23, "unknown op kind"),
     ("at iteration 3 during O 1: fail rank 1", "E560", 25, "no microbatch"),

@@ -27,7 +27,8 @@ The modules, from the job down to a rank (docs/live.md):
   and the copy of the state before each optimizer step.
 - `schedc.live.checkpoint`: complete, atomic per-stage checkpoints, and
   their assembly from the stages' reports.
-- `schedc.live.inject`: the `--inject` language and its triggers.
+- `schedc.live.inject`: `--inject` injections checked against the plan, and their triggers;
+  `schedc.live.inject_syntax`: the `--inject` language (a lark grammar).
 - `schedc.live.result`: what a run records besides its iterations (the
   `--log` JSON's recoveries, switches, generations).
 

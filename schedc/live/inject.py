@@ -29,53 +29,23 @@ The moment is one of:
 * ``T s`` or ``T ms``: T seconds after training started (wall clock).
 
 Several targets (a node) are signalled together, as soon as the first of
-them reaches the moment. `parse_injections` checks every injection against
+them reaches the moment. The text is read by `schedc.live.inject_syntax`
+(grammar/inject.lark); `parse_injections` checks every injection against
 the plan (the GPU exists and runs, the moment is reached) and raises a
 `SpecError` whose spans point into the injection text (file ``<inject N>``).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from schedc.diagnostics import Diagnostic, Span, SpecError, did_you_mean, error
-from schedc.parse import parse_statements
-from schedc.spec import Failure, Spec
-from schedc.validate import describe_failure, failure_from_statement, failure_ranks
+from schedc.diagnostics import Diagnostic, Span, SpecError, error
+from schedc.failures import describe_failure, failure_ranks
+from schedc.live.inject_syntax import ACTIONS, OP_KINDS, Moment, parse_injection
+from schedc.spec import Spec
 
-OP_KINDS = ("F", "B", "W", "O")
-_OP_NAMES = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W",
-             "optimizer": "O", **{k: k for k in OP_KINDS}}
-#: What each verb does: a signal (kill, stop), a slowdown the target applies to itself (slow,
-#: slow_link), or a rejoin the supervisor starts.
-ACTIONS = {"fail": "kill", "hang": "stop", "slow": "slow", "recover": "rejoin"}
-_SYNTAX = ("write `at iteration I: fail gpu(dp=D, pp=S)`; the moment may also be "
-           "`iteration I during F|B|W|O [M]`, `iteration I after F|B|W|O [M]`, `recovery N` or `2.5s`")
-
-
-@dataclass(frozen=True)
-class Moment:
-    """When an injection fires (see the module docstring)."""
-
-    kind: Literal["iteration", "recovery", "time"]
-    iteration: int | None = None
-    phase: Literal["start", "during", "after"] = "start"
-    op: str | None = None
-    mb: int | None = None
-    generation: int | None = None
-    seconds: float | None = None
-
-    def __str__(self) -> str:
-        if self.kind == "time":
-            return f"{self.seconds:g}s"
-        if self.kind == "recovery":
-            return f"recovery {self.generation}"
-        text = f"iteration {self.iteration}"
-        if self.phase != "start":
-            text += f" {self.phase} {self.op}" + ("" if self.mb is None else f" {self.mb}")
-        return text
+__all__ = ["ACTIONS", "OP_KINDS", "Injection", "Moment", "Trigger", "parse_injections", "parsed_span"]
 
 
 @dataclass(frozen=True)
@@ -126,216 +96,6 @@ class Injection:
         return cls(index=obj["index"], moment=moment, action=obj["action"], target=obj["target"],
                    ranks=tuple(obj["ranks"]), speed=obj.get("speed"), delay=obj.get("delay"),
                    until=obj.get("until"))
-
-
-@dataclass(frozen=True)
-class _Word:
-    text: str
-    col: int  # 1-based column of its first character
-
-
-def _span(file: str, col: int, length: int) -> Span:
-    return Span(file, 1, col, 1, col + max(length, 1))
-
-
-def _whole(file: str, text: str, word: _Word | None) -> Span:
-    if word is None:
-        return _span(file, max(len(text.rstrip()), 1), 1)
-    return _span(file, word.col, len(word.text))
-
-
-def _integer(word: _Word | None, what: str, file: str, text: str, minimum: int = 0) -> tuple[int | None,
-                                                                                          Diagnostic | None]:
-    if word is None:
-        return None, error("E560", f"the injection needs {what} here", _whole(file, text, None),
-                           label=f"expected {what}", hint=_SYNTAX)
-    if not re.fullmatch(r"[0-9]{1,9}", word.text) or int(word.text) < minimum:
-        low = "a whole number" if minimum == 0 else f"a whole number >= {minimum}"
-        return None, error("E560", f"{what} must be {low}, got `{word.text}`", _whole(file, text, word),
-                           label=f"expected {low}")
-    return int(word.text), None
-
-
-def _moment(words: list[_Word], file: str, text: str) -> tuple[Moment | None, Diagnostic | None]:
-    """The words between `at` and `:` (their spans go to `_spans` for later checks)."""
-    if not words:
-        return None, error("E560", "the injection has no moment after `at`", _whole(file, text, None),
-                           label="expected a moment", hint=_SYNTAX)
-    head = words[0]
-    timed = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ms|s)?", head.text)
-    if timed:
-        unit = timed.group(2)
-        rest = words[1:]
-        if unit is None and rest and rest[0].text in ("s", "ms"):
-            unit, rest = rest[0].text, rest[1:]
-        if unit is None:
-            return None, error("E560", f"the time `{head.text}` needs a unit", _whole(file, text, head),
-                               label="write s or ms", hint="e.g. `at 2.5s: fail rank 3`")
-        if rest:
-            return None, error("E560", f"unexpected `{rest[0].text}` after the time", _whole(file, text, rest[0]),
-                               label="expected `:`", hint=_SYNTAX)
-        seconds = float(timed.group(1)) / (1000.0 if unit == "ms" else 1.0)
-        if seconds > 1e6:
-            return None, error("E560", "the time is out of range", _whole(file, text, head),
-                               label="at most 1000000 s")
-        return Moment(kind="time", seconds=seconds), None
-    if head.text == "recovery":
-        gen, problem = _integer(words[1] if len(words) > 1 else None, "a generation number", file, text, 1)
-        if problem:
-            return None, problem
-        if len(words) > 2:
-            return None, error("E560", f"unexpected `{words[2].text}` after `recovery {gen}`",
-                               _whole(file, text, words[2]), label="expected `:`", hint=_SYNTAX)
-        return Moment(kind="recovery", generation=gen), None
-    if head.text != "iteration":
-        hint = did_you_mean(head.text, ("iteration", "recovery"))
-        return None, error("E560", f"unknown moment `{head.text}`", _whole(file, text, head),
-                           label=hint or "expected `iteration`, `recovery` or a time", hint=_SYNTAX)
-    it, problem = _integer(words[1] if len(words) > 1 else None, "an iteration number", file, text)
-    if problem:
-        return None, problem
-    if len(words) == 2:
-        return Moment(kind="iteration", iteration=it), None
-    phase = words[2]
-    if phase.text not in ("during", "after"):
-        hint = did_you_mean(phase.text, ("during", "after"))
-        return None, error("E560", f"unexpected `{phase.text}` after `iteration {it}`", _whole(file, text, phase),
-                           label=hint or "expected `during`, `after` or `:`", hint=_SYNTAX)
-    if len(words) < 4:
-        return None, error("E560", f"`{phase.text}` needs an op kind", _whole(file, text, phase),
-                           label="expected F, B, W or O", hint=_SYNTAX)
-    op_word = words[3]
-    op = _OP_NAMES.get(op_word.text) or _OP_NAMES.get(op_word.text.lower())
-    if op is None:
-        return None, error("E560", f"unknown op kind `{op_word.text}`", _whole(file, text, op_word),
-                           label="expected F, B, W or O",
-                           hint="F forward, B backward (input), W backward (weights), O optimizer step")
-    mb = None
-    if len(words) > 4:
-        if op == "O":
-            return None, error("E560", "the optimizer step O belongs to no microbatch", _whole(file, text, words[4]),
-                               label="remove the microbatch", hint=_SYNTAX)
-        mb, problem = _integer(words[4], "a microbatch number", file, text)
-        if problem:
-            return None, problem
-    if len(words) > 5:
-        return None, error("E560", f"unexpected `{words[5].text}`", _whole(file, text, words[5]),
-                           label="expected `:`", hint=_SYNTAX)
-    return Moment(kind="iteration", iteration=it, phase=phase.text, op=op, mb=mb), None  # type: ignore[arg-type]
-
-
-_UNTIL = re.compile(r"\s+until\s+iteration\s+(\S+)\s*$")
-_LINK = re.compile(r"slow\s+link\s+(?:gpu\(\s*dp\s*=\s*(\d+)\s*,\s*pp\s*=\s*(\d+)\s*\)|rank\s+(\d+))"
-                   r"\s+delay\s*=\s*([0-9]+(?:\.[0-9]*)?)\s*(us|ms|s)\s*$")
-
-
-@dataclass(frozen=True)
-class _Parsed:
-    moment: Moment
-    action: str
-    failure: Failure  # the target (a link's as `fail gpu` / `fail rank`)
-    spans: dict[str, Span]
-    speed: float | None = None
-    delay: float | None = None
-    until: int | None = None
-
-
-def parse_injection(text: str, index: int) -> _Parsed:
-    """One injection, parsed; `SpecError` on bad syntax (file ``<inject N>``).
-
-    `spans` locates the moment's words (``iteration``, ``op``, ``mb``), the
-    event (``event``) and ``until``'s iteration, for checks against the plan."""
-    file = f"<inject {index + 1}>"
-    sources = {file: text}
-    if "\n" in text or "\r" in text:
-        raise SpecError([error("E560", "an injection is one line", _span(file, 1, 1),
-                               hint="pass each injection as its own --inject option")], sources)
-    colon = text.find(":")
-    head = [_Word(m.group(), m.start() + 1) for m in re.finditer(r"[^\s:]+", text[:colon if colon >= 0 else None])]
-    if not head or head[0].text != "at":
-        where = _whole(file, text, head[0] if head else None)
-        raise SpecError([error("E560", "an injection starts with `at`", where, label="expected `at`",
-                               hint=_SYNTAX)], sources)
-    if colon < 0:
-        raise SpecError([error("E560", "missing `:` between the moment and the event",
-                               _whole(file, text, head[-1]), label="expected `:` after this", hint=_SYNTAX)],
-                        sources)
-    moment, problem = _moment(head[1:], file, text)
-    if problem:
-        raise SpecError([problem], sources)
-    spans = {}
-    if moment.kind == "iteration":
-        named = dict(zip(("iteration", "phase", "op", "mb"), head[2:]))
-        spans = {k: _whole(file, text, w) for k, w in named.items()}
-    body = text[colon + 1:]
-    verb = re.match(r"\s*(\w+)", body)
-    if verb is None:
-        raise SpecError([error("E560", "the injection has no event after `:`", _span(file, colon + 1, 1),
-                               label="expected an event", hint="e.g. `fail gpu(dp=1, pp=2)` or `hang rank 3`")],
-                        sources)
-    word = verb.group(1)
-    start = colon + 1 + verb.start(1)  # 0-based column of the verb
-    if word not in ACTIONS:
-        hint = did_you_mean(word, ACTIONS)
-        raise SpecError([error("E560", f"cannot inject `{word}`", _span(file, start + 1, len(word)),
-                               label=hint or "expected fail, hang, slow or recover",
-                               hint="`fail ...` kills the target's processes (SIGKILL), `hang ...` stops them "
-                                    "(SIGSTOP), `slow ...` slows a GPU or link down, `recover gpu(...)` "
-                                    "brings a failed GPU back")], sources)
-    action = ACTIONS[word]
-    event_end = len(text)
-    until = None
-    m = _UNTIL.search(text, start)
-    if m:
-        if action not in ("slow",):
-            raise SpecError([error("E560", "only `slow` takes `until iteration B`", _span(file, m.start() + 2,
-                                   m.end() - m.start() - 1), label="remove this")], sources)
-        word_until = _Word(m.group(1), m.start(1) + 1)
-        spans["until"] = _whole(file, text, word_until)
-        until, problem = _integer(word_until, "an iteration number", file, text)
-        if problem:
-            raise SpecError([problem], sources)
-        event_end = m.start()
-    spans["event"] = _span(file, start + 1, event_end - start)
-    if action in ("slow", "rejoin") and not (moment.kind == "time" or moment.phase == "start"):
-        raise SpecError([error("E560", f"`{word}` starts at an iteration's start or at a time, not during an op",
-                               spans.get("phase"), label="remove this",
-                               hint=f"write `at iteration I: {word} ...`")], sources)
-    if action == "rejoin" and (moment.kind == "recovery" or (moment.kind == "iteration" and moment.iteration == 0)):
-        raise SpecError([error("E560", "`recover` starts at the start of an iteration after the first, or at a time",
-                               spans["event"], hint="write `at iteration I: recover gpu(...)` with I >= 1, or "
-                                                    "`at 2.5s: recover gpu(...)`")], sources)
-    if action == "slow" and moment.kind != "iteration":
-        raise SpecError([error("E560", "`slow` starts at an iteration's start", spans["event"],
-                               hint="write `at iteration I: slow ...` (and `until iteration B`)")], sources)
-    link = _LINK.match(text[start:event_end].strip())
-    if action == "slow" and re.match(r"slow\s+link\b", text[start:]):
-        if link is None:
-            raise SpecError([error("E560", "a slow link is `slow link gpu(dp=D, pp=S) delay = T` "
-                                           "(or `rank R`)", spans["event"], label="not understood",
-                                   hint="e.g. `slow link gpu(dp=1, pp=0) delay = 5ms until iteration 9`")],
-                            sources)
-        dp, pp, rank, amount, unit = link.groups()
-        failure = (Failure(kind="fail_gpu", dp=int(dp), pp=int(pp), span=spans["event"]) if rank is None
-                   else Failure(kind="fail_rank", rank=int(rank), span=spans["event"]))
-        delay = float(amount) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
-        return _Parsed(moment, "slow_link", failure, spans, delay=delay, until=until)
-    # The spec parser reads the event, its columns kept: the moment (and `until ...`) become
-    # blanks, and `hang` (as long as `fail`) is read as `fail`.
-    verb_text = "fail" if word == "hang" else word
-    event_text = " " * start + verb_text + text[start + len(word):event_end]
-    try:
-        statements = parse_statements(event_text, file)
-    except SpecError as exc:
-        raise SpecError(exc.diagnostics, sources) from None  # show the injection as written
-    if len(statements) != 1:
-        raise SpecError([error("E560", "an injection has exactly one event", spans["event"],
-                               hint="pass each event as its own --inject option")], sources)
-    failure, problems = failure_from_statement(statements[0], allow_recover=True)
-    if problems:
-        raise SpecError(problems, sources)
-    assert failure is not None
-    return _Parsed(moment, action, failure, spans, speed=failure.speed, until=until)
 
 
 def parse_injections(texts: Sequence[str], spec: Spec, *, iterations: int) -> tuple[Injection, ...]:
@@ -401,8 +161,9 @@ def parsed_span(texts: Sequence[str], index: int) -> Span:
     """The event part of injection `index` (for diagnostics found after parsing)."""
     text = texts[index]
     colon = text.find(":")
-    return _span(f"<inject {index + 1}>", colon + 2 + (len(text[colon + 1:]) - len(text[colon + 1:].lstrip())),
-                 len(text[colon + 1:].strip()))
+    event = text[colon + 1:]
+    column = colon + 2 + len(event) - len(event.lstrip())
+    return Span(f"<inject {index + 1}>", 1, column, 1, column + max(len(event.strip()), 1))
 
 
 def _unreachable(moment: Moment, spec: Spec, iterations: int, spans: dict[str, Span]) -> Diagnostic | None:
