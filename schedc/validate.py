@@ -17,7 +17,6 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from schedc.diagnostics import Label, Span, error, spec_error
-from schedc.diagnostics import LostStageError  # noqa: F401  (callers catch it as schedc.validate's)
 from schedc.failures import failures_from_block, resolve_gpus
 from schedc.parse import Assign, Block, Document, Statement, Value, display_text
 from schedc.printer import human_bytes

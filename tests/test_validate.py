@@ -9,7 +9,7 @@ import pytest
 
 from schedc.diagnostics import InfeasibleError, SpecError
 from schedc.load import load
-from schedc.validate import LostStageError
+from schedc.diagnostics import LostStageError
 
 ROOT = Path(__file__).parent.parent
 BAD = sorted((Path(__file__).parent / "bad_specs").glob("*.sched"))

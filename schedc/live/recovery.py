@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from schedc.diagnostics import RunError, SchedcError, error
+from schedc.diagnostics import LostStageError, RunError, SchedcError, error
 from schedc.live.control import Controller
 from schedc.spec import Failure
 
@@ -90,8 +90,6 @@ class RecoveryPolicy:
                           "restart", restore=restore, restart_all=True)
         events = failure_events(plan.spec, failed)
         solver = "drop-pipeline" if self.method == "drop-pipeline" else None
-        from schedc.validate import LostStageError
-
         try:
             return Change(self.ctl.replan(plan, events, solver=solver), tuple(describe(events)), self.method)
         except LostStageError as exc:
