@@ -37,6 +37,7 @@ the plan (the GPU exists and runs, the moment is reached) and raises a
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -241,3 +242,43 @@ class Trigger:
                 self._fired.add(inj.index)
                 return inj
         return None
+
+
+class Injections:
+    """A run's injections as the supervisor keeps them: which are still armed, which fired,
+    when (`time.time()`) and on which ranks. A rank reaching an injection's moment fires it
+    through its agent (`fired`); the supervisor fires those due at a time or an iteration
+    (`due_at`, `due_rejoins`)."""
+
+    def __init__(self, injections: Sequence[Injection]):
+        self.all = tuple(injections)
+        self.fired: dict[int, tuple[float, tuple[int, ...]]] = {}  # index -> (when, ranks)
+
+    def armed(self) -> list[dict]:
+        """Those not fired yet, as a generation carries them to its members."""
+        return [i.to_json() for i in self.all if i.index not in self.fired]
+
+    def fired_by_agent(self, index: int, t: float, ranks) -> Injection:
+        """An agent carried injection `index` out at `t` on `ranks`."""
+        self.fired[index] = (t, tuple(ranks))
+        return next(i for i in self.all if i.index == index)
+
+    def due_at(self, elapsed: float) -> list[Injection]:
+        """Injections at a time that `elapsed` seconds of training reached: fired now."""
+        return self._fire([i for i in self.all if i.moment.kind == "time" and elapsed >= i.moment.seconds])
+
+    def due_rejoins(self, done: int) -> list[Injection]:
+        """`at iteration I: recover gpu(...)` once iteration I-1 is done (`done`): fired now."""
+        return self._fire([i for i in self.all if i.action == "rejoin" and i.moment.kind == "iteration"
+                           and i.moment.iteration <= done + 1])
+
+    def fault_time(self, ranks) -> float | None:
+        """When the earliest injection that hit any of `ranks` fired (None: none did)."""
+        times = [t for t, hit in self.fired.values() if set(hit) & set(ranks)]
+        return min(times) if times else None
+
+    def _fire(self, due: list[Injection]) -> list[Injection]:
+        due = [i for i in due if i.index not in self.fired]
+        for i in due:
+            self.fired[i.index] = (time.time(), tuple(i.ranks))
+        return due

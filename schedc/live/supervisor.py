@@ -36,7 +36,7 @@ from schedc.live import checkpoint
 from schedc.live.agent import Fleet
 from schedc.live.control import SupervisorControl
 from schedc.live.detect import Beat, Detector, Suspect
-from schedc.live.inject import Injection, parse_injections
+from schedc.live.inject import Injections, parse_injections
 from schedc.live.ledger import Ledger
 from schedc.live.membership import Generation, JobStore
 from schedc.live.options import TrainOptions
@@ -79,7 +79,7 @@ class Supervisor:
 
         refuse_tensor_parallel(spec.cluster.tp)
         self.iterations = options.iterations or spec.train.iterations
-        self.injections: tuple[Injection, ...] = parse_injections(options.inject, spec, iterations=self.iterations)
+        self.injections = Injections(parse_injections(options.inject, spec, iterations=self.iterations))
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()
         stall = options.stall_timeout or max(10.0, 10 * self.plan.metrics.iteration_time / 1e6)
         self.detector = Detector(heartbeat_timeout=options.detect_timeout, stall_timeout=stall,
@@ -101,7 +101,6 @@ class Supervisor:
         self._done: set[int] = set()
         self._suspects: dict[int, Suspect] = {}
         self._error_exits: dict[int, float] = {}  # rank -> when it exited with EXIT_ERROR
-        self._fired: dict[int, dict] = {}  # injection index -> when, whom
         self._finish_deadline = math.inf
         self._recovery: Recovery | None = None  # the recovery under way
         self._switch_rec: Switch | None = None  # the planned switch under way
@@ -188,7 +187,7 @@ class Supervisor:
             "iterations": self.iterations, "emulate": opts.emulate, "heartbeat_interval": opts.heartbeat_interval,
             "wait_timeout": opts.wait_timeout, "checkpoint_every": opts.checkpoint_every,
             "checkpoint_dir": str(self.ckpt_root.resolve()), "want_weights": opts.want_weights,
-            "injections": [i.to_json() for i in self.injections],
+            "injections": [i.to_json() for i in self.injections.all],
             "coords": {str(g.rank): [g.dp, g.pp] for g in spec.gpus},  # every GPU, live or not
             "probe": opts.fail_slow == "act",
             "cluster": [spec.cluster.dp, spec.cluster.pp],  # GPUs with no ops to time measure their speed by probes
@@ -349,8 +348,7 @@ class Supervisor:
             self._suspect(s)
 
     def _on_injected(self, msg: Injected, now: float) -> None:
-        self._fired[msg.id] = {"t": msg.t, "ranks": list(msg.ranks)}
-        inj = next(i for i in self.injections if i.index == msg.id)
+        inj = self.injections.fired_by_agent(msg.id, msg.t, msg.ranks)
         self._note("injected", f"injected `{inj}`: {inj.signal_name} to rank(s) {list(msg.ranks)}", t=msg.t - self.t0,
                    injection=str(inj), ranks=list(msg.ranks), signal=inj.signal_name)
 
@@ -441,11 +439,8 @@ class Supervisor:
         if gen != self.gen.number:
             return
         self.job.set_progress(it)
-        for inj in self.injections:  # `at iteration I: recover gpu(...)` as iteration I starts
-            if inj.action == "rejoin" and inj.moment.kind == "iteration" and inj.moment.iteration <= it + 1 \
-                    and inj.index not in self._fired:
-                self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks)}
-                self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
+        for inj in self.injections.due_rejoins(it):  # `at iteration I: recover gpu(...)` as iteration I starts
+            self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
         if self.phase == Phase.RUNNING:
             self.slowness.tick(it)
             self.rejoins.switch_if_ready(self.completed)
@@ -472,7 +467,7 @@ class Supervisor:
         plan_dir = None if number == 0 else self.out / "live" / f"gen-{number:04d}"
         files = plan.programs(str(plan_dir or self.out))
         members = tuple(g.rank for g in plan.spec.gpus if g.live)
-        armed = [i.to_json() for i in self.injections if i.index not in self._fired]
+        armed = self.injections.armed()
         speeds = {g.rank: g.speed for g in plan.spec.gpus if g.live and g.speed < 1.0}
         from schedc.runtime.manifest import MANIFEST_NAME
 
@@ -587,9 +582,9 @@ class Supervisor:
             self._recovery = rec
         rec.failed = sorted(set(rec.failed) | set(failed))
         rec.causes.update({str(r): s.cause for r, s in suspects.items()})
-        faults = [ev["t"] - self.t0 for ev in self._fired.values() if set(ev["ranks"]) & set(failed)]
-        if faults and rec.t_fault is None:
-            rec.t_fault = min(faults)
+        fault = self.injections.fault_time(failed)
+        if fault is not None and rec.t_fault is None:
+            rec.t_fault = fault - self.t0
         try:
             change = self.recovery.decide(self.plan, failed, self.dead)
         except RunError as exc:
@@ -669,13 +664,10 @@ class Supervisor:
     def _fire_timed_injections(self, now: float) -> None:
         if self._training_started is None:
             return
-        for inj in self.injections:
-            m = inj.moment
-            if m.kind == "time" and inj.index not in self._fired and now - self._training_started >= m.seconds:
-                self._fired[inj.index] = {"t": time.time(), "ranks": list(inj.ranks)}
-                if inj.action == "rejoin":
-                    self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
-                    continue
+        for inj in self.injections.due_at(now - self._training_started):
+            if inj.action == "rejoin":
+                self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
+            else:
                 self.fleet.fire(inj.index, inj.ranks)
 
     # -- the end ---------------------------------------------------------------------------------------------
