@@ -1,0 +1,280 @@
+"""How a live run changes generation: the second half of `schedc.live.supervisor.Supervisor`.
+
+`Supervisor` (the loop over typed messages) inherits these from `Transitions`,
+which holds no state of its own: announcing a generation (its programs
+rendered once, shipped and written), a generation becoming ready (committed
+iterations, the policies told, the milestones noted), planned switches (what
+the fail-slow and rejoin policies ask for), and recoveries (what the recovery
+policy decides, carried out). They are kept apart from the loop so that each
+file reads as one thing; the state they use is the supervisor's (its
+`__init__` lists it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from typing import Sequence
+
+from schedc.diagnostics import RunError, error
+from schedc.live.detect import Beat
+from schedc.live.membership import Generation
+from schedc.live.protocol import Phase
+from schedc.live.recovery import Change, describe, failure_events, restored_name
+from schedc.live.result import GenerationRecord, Recovery, Switch
+from schedc.plan import Plan
+from schedc.spec import Failure
+
+#: Seconds to gather failures that come together (a node's GPUs die within milliseconds).
+SETTLE = 0.02
+#: A planned switch starts this many iterations after the furthest rank's current one.
+SWITCH_MARGIN = 2
+#: Seconds between two turns of a wait inside a transition (an exit wakes it at once).
+TICK = 0.005
+
+
+class Transitions:
+    """Generation changes of a `Supervisor` (see the module docstring)."""
+
+    # -- a generation is announced, and becomes ready ---------------------------------------------
+
+    def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None) -> None:
+        """Publish the next generation: `plan`'s programs, rendered once (the same files are
+        shipped to the workers and written to ``OUT/live/gen-N``), its members, what to restore."""
+        number = 0 if self.gen is None else self.gen.number + 1
+        plan_dir = None if number == 0 else self.out / "live" / f"gen-{number:04d}"
+        files = plan.programs(str(plan_dir or self.out))
+        members = tuple(g.rank for g in plan.spec.gpus if g.live)
+        armed = self.injections.armed()
+        speeds = {g.rank: g.speed for g in plan.spec.gpus if g.live and g.speed < 1.0}
+        from schedc.runtime.manifest import MANIFEST_NAME
+
+        gen = Generation(number, members, json.loads(files[MANIFEST_NAME]), restore=restore, injections=tuple(armed),
+                         reason=reason, start_at=start_at, speeds=speeds)
+        self.job.announce(gen, files)
+        self.gen, self.plan = gen, plan
+        self._ready, self._done = {}, set()
+        self._unexplained = None
+        now = self._now()
+        for r in members:
+            if r not in self.detector.watching():
+                self.detector.watch(r, now)
+        leaving = self.detector.watching() - set(members)
+        if start_at is None:
+            self._leaving = set()
+            for r in leaving:
+                self.detector.forget(r)  # excluded (on standby) or gone: no longer a member to watch
+        else:  # they run the old plan until `start_at`: still watched (an exit is a failure) until then
+            self._leaving = leaving
+        self._gen_speeds[number] = {g.rank: g.speed for g in plan.spec.gpus if g.live}
+        self.generation_records.append(GenerationRecord(number, list(members), reason, restore,
+                                                        plan.metrics.iteration_time,
+                                                        None if plan_dir is None else str(plan_dir), round(now, 4)))
+        if number > 0:
+            self._pending_write = (number, plan, files)
+
+    def _write_generation(self, number: int, plan: Plan, files: dict[str, str]) -> None:
+        """The generation's plan beside the compiled one, as `schedc compile -o` writes it (for the record)."""
+        try:
+            plan.write(self.out / "live" / f"gen-{number:04d}", programs=files)
+        except OSError as exc:
+            self._note("warning", f"could not write the plan of generation {number}: {exc}")
+
+    def _generation_ready(self, now: float) -> None:
+        start = min(r.start for r in self._ready.values())
+        undone = sum(1 for r in self._ready.values() if r.undone)
+        # Every iteration before `start` is committed: every survivor applied its step.
+        for record in self.ledger.commit_before(start, lambda g: self._gen_speeds.get(g, {})):
+            self._iteration_done(record, now)
+        self.checkpoints.resumed(self.gen.number, start)  # checkpoint files of undone steps are written again
+        self.generation_records[-1].t_ready = now
+        first = self._training_started is None
+        changed = self.phase in (Phase.RECOVERING, Phase.SWITCHING)
+        self.phase = Phase.RUNNING
+        self.base_plan = self.plan
+        for r in self._leaving - set(self.gen.members):
+            self.detector.forget(r)  # left at the switch: on standby now
+        self._leaving = set()
+        self.detector.restart_progress(now)
+        self._unexplained = None
+        for rank in self.rejoins.wanted.keys() & set(self.gen.members):
+            self.slowness.joined(rank)
+        self.rejoins.joined(self.gen.members)
+        sw = self._switch_rec
+        if sw is not None and sw.to_generation == self.gen.number:
+            sw.t_ready = now
+            self._note("switched", f"generation {self.gen.number} ({sw.kind}): {len(self.gen.members)} ranks "
+                                   f"switched at iteration {start}, {now - sw.t_announce:.2f} s after the "
+                                   "announcement", generation=self.gen.number, switch=sw.kind)
+        self.rejoins.resume()
+        if changed:
+            self.slowness.after_plan_change()
+        if first:
+            self._training_started = now
+            self._note("running", f"generation {self.gen.number}: {len(self.gen.members)} ranks running from "
+                                  f"iteration {start}; store {self.job.host}:{self.job.port}",
+                       generation=self.gen.number, start=start, store=f"{self.job.host}:{self.job.port}")
+            return
+        rec = self._recovery
+        if rec is not None:
+            rec.t_ready, rec.resumed_at, rec.undone = now, start, undone
+            back = f"rolled back to iteration {start}" + (f" ({undone} rank(s) undid their last step)"
+                                                           if undone else "")
+            if self.gen.restore:
+                back = f"restored {restored_name(self.gen.restore)}, iteration {start}"
+            t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
+            self._note("reconfigured", f"generation {self.gen.number}: {len(self.gen.members)} ranks reconfigured "
+                                       f"{now - t0:.2f} s after the failure; {back}",
+                       generation=self.gen.number, start=start, undone=undone)
+
+    # -- planned changes (the policies' switches) ----------------------------------------------------
+
+    def _replan(self, base: Plan, events: Sequence[Failure], solver: str | None = None) -> Plan:
+        from schedc.replan import replan
+
+        chosen = base.spec.schedule.solver
+        solver = solver or (chosen if chosen in ("cpsat", "greedy") else "cpsat")  # templates cannot re-route
+        return replan(base, list(events), deadline=self.options.replan_deadline, solver=solver)
+
+    def _switch(self, plan: Plan, *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
+        """Announce a planned switch to `plan` a little ahead; None, or why it was not made."""
+        if self.phase != Phase.RUNNING:
+            return f"the run is {self.phase}"
+        # Where the members are now (read after the planning that led here, which took time).
+        fresh = self.job.heartbeats(self.gen.members)
+        beats = [Beat.parse(fresh[r]) if r in fresh else self.detector.last_beat(r) for r in self.gen.members]
+        furthest = max([b.iteration for b in beats if b is not None] + [self.completed])
+        start_at = furthest + self._switch_margin()
+        if start_at >= self.iterations:
+            return f"the run ends (after iteration {self.iterations - 1}) before iteration {start_at}"
+        old = self.gen.number
+        before = self.plan.metrics.iteration_time
+        t_decide = self._now()
+        self._switch_from = self.gen.members
+        self._announce(plan, restore=None, reason=f"{kind}: {reason}", start_at=start_at)
+        rec = Switch(kind=kind, reason=reason, ranks=list(ranks), from_generation=old,
+                     to_generation=self.gen.number, start_at=start_at, t_decide=t_decide, t_announce=self._now(),
+                     predicted_before_us=before, predicted_after_us=plan.metrics.iteration_time)
+        if kind == "rejoin":
+            rec.catch_up_s, rec.catch_up_bytes = self.rejoins.catch_up_figures(ranks)
+        self.switches.append(rec)
+        self._switch_rec = rec
+        self.phase = Phase.SWITCHING
+        self._note("switch", f"switch to generation {self.gen.number} at iteration {start_at} ({kind}): "
+                             f"{before / 1e3:.2f} -> {plan.metrics.iteration_time / 1e3:.2f} ms per iteration",
+                   switch=kind, start_at=start_at, generation=self.gen.number)
+        return None
+
+    def _switch_margin(self) -> int:
+        """Iterations between announcing a planned switch and its start: SWITCH_MARGIN, plus what
+        a heartbeat's staleness (the furthest rank may be further) spans at the measured pace, so
+        that no member is past the start when it reads of the switch (at its next boundary)."""
+        ends = [r.end for r in self.ledger.history[-6:]]
+        gaps = [b - a for a, b in zip(ends, ends[1:]) if b > a]
+        period = statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
+        return SWITCH_MARGIN + min(50, math.ceil(self.options.heartbeat_interval / max(period, 1e-3)))
+
+    # -- recovery -----------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        # Failures that come together (a node) are planned together.
+        settle = time.monotonic() + SETTLE
+        while time.monotonic() < settle:
+            self.fleet.step(TICK)
+            now = self._now()
+            for ev in self.job.events():
+                self._dispatch(ev, now)
+        suspects, self._suspects = self._suspects, {}
+        failed = sorted(suspects)
+        for r in failed:
+            self.detector.forget(r)
+            self.rejoins.lost(r)  # a joiner that died is no longer wanted back (a new request can ask)
+        self.dead.update(failed)
+        if self.phase == Phase.SWITCHING:  # the switch is off: plan from the last plan that ran
+            self._note("switch", f"the switch to generation {self.gen.number} is abandoned: a failure came first")
+            self.plan = self.base_plan
+            self._switch_rec = None
+        self.rejoins.cancel_all()
+        old = self.gen
+        self.job.abort(old.number)
+        rec = self._recovery if (self._recovery and self._recovery.t_ready is None) else None
+        if rec is None:  # (a failure during a recovery extends it)
+            rec = Recovery(from_generation=old.number, t_detect=min(s.at for s in suspects.values()),
+                           method=self.options.recovery,
+                           t_last_complete=max((r.end for r in self.ledger.records.values()), default=None),
+                           predicted_before_us=self.plan.metrics.iteration_time)
+            self.recoveries.append(rec)
+            self._recovery = rec
+        rec.failed = sorted(set(rec.failed) | set(failed))
+        rec.causes.update({str(r): s.cause for r, s in suspects.items()})
+        fault = self.injections.fault_time(failed)
+        if fault is not None and rec.t_fault is None:
+            rec.t_fault = fault - self.t0
+        try:
+            change = self.recovery.decide(self.plan, failed, self.dead)
+        except RunError as exc:
+            if self.options.recovery != "restart":
+                rec.events += describe(failure_events(self.plan.spec, failed))
+            self._fail(list(exc.diagnostics))
+            return
+        if change.restart_all:
+            self._stop_survivors()
+        rec.method = change.method
+        rec.events += list(change.events)
+        rec.t_plan = self._now()
+        if change.restart_all:
+            self.dead.clear()
+            self._note("restart", f"restarting every process from {restored_name(change.restore)} with the failed "
+                                  "GPU(s) replaced", restore=change.restore)
+        else:
+            self._note_replan(rec, change, old.number)
+        self.dead.difference_update(change.replacements)
+        self._announce(change.plan, restore=change.restore, reason="; ".join(change.events))
+        rec.to_generation = self.gen.number
+        rec.t_announce = self._now()
+        if change.restart_all:
+            self._start_workers(self.gen.members)
+        elif change.replacements:
+            self._start_workers(change.replacements)
+        self.phase = Phase.RECOVERING
+
+    def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
+        plan, s = change.plan, change.plan.schedule.solver
+        rec.solver = {"name": s.name, "status": s.status, "wall_s": round(s.wall_s, 4), "stopped_by": s.stopped_by}
+        rec.predicted_after_us = plan.metrics.iteration_time
+        events = [e for e in change.events if not e.startswith("recover ")]
+        self._note("replan", f"replan: {'; '.join(events)} -> generation {old + 1}, "
+                             f"{len([g for g in plan.spec.gpus if g.live])} ranks, "
+                             f"{plan.metrics.iteration_time / 1e3:.2f} ms per iteration "
+                             f"(was {self.plan.metrics.iteration_time / 1e3:.2f}); {s.name} {s.status} in "
+                             f"{s.wall_s:.3f} s" + (" (the deadline ended its search)" if s.stopped_by == "deadline"
+                                                    else ""),
+                   events=events, solver=rec.solver, predicted_us=plan.metrics.iteration_time)
+
+    def _stop_survivors(self) -> None:
+        """recovery="restart": every survivor is killed before all restart (their exits are ours)."""
+        survivors = [r for r in self.gen.members if r not in self.dead]
+        for r in survivors:
+            self.detector.forget(r)
+        self._signal(survivors, "kill")
+        deadline = time.monotonic() + 10
+        while self.alive & set(survivors) and time.monotonic() < deadline:
+            self.fleet.step(TICK)
+            for ev in self.job.events():
+                self._dispatch(ev, self._now())
+
+    def _retry(self) -> None:
+        """Ranks lost a peer but no failure was detected: run the same plan again as a new generation."""
+        self._unexplained = None
+        self._retries += 1
+        if self._retries > 3:
+            self._fail([error("E554", "ranks keep losing their connections to live peers",
+                              hint="check the network between the hosts (GLOO_SOCKET_IFNAME)")])
+            return
+        self.job.abort(self.gen.number)
+        self._note("retry", f"ranks lost a connection but no rank failed: running generation {self.gen.number} "
+                            "again")
+        self._announce(self.plan, restore=None, reason="retry after a lost connection")
+        self.phase = Phase.RECOVERING
