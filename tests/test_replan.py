@@ -133,7 +133,7 @@ def test_replan_says_which_ranks_programs_changed(plan):
     for r in set(old_progs) | set(new_progs):
         if r not in new.changed_ranks:
             assert old_progs.get(r) == new_progs.get(r), r
-    from schedc.replan import changed_ranks
+    from schedc.program_diff import changed_ranks
 
     assert changed_ranks(new.schedule, new.schedule) == frozenset()
     # The recovered GPU is back in the plan, so it changed again.

@@ -238,7 +238,8 @@ def test_replan_reuses_classes_and_says_which_ranks_changed():
     """A failure like an earlier one adds a copy: no search, the same reduced schedule; the
     ranks it reports changed are exactly those whose program changed op by op."""
     from schedc.plan import compile
-    from schedc.replan import changed_ranks, replan
+    from schedc.program_diff import changed_ranks
+    from schedc.replan import replan
 
     spec = _spec_text(12, 2, 2, "fail gpu(dp=1, pp=1)", gpus_per_node=2)
     plan = compile(spec, symmetric=True)
