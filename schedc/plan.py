@@ -323,6 +323,7 @@ def _by_classes(solve, name: str, symmetric: bool | None):
     """`solve`, planning by classes of alike pipelines where `symmetric` asks for it
     (`decompose.classes_for`)."""
     from schedc.decompose import classes_for, plan_by_classes
+    from schedc.solvers import get_solver
 
     if symmetric is False:
         return solve
@@ -331,7 +332,7 @@ def _by_classes(solve, name: str, symmetric: bool | None):
         dec = classes_for(instance, symmetric, name)
         if dec is None:
             return solve(instance, options)
-        return plan_by_classes(instance, dec, solve, options, name)
+        return plan_by_classes(instance, dec, solve, options, name, fallback=get_solver("greedy"))
     return solve_by_classes
 
 

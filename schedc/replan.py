@@ -128,7 +128,8 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                            deadline=time.monotonic() + budget)
     if dec is not None:
         # Only the classes the events made new are planned; the others keep their programs.
-        schedule = plan_by_classes(instance, dec, get_solver(solver), options, solver, previous)
+        schedule = plan_by_classes(instance, dec, get_solver(solver), options, solver, previous,
+                                   fallback=get_solver("greedy"))
     else:
         schedule = get_solver(solver)(instance, options)
     try:
@@ -137,7 +138,7 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
         # A solver bug must not reach a launcher: fall back to the greedy list scheduler.
         greedy = get_solver("greedy")
         schedule = (greedy(instance, replace(options, hint=None)) if dec is None
-                    else plan_by_classes(instance, dec, greedy, options, "greedy"))
+                    else plan_by_classes(instance, dec, greedy, options, "greedy", fallback=greedy))
         verify_schedule(schedule)
     schedule = _with_wall(schedule, time.monotonic() - started)
     sim = simulate(schedule)
