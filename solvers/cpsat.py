@@ -50,10 +50,10 @@ from schedc.opgraph import (
     optimizer_waits_for,
 )
 from schedc.schedule import OpId, Schedule, SolverInfo
+from schedc.simulate_engine import DeadlockError, schedule_from_programs
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
 from schedc.solvers.cpsat_bound import period_lower_bound
-from schedc.timing import DeadlockError, schedule_from_programs
 
 NAME = "cpsat"
 

@@ -39,7 +39,7 @@ from typing import Callable, Iterator, Sequence
 
 from schedc.instance import Instance
 from schedc.opgraph import candidate_executors
-from schedc.timing import DeadlockError, ProgramGraph, decode_op
+from schedc.simulate_engine import DeadlockError, ProgramGraph, decode_op
 from schedc.solvers.assign import Executor, microbatch_key
 from schedc.verify import memory_profile
 
