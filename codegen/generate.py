@@ -18,12 +18,12 @@ from typing import Mapping
 
 import jinja2
 
-from schedc import __version__
 from schedc.diagnostics import RunError, error
 from schedc.runtime.manifest import DEFAULT_SOURCE, MANIFEST_NAME, Manifest, model_args_of, spec_folder
 from schedc.schedule import Schedule, ScheduledOp
 from schedc.spec import Spec
 from schedc.symmetry import SymmetricSchedule
+from schedc.version import __version__
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("schedc.codegen", "templates"),
