@@ -6,7 +6,7 @@ Reported:
 
 * **detection**: the iteration the slowdown was confirmed at, against the one it began
   (iterations and seconds), and false alarms (speed changes reported) over a long run with
-  no injected slowdown, only this machine's own noise;
+  no injected slowdown, only the host's own noise;
 * **throughput** over the slow window: no slowdown / slowed, detected but not acted on
   (``--fail-slow detect``) / slowed and mitigated (``--fail-slow act``), and the share of
   the slowdown's cost that mitigation saved: (unmitigated - mitigated) / (unmitigated - none),

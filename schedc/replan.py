@@ -37,21 +37,27 @@ from schedc.simulate import metrics_of, simulate
 from schedc.spec import Failure
 from schedc.verify import verify_schedule
 
-#: Seconds per op reserved for verifying and simulating the new schedule, and a floor
-#: (measured on the 2-core machine with the coded verifier: ~8 us per op for both
-#: together at 6,000 ops; 2.5x for safety).
+#: Seconds per op kept out of the solver's share of the deadline for verifying and simulating
+#: the new schedule, and a floor: what lets a replan whose solver stopped in time still end
+#: within its deadline. 2.5x the per-op time of `verify_schedule` and `simulate` together at
+#: 6,000 ops when this was set (8 us). Re-measure: `python bench/verify_speed.py` (the
+#: verifier per size), and `python bench/replan_latency.py --deadlines 0.1` must keep its
+#: max wall time under the deadline.
 _CHECK_S_PER_OP = 20e-6
 _CHECK_S_MIN = 0.02
-#: Seconds per GPU reserved for what a plan by classes does per GPU, not per op: the layout's
-#: check and the per-GPU metrics (measured: ~3.5 us per GPU at 65,536 GPUs x pp 16; 2x for safety).
+#: Seconds per GPU kept out for what a plan by classes does per GPU, not per op (the layout's
+#: check, the per-GPU metrics): 2x what they took at 65,536 GPUs x pp 16 when this was set
+#: (3.5 us). Re-measure: `python bench/scale.py --sizes 65536 --pp 16`, whose replan p95 must
+#: stay under `--deadline`.
 _CHECK_S_PER_GPU = 7e-6
 #: Share of the deadline the solver may use at most; the rest absorbs Python overheads.
 _SOLVER_SHARE = 0.8
-#: Work budget (`SolveOptions.time_limit`) per second of the solver's wall budget. CP-SAT gets
-#: half the wall time left (`cpsat.WALL_SHARE`) after greedy and the model build, and one
-#: second of work takes about one second of wall on 2 quiet cores, up to 2-3 s on some
-#: models (docs/planner.md), so on a quiet machine the work budget usually ends the search
-#: before the deadline does.
+#: Work budget (`SolveOptions.time_limit`) per second of the solver's wall budget: small enough
+#: that on an idle machine the work budget, not the deadline, ends the search, so replans are
+#: reproducible (`stopped_by == "work"`). CP-SAT gets half the wall time left
+#: (`cpsat.WALL_SHARE`) after greedy and the model build, and a second of work costs one to
+#: three seconds of wall depending on the model (the calibration, docs/planner.md). Check:
+#: `python bench/scale.py` marks every replan the deadline cut with "(deadline)".
 _WORK_SHARE = 0.2
 
 

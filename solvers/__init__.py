@@ -21,8 +21,9 @@ from schedc.schedule import Schedule
 class SolveOptions:
     """How long and how a solver searches.
 
-    `time_limit` is a *work* budget, in seconds of this project's reference
-    machine (2 cores): CP-SAT gets `cpsat.deterministic_budget(time_limit, ...)`
+    `time_limit` is a *work* budget, in calibrated seconds (about the wall time
+    on 2 idle cores; the calibrations are `cpsat._WALL_S_PER_DET` and
+    `greedy.UNITS_PER_S`): CP-SAT gets `cpsat.deterministic_budget(time_limit, ...)`
     units of its deterministic time, greedy tries its counted list of candidates and then
     spends up to `greedy.polish_work(time_limit)` counted units in its local search. No
     search stops on the clock, so the same input gives the same plan on a quiet
@@ -32,7 +33,7 @@ class SolveOptions:
     cut short says so (`SolverInfo.stopped_by == "deadline"`).
     """
 
-    time_limit: float = 5.0  # work budget (seconds on the reference machine), not wall time
+    time_limit: float = 5.0  # work budget (calibrated seconds), not wall time
     seed: int = 0
     workers: int = 2  # fixed, so results do not depend on the machine (determinism)
     hint: Schedule | None = None  # a schedule to warm-start from (replan)

@@ -220,14 +220,17 @@ def _large(instance: Instance) -> bool:
     return instance.dp * instance.pp * instance.microbatches * len(compute_kinds(instance)) > LARGE_OPS
 
 
-#: Work units (`improve.evaluation_cost`) the reference machine does per second (measured:
-#: 1.5-1.9 us per unit on 4 x 4 x 8 to 8 x 8 x 32 clusters).
+#: Work units (`improve.evaluation_cost`) per second of work budget: the calibration that
+#: makes `time_limit` of local search take about `time_limit` of wall on 2 idle cores (a unit
+#: took 1.5-1.9 us on 4 x 4 x 8 to 8 x 8 x 32 clusters when this was set). Too high and a
+#: compile overruns its time limit, too low and the search stops early. Re-measure: time
+#: `improve.improve(..., work=W)` on those shapes and divide by W.
 UNITS_PER_S = 500_000
 
 
 def polish_work(time_limit: float) -> float:
     """Work units the local search around the best candidate (`solvers.improve`) may spend:
-    `time_limit` (a work budget, seconds on the reference machine) of them, counted, not timed."""
+    `time_limit` (a work budget, calibrated seconds: `UNITS_PER_S`) of them, counted, not timed."""
     return time_limit * UNITS_PER_S
 
 
