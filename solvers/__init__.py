@@ -4,7 +4,16 @@ A solver is a callable ``solve(instance, options) -> Schedule``. It raises
 `schedc.diagnostics.InfeasibleError` (E3xx) when the instance is outside what
 it can do. No solver-specific object (e.g. a `cp_model`) leaves this package.
 
-Solvers are looked up by name with `get_solver`; `SOLVERS` lists them.
+Solvers are looked up by name with `get_solver`; `solver_names()` lists them.
+One module per solver (`cpsat`, `greedy`, `gpipe`, `one_f_one_b`, `zb_h1`,
+`zb_h2`, `reroute`, `drop_pipeline`, `redundant`), and what they share:
+
+- `common`: memory arithmetic, errors, finishing a schedule;
+- `assign`: who executes each microbatch at each stage;
+- `static_programs`: the fixed per-stage programs of GPipe, 1F1B, ZB-H1, ZB-H2;
+- `listsched`: the event-driven list scheduler behind `reroute-1f1b` and `greedy`;
+- `improve`: greedy's local search;
+- `cpsat_bound`: lower bounds on the steady-state period.
 """
 
 from __future__ import annotations
