@@ -18,8 +18,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from schedc.instance import make_instance
+from schedc.simulate_engine import ProgramGraph
 from schedc.solvers import SolveOptions, get_solver
-from schedc.timing import ProgramGraph
 from schedc.solvers.greedy import candidates
 
 SHAPES = [(2, 4, 8), (8, 4, 32), (16, 8, 64)]

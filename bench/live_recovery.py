@@ -42,7 +42,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import schedc  # noqa: E402
-from bench.svgchart import Chart  # noqa: E402
+from schedc.bench.chart import Chart  # noqa: E402
 from schedc.live import train  # noqa: E402
 
 SPEC = (Path(__file__).resolve().parents[1] / "specs" / "emulate-4x4.sched").read_text()
@@ -131,7 +131,7 @@ def plot(series: dict[str, list[tuple[float, int]]], fault: dict[str, float], ti
     pts = {m: useful_throughput(s, fault.get(m, 0.0)) for m, s in series.items()}
     xs = [x for p in pts.values() for x, _ in p]
     ys = [y for p in pts.values() for _, y in p]
-    chart = Chart(min(xs + [0.0]), max(xs), max(ys) * 1.15, title=title, xlabel="seconds since the fault",
+    chart = Chart((min(xs + [0.0]), max(xs)), (0.0, max(ys) * 1.15), title=title, xlabel="seconds since the fault",
                   ylabel=f"useful iterations per second ({WINDOW:g} s window)")
     chart.marker(0.0, "fault", "#d62728")
     colours = {"reroute": "#1f77b4", "drop-pipeline": "#ff7f0e", "restart": "#2ca02c"}

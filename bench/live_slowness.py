@@ -6,7 +6,7 @@ Reported:
 
 * **detection**: the iteration the slowdown was confirmed at, against the one it began
   (iterations and seconds), and false alarms (speed changes reported) over a long run with
-  no injected slowdown, only this machine's own noise;
+  no injected slowdown, only the host's own noise;
 * **throughput** over the slow window: no slowdown / slowed, detected but not acted on
   (``--fail-slow detect``) / slowed and mitigated (``--fail-slow act``), and the share of
   the slowdown's cost that mitigation saved: (unmitigated - mitigated) / (unmitigated - none),
@@ -34,7 +34,7 @@ if __package__ in (None, ""):
 
 import schedc  # noqa: E402
 from bench.live_recovery import SPEC, fmt, useful_throughput  # noqa: E402
-from bench.svgchart import Chart  # noqa: E402
+from schedc.bench.chart import Chart  # noqa: E402
 from schedc.live import train  # noqa: E402
 
 SLOW_GPU = "gpu(dp=1, pp=1)"  # rank 5
@@ -90,7 +90,8 @@ def plot(docs: dict[str, dict], title: str) -> str:
     pts = {k: useful_throughput([(r["end"], r["iteration"]) for r in d["iterations"]], t0[k]) for k, d in docs.items()}
     xs = [x for p in pts.values() for x, _ in p]
     ys = [y for p in pts.values() for _, y in p]
-    chart = Chart(min(xs), max(xs), max(ys) * 1.2, title=title, width=760, height=380, legend_width=170, x_digits=0,
+    chart = Chart((min(xs), max(xs)), (0.0, max(ys) * 1.2), title=title, width=760, height=380,
+                  margins=(60, 170, 40, 45), x_format=".0f",
                   xlabel=f"seconds since the slowdown began (iteration {FROM})", ylabel="useful iterations per second")
     if "unmitigated" in docs:  # the slow window, as the unmitigated run lived it
         start = {r["iteration"]: r["start"] for r in docs["unmitigated"]["iterations"]}

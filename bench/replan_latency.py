@@ -20,7 +20,8 @@ import sys
 import time
 
 import schedc
-from schedc.benchmark import Scenario, percentile
+from schedc.bench.compare import percentile
+from schedc.bench.scenarios import Scenario
 from schedc.plan import compile
 from schedc.solvers.cpsat import warm_up
 from schedc.solvers.cpsat_bound import period_lower_bound

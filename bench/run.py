@@ -1,4 +1,4 @@
-"""Run the schedc benchmark: the same as `schedc bench` (schedc/benchmark.py).
+"""Run the schedc benchmark: the same as `schedc bench` (schedc/bench/compare.py).
 
     python bench/run.py --quick -o bench/results
 """

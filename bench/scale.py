@@ -34,10 +34,10 @@ from pathlib import Path
 
 
 def spec_text(gpus: int, pp: int) -> str:
-    from schedc.benchmark import Scenario, _random_failures
+    from schedc.bench.scenarios import Scenario, random_failures
 
     dp = gpus // pp
-    fails = _random_failures(dp, pp, max(1, gpus // 1000), random.Random(gpus * 100 + pp))
+    fails = random_failures(dp, pp, max(1, gpus // 1000), random.Random(gpus * 100 + pp))
     return Scenario(f"scale-{gpus}-pp{pp}", "explicit", dp, pp, 16, tuple(fails)).spec_text()
 
 

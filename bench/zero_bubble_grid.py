@@ -13,7 +13,7 @@ The references are schedc's own constructions of the Zero Bubble paper's
 schedules (Qi et al., ICLR 2024), timed by the same simulator on the same
 instance: ZB-H1 (1F1B warm-up, W of stage s deferred by s backwards) and
 ZB-H2 (warm-up 2(p - s) - 1 forwards, W deferred by 2s backwards), both cut
-to fit memory (`solvers/templates.py`). For each instance it prints schedc's
+to fit memory (`solvers/static_programs.py`). For each instance it prints schedc's
 steady iteration time, the best reference's, their ratio, and schedc's ratio
 to the proven lower bound (`optimal` when equal), then a summary per optimizer
 and memory setting. `--csv` writes one row per instance; the plan columns

@@ -18,12 +18,12 @@ from typing import Mapping
 
 import jinja2
 
-from schedc import __version__
 from schedc.diagnostics import RunError, error
 from schedc.runtime.manifest import DEFAULT_SOURCE, MANIFEST_NAME, Manifest, model_args_of, spec_folder
 from schedc.schedule import Schedule, ScheduledOp
 from schedc.spec import Spec
 from schedc.symmetry import SymmetricSchedule
+from schedc.version import __version__
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("schedc.codegen", "templates"),
@@ -129,7 +129,8 @@ def _render_class_programs(spec: Spec, schedule: SymmetricSchedule, metrics: Map
     files[MANIFEST_NAME] = json.dumps(manifest.to_json(), separators=(",", ":")) + "\n"
     # A template bug must never reach the disk: main.py and the first program of every class
     # (whose lines the same code writes as every other's) are compiled. Compiling all of them
-    # took 2.5 s of a 16,384-GPU write.
+    # would cost time per GPU (2.5 s of a 16,384-GPU write when measured; `python
+    # bench/scale.py` reports the write's time).
     firsts = {name.rsplit("_", 1)[0]: name for name in reversed(list(files)) if name.startswith("program_c")}
     for name in ["main.py", *firsts.values()]:
         compile(files[name], name, "exec")

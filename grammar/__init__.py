@@ -1,0 +1,1 @@
+"""The spec language's grammar, `schedc.lark` (package data, read by `schedc.parse`)."""

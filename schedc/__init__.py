@@ -8,8 +8,7 @@ from schedc.diagnostics import (
     SpecError,
     VerificationError,
 )
-
-__version__ = "0.1.0"
+from schedc.version import __version__
 
 # Imported eagerly on purpose: the function `load` must shadow the submodule
 # `schedc.load` of the same name (lark and pydantic only; no torch, no OR-Tools).

@@ -172,14 +172,15 @@ Solve = Callable[[Instance, object], Schedule]
 
 
 def plan_by_classes(instance: Instance, decomposition: Decomposition, solve: Solve, options,
-                    name: str, previous: SymmetricSchedule | None = None) -> SymmetricSchedule:
+                    name: str, previous: SymmetricSchedule | None = None, *,
+                    fallback: Solve) -> SymmetricSchedule:
     """Plan each class that `previous` (the plan `replan` starts from) has no part for on its
     own (the `solve` of solver `name`) and return the symmetric schedule of all parts. A part
     `previous` has is reused as it is (the same object: what the verifier and the simulator
     found for it still holds), so a replan costs the classes it plans, not the cluster.
+    A part `solve` gets wrong is planned again by `fallback` (the callers pass greedy's).
 
     `options.deadline` (replan) is shared out evenly among the classes still to plan."""
-    from schedc.solvers import get_solver
     from schedc.verify import verify_schedule
 
     started = time.perf_counter()
@@ -198,8 +199,8 @@ def plan_by_classes(instance: Instance, decomposition: Decomposition, solve: Sol
         try:
             verify_schedule(sched)
         except VerificationError:
-            # A solver bug must not reach the user: the greedy list scheduler plans this class.
-            sched = get_solver("greedy")(local, opts)
+            # A solver bug must not reach the user: the fallback (greedy) plans this class.
+            sched = fallback(local, opts)
             verify_schedule(sched)
         known[decomposition.signatures[c]] = sched
         statuses.append(sched.solver.status)

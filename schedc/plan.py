@@ -29,6 +29,7 @@ from pathlib import Path
 from schedc.diagnostics import SchedcError, SpecError, did_you_mean, error
 from schedc.instance import Instance, from_spec
 from schedc.printer import print_spec
+from schedc.program_diff import changed_ranks
 from schedc.schedule import Schedule
 from schedc.simulate import Metrics, metrics_of, simulate
 from schedc.spec import Spec
@@ -48,13 +49,11 @@ class Plan:
     @cached_property
     def changed_ranks(self) -> frozenset[int] | None:
         """The schedule ranks (GPUs) whose program changed from the plan `schedc.replan` started
-        from (`replan.changed_ranks`), so a launcher reconfigures only those; None for a plan
-        that was compiled, not replanned. Computed when first asked (a few ms at 64 GPUs),
+        from (`program_diff.changed_ranks`), so a launcher reconfigures only those; None for a
+        plan that was compiled, not replanned. Computed when first asked (a few ms at 64 GPUs),
         outside the replan's deadline."""
         if self.previous is None:
             return None
-        from schedc.replan import changed_ranks
-
         return changed_ranks(self.previous, self.schedule)
 
     @property
@@ -334,6 +333,7 @@ def _by_classes(solve, name: str, symmetric: bool | None):
     """`solve`, planning by classes of alike pipelines where `symmetric` asks for it
     (`decompose.classes_for`)."""
     from schedc.decompose import classes_for, plan_by_classes
+    from schedc.solvers import get_solver
 
     if symmetric is False:
         return solve
@@ -342,7 +342,7 @@ def _by_classes(solve, name: str, symmetric: bool | None):
         dec = classes_for(instance, symmetric, name)
         if dec is None:
             return solve(instance, options)
-        return plan_by_classes(instance, dec, solve, options, name)
+        return plan_by_classes(instance, dec, solve, options, name, fallback=get_solver("greedy"))
     return solve_by_classes
 
 

@@ -32,27 +32,32 @@ from schedc.decompose import classes_for, decomposition_of, known_parts, plan_by
 from schedc.events import apply_events
 from schedc.instance import Instance, from_spec
 from schedc.plan import Plan
-from schedc.schedule import Schedule, _program_order
+from schedc.schedule import Schedule
 from schedc.simulate import metrics_of, simulate
 from schedc.spec import Failure
-from schedc.symmetry import SymmetricSchedule
 from schedc.verify import verify_schedule
 
-#: Seconds per op reserved for verifying and simulating the new schedule, and a floor
-#: (measured on the 2-core machine with the coded verifier: ~8 us per op for both
-#: together at 6,000 ops; 2.5x for safety).
+#: Seconds per op kept out of the solver's share of the deadline for verifying and simulating
+#: the new schedule, and a floor: what lets a replan whose solver stopped in time still end
+#: within its deadline. 2.5x the per-op time of `verify_schedule` and `simulate` together at
+#: 6,000 ops when this was set (8 us). Re-measure: `python bench/verify_speed.py` (the
+#: verifier per size), and `python bench/replan_latency.py --deadlines 0.1` must keep its
+#: max wall time under the deadline.
 _CHECK_S_PER_OP = 20e-6
 _CHECK_S_MIN = 0.02
-#: Seconds per GPU reserved for what a plan by classes does per GPU, not per op: the layout's
-#: check and the per-GPU metrics (measured: ~3.5 us per GPU at 65,536 GPUs x pp 16; 2x for safety).
+#: Seconds per GPU kept out for what a plan by classes does per GPU, not per op (the layout's
+#: check, the per-GPU metrics): 2x what they took at 65,536 GPUs x pp 16 when this was set
+#: (3.5 us). Re-measure: `python bench/scale.py --sizes 65536 --pp 16`, whose replan p95 must
+#: stay under `--deadline`.
 _CHECK_S_PER_GPU = 7e-6
 #: Share of the deadline the solver may use at most; the rest absorbs Python overheads.
 _SOLVER_SHARE = 0.8
-#: Work budget (`SolveOptions.time_limit`) per second of the solver's wall budget. CP-SAT gets
-#: half the wall time left (`cpsat.WALL_SHARE`) after greedy and the model build, and one
-#: second of work takes about one second of wall on 2 quiet cores, up to 2-3 s on some
-#: models (docs/planner.md), so on a quiet machine the work budget usually ends the search
-#: before the deadline does.
+#: Work budget (`SolveOptions.time_limit`) per second of the solver's wall budget: small enough
+#: that on an idle machine the work budget, not the deadline, ends the search, so replans are
+#: reproducible (`stopped_by == "work"`). CP-SAT gets half the wall time left
+#: (`cpsat.WALL_SHARE`) after greedy and the model build, and a second of work costs one to
+#: three seconds of wall depending on the model (the calibration, docs/planner.md). Check:
+#: `python bench/scale.py` marks every replan the deadline cut with "(deadline)".
 _WORK_SHARE = 0.2
 
 
@@ -129,7 +134,8 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                            deadline=time.monotonic() + budget)
     if dec is not None:
         # Only the classes the events made new are planned; the others keep their programs.
-        schedule = plan_by_classes(instance, dec, get_solver(solver), options, solver, previous)
+        schedule = plan_by_classes(instance, dec, get_solver(solver), options, solver, previous,
+                                   fallback=get_solver("greedy"))
     else:
         schedule = get_solver(solver)(instance, options)
     try:
@@ -138,7 +144,7 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
         # A solver bug must not reach a launcher: fall back to the greedy list scheduler.
         greedy = get_solver("greedy")
         schedule = (greedy(instance, replace(options, hint=None)) if dec is None
-                    else plan_by_classes(instance, dec, greedy, options, "greedy"))
+                    else plan_by_classes(instance, dec, greedy, options, "greedy", fallback=greedy))
         verify_schedule(schedule)
     schedule = _with_wall(schedule, time.monotonic() - started)
     sim = simulate(schedule)
@@ -147,93 +153,6 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
                 metrics=metrics_of(schedule, sim, fault_free_iteration_time=fault_free,
                                    fault_free_solver=plan.metrics.fault_free_solver),
                 previous=plan.schedule)
-
-
-def _program_signatures(schedule: Schedule, ranks=None) -> dict[int, tuple]:
-    """Per live rank (of `ranks`, if given), what its program depends on besides its all-reduce
-    group: its ops in order and, for each, the ranks it receives from and sends to (the
-    executors of the neighbouring stages' same microbatch). A symmetric schedule expands only
-    the copies that hold `ranks`."""
-    if isinstance(schedule, SymmetricSchedule):
-        ops = list(schedule.expanded_ops(_copies_of(schedule, ranks)) if ranks is not None
-                   else schedule.expanded_ops())
-    else:
-        ops = list(schedule.ops)
-    executor = {(op.dp, op.pp, op.mb): op.rank for op in ops if op.kind == "F"}
-    programs: dict[int, list] = {}
-    for op in ops:
-        if ranks is None or op.rank in ranks:
-            programs.setdefault(op.rank, []).append(op)
-    out: dict[int, tuple] = {}
-    for rank, prog in programs.items():
-        prog.sort(key=_program_order)
-        out[rank] = tuple(("O", op.dp, op.pp) if op.kind == "O" else
-                          (op.kind, op.dp, op.pp, op.mb, executor.get((op.dp, op.pp - 1, op.mb)),
-                           executor.get((op.dp, op.pp + 1, op.mb))) for op in prog)
-    return out
-
-
-def _copies_of(schedule: SymmetricSchedule, ranks) -> dict[int, set[int]]:
-    """{class: copies} of the copies that run the given full ranks."""
-    lay, pp = schedule.layout, schedule.instance.pp
-    out: dict[int, set[int]] = {}
-    for rank in ranks:
-        hit = schedule.reduced_rank.get(rank)
-        if hit is not None:
-            out.setdefault(lay.class_of_reduced[hit[0] // pp], set()).add(hit[1])
-    return out
-
-
-def _component_ranks(schedule) -> set[int] | None:
-    """Full ranks outside the untouched class of a symmetric schedule (None: not symmetric)."""
-    if not isinstance(schedule, SymmetricSchedule):
-        return None
-    lay, pp = schedule.layout, schedule.instance.pp
-    out: set[int] = set()
-    for c, cls in enumerate(lay.classes):
-        if c != schedule.untouched:
-            for r in range(lay.offsets[c] * pp, (lay.offsets[c] + cls.size) * pp):
-                out.update(schedule.full_ranks[r])
-    return out
-
-
-def _untouched_programs(schedule) -> tuple | None:
-    """The untouched pipelines' programs (None: not symmetric, or none)."""
-    if not isinstance(schedule, SymmetricSchedule) or schedule.untouched is None:
-        return None
-    part = schedule.parts[schedule.untouched]
-    return tuple(tuple((op.kind, op.pp, op.mb) for op in part.program(s)) for s in range(part.instance.pp))
-
-
-def changed_ranks(old: Schedule, new: Schedule) -> frozenset[int]:
-    """The schedule ranks (GPUs) whose program differs between `old` and `new`: a different op
-    order, a different peer to receive from or send to, a different set of ranks to all-reduce
-    with, or a rank that runs in only one of them (failed, or back). Start times do not count:
-    programs run as soon as their inputs allow.
-
-    For symmetric schedules (`schedc.symmetry`) only the ranks whose program can have changed
-    are compared op by op: those of the components around failures, old or new, and every
-    rank of a stage whose all-reduce group changed; an untouched pipeline's program changes
-    only if the untouched class's program did."""
-    inst_old, inst_new = old.instance, new.instance
-    pp = inst_new.pp
-    changed: set[int] = set()
-    for s in range(pp):
-        a = tuple(g.rank for g in inst_old.live_gpus(s))
-        b = tuple(g.rank for g in inst_new.live_gpus(s))
-        if a != b:
-            changed.update(a)
-            changed.update(b)
-    live = {g.rank for g in inst_new.gpus if g.live}
-    at_risk: set[int] | None = None
-    comp_old, comp_new = _component_ranks(old), _component_ranks(new)
-    if comp_old is not None and comp_new is not None and _untouched_programs(old) == _untouched_programs(new):
-        at_risk = (comp_old | comp_new) - changed
-    if at_risk is None:
-        at_risk = (live | {g.rank for g in inst_old.gpus if g.live}) - changed
-    a, b = _program_signatures(old, at_risk), _program_signatures(new, at_risk)
-    changed.update(r for r in at_risk if a.get(r) != b.get(r))
-    return frozenset(changed)
 
 
 def _with_wall(schedule: Schedule, wall_s: float) -> Schedule:

@@ -1,10 +1,11 @@
 """The simulator: steady-state metrics of a schedule's per-rank programs (docs/architecture.md, the simulator).
 
 `simulate(schedule)` keeps only each rank's *program* (`Schedule.programs`)
-and runs K iterations of all of them back to back with
-`schedc.timing.run_programs` (the one place that turns orders into times),
-then reports the steady-state period, per-GPU busy time, bubble ratio and
-peak memory. Programs that cannot run raise the runner's `DeadlockError`.
+and runs K iterations of all of them back to back with the simulator's
+engine, `schedc.simulate_engine.run_programs` (the one place that turns
+orders into times), then reports the steady-state period, per-GPU busy time,
+bubble ratio and peak memory. Programs that cannot run raise the engine's
+`DeadlockError`.
 
 `Metrics` is what a schedule reports (schedule.json's ``metrics``, the
 summary table of `schedc compile`/`schedc simulate`).
@@ -18,10 +19,11 @@ from typing import Mapping
 
 from schedc.memo import IdentityCache
 from schedc.schedule import Schedule, SolverInfo
-from schedc.timing import STEADY_ITERATIONS, ProgramRun, combine_summaries, program_graph, run_programs, steady_period
+from schedc.simulate_engine import (STEADY_ITERATIONS, ProgramRun, combine_summaries, program_graph, run_programs,
+                                    steady_period)
 from schedc.verify import memory_profile
 
-#: Iterations simulated back to back (K); the window averaged over is `schedc.timing.STEADY_WINDOW`.
+#: Iterations simulated back to back (K); the window averaged over is `schedc.simulate_engine.STEADY_WINDOW`.
 DEFAULT_ITERATIONS = STEADY_ITERATIONS
 
 
@@ -106,7 +108,7 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
     """Run the schedule's per-rank programs `iterations` times back to back.
 
     Start times in the schedule are ignored; only each rank's order counts.
-    Raises `schedc.timing.DeadlockError` (E420/E421) if the programs cannot run.
+    Raises `schedc.simulate_engine.DeadlockError` (E420/E421) if the programs cannot run.
     """
     if iterations < 1:
         raise ValueError("iterations must be at least 1")

@@ -23,7 +23,7 @@ instance*); the exports, the schedule file and the programs are written
 from it. The verifier (`schedc.verify`) checks every part on its own and
 that every copy's GPUs are in the same state and speed as its part's; the
 simulator (`schedc.simulate`) times the parts together through their
-barriers (`schedc.timing.combine_summaries`). Both give the verdict and the
+barriers (`schedc.simulate_engine.combine_summaries`). Both give the verdict and the
 times of the expanded schedule op by op (tests/test_symmetry.py checks both
 ways), at a cost per class, not per pipeline; a part reused as it is (the
 same object) is not checked or summarised again.

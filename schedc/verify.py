@@ -433,11 +433,12 @@ class _Checker:
 # -- the fast path ------------------------------------------------------------------
 #
 # A valid schedule needs no message, so its check need not build any: one pass
-# over the ops files each F/B/W under its integer code (`schedc.timing.encode_op`:
-# ((d*M + m)*S + s)*3 + kind), and every other rule is then a comparison of
-# whole columns of that table, run by C loops (map/operator/accumulate). Any
-# doubt (a violation, an odd type, a tie in program order) returns False and
-# `check_schedule` runs the rule-by-rule checker, which alone writes diagnostics.
+# over the ops files each F/B/W under its integer code
+# (`schedc.simulate_engine.encode_op`: ((d*M + m)*S + s)*3 + kind), and every
+# other rule is then a comparison of whole columns of that table, run by C
+# loops (map/operator/accumulate). Any doubt (a violation, an odd type, a tie
+# in program order) returns False and `check_schedule` runs the rule-by-rule
+# checker, which alone writes diagnostics.
 
 _INT = {int}
 _INT_OR_NONE = {int, type(None)}

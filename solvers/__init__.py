@@ -4,7 +4,16 @@ A solver is a callable ``solve(instance, options) -> Schedule``. It raises
 `schedc.diagnostics.InfeasibleError` (E3xx) when the instance is outside what
 it can do. No solver-specific object (e.g. a `cp_model`) leaves this package.
 
-Solvers are looked up by name with `get_solver`; `SOLVERS` lists them.
+Solvers are looked up by name with `get_solver`; `solver_names()` lists them.
+One module per solver (`cpsat`, `greedy`, `gpipe`, `one_f_one_b`, `zb_h1`,
+`zb_h2`, `reroute`, `drop_pipeline`, `redundant`), and what they share:
+
+- `common`: memory arithmetic, errors, finishing a schedule;
+- `assign`: who executes each microbatch at each stage;
+- `static_programs`: the fixed per-stage programs of GPipe, 1F1B, ZB-H1, ZB-H2;
+- `listsched`: the event-driven list scheduler behind `reroute-1f1b` and `greedy`;
+- `improve`: greedy's local search;
+- `cpsat_bound`: lower bounds on the steady-state period.
 """
 
 from __future__ import annotations
@@ -21,8 +30,9 @@ from schedc.schedule import Schedule
 class SolveOptions:
     """How long and how a solver searches.
 
-    `time_limit` is a *work* budget, in seconds of this project's reference
-    machine (2 cores): CP-SAT gets `cpsat.deterministic_budget(time_limit, ...)`
+    `time_limit` is a *work* budget, in calibrated seconds (about the wall time
+    on 2 idle cores; the calibrations are `cpsat._WALL_S_PER_DET` and
+    `greedy.UNITS_PER_S`): CP-SAT gets `cpsat.deterministic_budget(time_limit, ...)`
     units of its deterministic time, greedy tries its counted list of candidates and then
     spends up to `greedy.polish_work(time_limit)` counted units in its local search. No
     search stops on the clock, so the same input gives the same plan on a quiet
@@ -32,7 +42,7 @@ class SolveOptions:
     cut short says so (`SolverInfo.stopped_by == "deadline"`).
     """
 
-    time_limit: float = 5.0  # work budget (seconds on the reference machine), not wall time
+    time_limit: float = 5.0  # work budget (calibrated seconds), not wall time
     seed: int = 0
     workers: int = 2  # fixed, so results do not depend on the machine (determinism)
     hint: Schedule | None = None  # a schedule to warm-start from (replan)

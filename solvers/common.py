@@ -1,7 +1,7 @@
 """Pieces every scheduler in this package shares: memory arithmetic, errors, finishing.
 
 A solver here chooses, for every microbatch and stage, an executor, and for
-every rank an order of its ops; `schedc.timing` turns that order into times.
+every rank an order of its ops; `schedc.simulate_engine` turns that order into times.
 This module holds what is the same for all of them:
 
 - how many microbatches fit in flight on a GPU (`fits_in_flight`) and the
@@ -29,7 +29,7 @@ from typing import Iterable, Mapping, Sequence
 from schedc.diagnostics import InfeasibleError, error
 from schedc.instance import Instance
 from schedc.schedule import OpId, Schedule, SolverInfo
-from schedc.timing import STEADY_ITERATIONS, STEADY_WINDOW, program_graph, schedule_from_programs
+from schedc.simulate_engine import STEADY_ITERATIONS, STEADY_WINDOW, program_graph, schedule_from_programs
 from schedc.verify import memory_profile
 
 

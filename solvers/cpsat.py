@@ -50,31 +50,36 @@ from schedc.opgraph import (
     optimizer_waits_for,
 )
 from schedc.schedule import OpId, Schedule, SolverInfo
+from schedc.simulate_engine import DeadlockError, schedule_from_programs
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
 from schedc.solvers.cpsat_bound import period_lower_bound
-from schedc.timing import DeadlockError, schedule_from_programs
 
 NAME = "cpsat"
 
-#: Above this many free compute ops CP-SAT adds nothing within a second or two
-#: on two cores (presolve alone takes seconds at ~25k ops).
+#: Above this many free compute ops CP-SAT's presolve alone outlasts a budget of a second or
+#: two (it takes seconds at ~25k ops) and the seed is returned (`fallback`). Check: the
+#: scale points of `schedc bench` (cpsat's status and solve time at 64-4,096 GPUs).
 MAX_MODEL_OPS = 2500
 #: Rough cost of building the model in Python, per op (seconds); used to skip
 #: CP-SAT when the deadline cannot even cover the build.
 _BUILD_S_PER_OP = 150e-6
-#: OR-Tools' CP-SAT module and what importing it costs (seconds, measured on 2 cores).
+#: OR-Tools' CP-SAT module, and the seconds its import is assumed to cost: under a deadline
+#: shorter than this plus `MIN_SEARCH_S` CP-SAT is not imported (0.4-1.2 s when measured).
+#: Re-measure: `python -X importtime -c "import ortools.sat.python.cp_model"`.
 _CP_MODEL = "ortools.sat.python.cp_model"
 _IMPORT_S = 0.8
 #: Below this many seconds left, CP-SAT is not started (its start-up alone takes ~0.1 s).
 MIN_SEARCH_S = 0.15
 #: Share of the remaining wall time CP-SAT is given (see `_solve_model`).
 WALL_SHARE = 0.5
-#: Calibration of the work budget: seconds of wall time one unit of CP-SAT's deterministic
-#: time took on this project's 2-core machine, as (base, per 1,000 model variables). Measured
-#: (quiet machine, docs/planner.md): 1.9-4.2 s per unit at 273 variables, 2.9 at 529, 2.2 at
-#: 1,057-1,100, 1.6 at 2,081, 7.8 at 4,300 (and 44 s for the first 0.12 units of a 4,400-
-#: variable model: presolve and the first LP are slow per unit).
+#: Calibration of the work budget, so that `time_limit` of work takes about `time_limit` of
+#: wall on 2 idle cores: seconds of wall per unit of CP-SAT's deterministic time, as (base, per
+#: 1,000 model variables). Fitted to (docs/planner.md) 1.9-4.2 s per unit at 273 variables,
+#: 2.9 at 529, 2.2 at 1,057-1,100, 1.6 at 2,081, 7.8 at 4,300 (and 44 s for the first 0.12
+#: units of a 4,400-variable model: presolve and the first LP are slow per unit). Check:
+#: `schedc bench --no-scale --no-ablation` on an idle machine, whose `cpsat solve s` column
+#: should stay near `--time-limit`.
 _WALL_S_PER_DET = (2.5, 1.0)
 
 
@@ -442,9 +447,10 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     p.interleave_batch_size = 1
     timer = None
     if wall is not None:
-        # CP-SAT overshoots its wall limit by up to ~0.25 s on a loaded 2-core machine (presolve
-        # and loading are not interrupted at once), so it gets a share of what is left, and a
+        # CP-SAT overshoots its wall limit (presolve and loading are not interrupted at once;
+        # by up to ~0.25 s under load when measured), so it gets a share of what is left, and a
         # timer stops the search when the deadline comes, whatever CP-SAT's own clock says.
+        # Check: `python bench/replan_latency.py --deadlines 0.1`, max within the deadline.
         p.max_time_in_seconds = max(0.01, WALL_SHARE * wall - 0.05)
         timer = threading.Timer(max(0.0, deadline - time.monotonic() - 0.15), solver.StopSearch)
         timer.daemon = True

@@ -20,7 +20,7 @@ from schedc.instance import Instance
 from schedc.schedule import OpId, Schedule
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import barrier_instance, check_memory, finish
-from schedc.solvers.templates import chain_programs
+from schedc.solvers.static_programs import chain_programs
 
 NAME = "drop-pipeline"
 

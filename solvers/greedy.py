@@ -45,6 +45,7 @@ from typing import Callable, Iterator
 from schedc.instance import Instance
 from schedc.opgraph import compute_kinds
 from schedc.schedule import OpId, Schedule, SolverInfo
+from schedc.simulate_engine import ProgramGraph, encode, keep_graph
 from schedc.symmetry import part_instance
 from schedc.solvers import SolveOptions
 from schedc.solvers.assign import Executor, balanced, completion_counts, microbatch_key, round_robin
@@ -52,11 +53,10 @@ from schedc.solvers.common import (barrier_instance, check_memory, check_stages_
                             fits_in_flight)
 from schedc.solvers.cpsat_bound import period_lower_bound
 from schedc.solvers.improve import Start, evaluation_cost, executor_of, improve
-from schedc.timing import ProgramGraph, encode, keep_graph
 from schedc.solvers.listsched import Policy, list_schedule
 from schedc.solvers.one_f_one_b import template_programs
-from schedc.solvers.templates import ZB_H2_VARIANTS, split_styles
 from schedc.solvers.reroute import reroute_programs
+from schedc.solvers.static_programs import ZB_H2_VARIANTS, split_styles
 
 NAME = "greedy"
 
@@ -100,7 +100,7 @@ def one_pipeline(instance: Instance) -> Instance:
 
 
 def best_split_style(instance: Instance) -> str:
-    """The split ZB-H2 shape (`templates.split_styles`) with the shortest steady iteration on
+    """The split ZB-H2 shape (`static_programs.split_styles`) with the shortest steady iteration on
     `one_pipeline(instance)`; ties keep the first. A screen: a handful of small graphs at any
     size of cluster, after which only the chosen shape is built for every pipeline."""
     single = one_pipeline(instance)
@@ -183,7 +183,7 @@ def relative_cost(instance: Instance, name: str) -> float:
     """What a candidate costs relative to one list-scheduled iteration of the instance, so that
     under a deadline the slowest candidate so far predicts the next one: a steady candidate
     plays `STEADY_ROUNDS` iterations, the split ZB-H2 shape first times every
-    `templates.split_styles` shape on one pipeline (one pipeline's graph costs about 1 / dp
+    `static_programs.split_styles` shape on one pipeline (one pipeline's graph costs about 1 / dp
     of the cluster's)."""
     if name.endswith("/steady"):
         return float(STEADY_ROUNDS)
@@ -220,14 +220,17 @@ def _large(instance: Instance) -> bool:
     return instance.dp * instance.pp * instance.microbatches * len(compute_kinds(instance)) > LARGE_OPS
 
 
-#: Work units (`improve.evaluation_cost`) the reference machine does per second (measured:
-#: 1.5-1.9 us per unit on 4 x 4 x 8 to 8 x 8 x 32 clusters).
+#: Work units (`improve.evaluation_cost`) per second of work budget: the calibration that
+#: makes `time_limit` of local search take about `time_limit` of wall on 2 idle cores (a unit
+#: took 1.5-1.9 us on 4 x 4 x 8 to 8 x 8 x 32 clusters when this was set). Too high and a
+#: compile overruns its time limit, too low and the search stops early. Re-measure: time
+#: `improve.improve(..., work=W)` on those shapes and divide by W.
 UNITS_PER_S = 500_000
 
 
 def polish_work(time_limit: float) -> float:
     """Work units the local search around the best candidate (`solvers.improve`) may spend:
-    `time_limit` (a work budget, seconds on the reference machine) of them, counted, not timed."""
+    `time_limit` (a work budget, calibrated seconds: `UNITS_PER_S`) of them, counted, not timed."""
     return time_limit * UNITS_PER_S
 
 

@@ -39,7 +39,7 @@ from typing import Callable, Iterator, Sequence
 
 from schedc.instance import Instance
 from schedc.opgraph import candidate_executors
-from schedc.timing import DeadlockError, ProgramGraph, decode_op
+from schedc.simulate_engine import DeadlockError, ProgramGraph, decode_op
 from schedc.solvers.assign import Executor, microbatch_key
 from schedc.verify import memory_profile
 
@@ -78,8 +78,9 @@ def executor_of(instance: Instance, codes: dict[int, Sequence[int]]) -> Executor
 
 
 #: Ops at which an evaluation costs twice as much per op: larger programs run slower per op
-#: (measured 1.5-1.9 us per unit up to 6,144 ops, 2.6 at 49,152 and 3.9 at 196,608 before
-#: this term).
+#: (1.5-1.9 us per unit up to 6,144 ops, 2.6 at 49,152 and 3.9 at 196,608 before this term),
+#: and the work budget should buy the same wall time at any size. Re-measure: time
+#: `improve(..., work=W)` at those sizes and divide by W (as for `greedy.UNITS_PER_S`).
 SIZE_OPS = 100_000
 
 

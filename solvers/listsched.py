@@ -5,7 +5,7 @@ one iteration (or several, each GPU's optimizer step between them) forward
 in time: whenever a GPU is idle it starts one of the ops that are ready on
 it (their inputs have arrived), chosen by the policy, and never starts a
 forward that would take the GPU over its memory. The order in which each GPU
-started its ops in an iteration is its program; `schedc.timing` then times
+started its ops in an iteration is its program; `schedc.simulate_engine` then times
 it (as early as allowed) and runs it back to back.
 
 Deadlock freedom: memory alone never deadlocks (a GPU whose memory is full
@@ -25,7 +25,7 @@ from typing import Sequence
 
 from schedc.instance import Instance
 from schedc.schedule import OpId
-from schedc.timing import decode
+from schedc.simulate_engine import decode
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Policy:
 
 @dataclass(frozen=True)
 class ListResult:
-    """Programs as op codes (`schedc.timing.encode`), compute ops only, per live rank."""
+    """Programs as op codes (`schedc.simulate_engine.encode`), compute ops only, per live rank."""
 
     instance: Instance
     codes: dict[int, list[int]]

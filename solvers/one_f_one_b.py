@@ -14,7 +14,7 @@ from schedc.instance import Instance
 from schedc.schedule import OpId, Schedule
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import barrier_instance, check_memory, finish, require_no_failures
-from schedc.solvers.templates import chain_programs, chain_warmups
+from schedc.solvers.static_programs import chain_programs, chain_warmups
 
 NAME = "1f1b"
 

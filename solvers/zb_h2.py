@@ -3,7 +3,7 @@
 For memory that holds about twice 1F1B's microbatches in flight: stage s runs
 2(S - s) - 1 forwards before its first backward, filling the bubble before
 it, and defers its W by 2s backwards, so W fills the tail and the schedule
-becomes the paper's parallelogram (`templates.zb_h2_chain`). Warm-ups and
+becomes the paper's parallelogram (`static_programs.zb_h2_chain`). Warm-ups and
 deferrals are cut to what memory holds, so with 1F1B's memory it degrades
 towards ZB-H1. Decoupled backward. The paper replaces the optimizer's global
 synchronisation by a post-hoc validation to reach zero bubble; schedc's

@@ -5,7 +5,8 @@ from __future__ import annotations
 import csv
 
 from schedc.cli import main
-from schedc.benchmark import Scenario, line_chart, scenarios
+from schedc.bench.chart import line_chart
+from schedc.bench.scenarios import Scenario, scenarios
 
 
 def test_bench_quick_smoke(tmp_path):

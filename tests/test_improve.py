@@ -11,6 +11,7 @@ from schedc.instance import make_instance
 from schedc.opgraph import candidate_executors
 from schedc.schedule import OpId
 from schedc.simulate import simulate
+from schedc.simulate_engine import ProgramGraph, encode, encode_op
 from schedc.solvers import SolveOptions, get_solver
 from schedc.solvers.assign import microbatch_key
 from schedc.solvers.cpsat_bound import period_lower_bound
@@ -18,7 +19,6 @@ from schedc.solvers.greedy import ZERO_BUBBLE, _rescheduler, candidates
 from schedc.solvers.improve import executor_of, improve
 from schedc.solvers.listsched import list_schedule
 from schedc.solvers.one_f_one_b import template_programs
-from schedc.timing import ProgramGraph, encode, encode_op
 from schedc.verify import memory_profile, verify_schedule
 from tests.strategies import bench_explicit, instances
 

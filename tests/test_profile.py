@@ -73,7 +73,7 @@ def test_gpt_stash_is_what_the_cost_model_says_and_b_plus_w_is_the_backward():
     for s, st in enumerate(p.stages):
         assert st.stash == _gpt_stash_bytes(spec, s), f"stage {s}"
         assert st.split_layers == 4 * (st.layers[1] - st.layers[0]) + (1 if st.layers[1] == 4 else 0)
-        # The quickest of the repeats (this machine is shared: a median can catch another job).
+        # The quickest of the repeats (on a shared machine a median can catch another job).
         b_plus_w = st.backward_input.low + st.backward_weight.low
         assert 0.33 < b_plus_w / st.backward_full.low < 3
     ratios = p.ratios()

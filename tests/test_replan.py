@@ -64,7 +64,8 @@ def test_replan_after_any_events_is_verified_and_deterministic(plan, evs):
             assert set(exc.codes) <= {"E208", "E216", "E301"}, exc.render()
             continue
         verify_schedule(nxt.schedule)
-        # The deadline holds up to the slack a loaded 2-core CI machine needs.
+        # The deadline holds, up to slack for a loaded machine (the checks after the solver
+        # then run slower than their reserve assumes).
         assert wall < DEADLINE + 0.4
         again = schedc.replan(current, ev, deadline=DEADLINE)
         assert again.schedule.ops == nxt.schedule.ops
@@ -133,7 +134,7 @@ def test_replan_says_which_ranks_programs_changed(plan):
     for r in set(old_progs) | set(new_progs):
         if r not in new.changed_ranks:
             assert old_progs.get(r) == new_progs.get(r), r
-    from schedc.replan import changed_ranks
+    from schedc.program_diff import changed_ranks
 
     assert changed_ranks(new.schedule, new.schedule) == frozenset()
     # The recovered GPU is back in the plan, so it changed again.

@@ -13,7 +13,7 @@ from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
 from schedc.schedule import OpId, Schedule, ScheduledOp
 from schedc.simulate import metrics_of, simulate, steady_period
-from schedc.timing import DeadlockError
+from schedc.simulate_engine import DeadlockError
 from schedc.verify import verify_schedule
 
 F, B_FULL, O = 1000, 2000, 300

@@ -111,7 +111,7 @@ def test_split_zb_h2_shape_beats_the_papers_warm_ups_where_memory_holds_2p():
     one pipeline, so it finds the same one on two identical pipelines."""
     from schedc.solvers.greedy import best_split_style
     from schedc.solvers.one_f_one_b import template_programs
-    from schedc.solvers.templates import ZB_H2_VARIANTS
+    from schedc.solvers.static_programs import ZB_H2_VARIANTS
 
     gib = 1 << 30
 
@@ -323,7 +323,7 @@ def test_steady_candidates_plan_the_iteration_the_pipeline_runs_in():
     from schedc.solvers import greedy
     from schedc.solvers.cpsat_bound import period_lower_bound
     from schedc.solvers.listsched import list_schedule
-    from schedc.timing import ProgramGraph
+    from schedc.simulate_engine import ProgramGraph
 
     inst = make_instance(8, 4, 16, forward=[1200, 1000, 1000, 1400], backward_input=[1000, 1000, 1000, 1500],
                          backward_weight=800, optimizer=400, send=16 << 20, latency=20,
@@ -351,7 +351,7 @@ def test_list_scheduler_order_is_a_valid_evaluation_order(inst):
     """greedy times candidates in the order the list scheduler started them; that must give
     the same steady state as the engine's own topological order."""
     from schedc.solvers.greedy import candidates
-    from schedc.timing import ProgramGraph
+    from schedc.simulate_engine import ProgramGraph
 
     try:
         solve(inst, "greedy")
@@ -377,7 +377,7 @@ def test_greedy_objective_is_the_simulated_iteration_time(inst):
 @given(inst=instances())
 def test_greedy_times_its_winner_like_schedule_from_programs(inst):
     from schedc.schedule import SolverInfo
-    from schedc.timing import schedule_from_programs
+    from schedc.simulate_engine import schedule_from_programs
 
     try:
         sched = solve(inst, "greedy")
@@ -464,7 +464,7 @@ def test_a_slow_gpu_with_a_long_optimizer_step_starts_late():
     from schedc.solvers import greedy
     from schedc.solvers.assign import balanced, balanced_counts, completion_counts
     from schedc.solvers.cpsat_bound import placement_bound
-    from schedc.timing import ProgramGraph
+    from schedc.simulate_engine import ProgramGraph
 
     inst = make_instance(4, 4, 16, slow={(1, 0): 0.5}, forward=[3427, 3427, 3427, 2972],
                          backward_input=[4283, 4283, 4283, 3339], backward_weight=[2570, 2570, 2570, 2605],

@@ -39,7 +39,8 @@ def symmetric_cases(draw):
         stagger_optimizer=draw(st.booleans()))
     dec = decompose(inst, helpers=draw(st.integers(1, 2)))
     assume(dec is not None)
-    return plan_by_classes(inst, dec, get_solver("greedy"), SolveOptions(time_limit=1), "greedy")
+    greedy = get_solver("greedy")
+    return plan_by_classes(inst, dec, greedy, SolveOptions(time_limit=1), "greedy", fallback=greedy)
 
 
 def _same_metrics(a, b) -> None:
@@ -91,7 +92,8 @@ def _planned(dp=8, pp=2, mb=2, failed=((1, 1),), slow=None, **kw) -> SymmetricSc
     inst = make_instance(dp, pp, mb, failed=list(failed), slow=slow, optimizer=300, **kw)
     dec = decompose(inst)
     assert dec is not None
-    return plan_by_classes(inst, dec, get_solver("greedy"), SolveOptions(time_limit=1), "greedy")
+    greedy = get_solver("greedy")
+    return plan_by_classes(inst, dec, greedy, SolveOptions(time_limit=1), "greedy", fallback=greedy)
 
 
 def test_classes_are_the_untouched_pipelines_and_one_component_per_failure():
@@ -238,7 +240,8 @@ def test_replan_reuses_classes_and_says_which_ranks_changed():
     """A failure like an earlier one adds a copy: no search, the same reduced schedule; the
     ranks it reports changed are exactly those whose program changed op by op."""
     from schedc.plan import compile
-    from schedc.replan import changed_ranks, replan
+    from schedc.program_diff import changed_ranks
+    from schedc.replan import replan
 
     spec = _spec_text(12, 2, 2, "fail gpu(dp=1, pp=1)", gpus_per_node=2)
     plan = compile(spec, symmetric=True)

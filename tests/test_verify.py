@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from schedc.diagnostics import VerificationError
 from schedc.instance import Instance, make_instance
 from schedc.schedule import OpId, Schedule, ScheduledOp, SolverInfo
-from schedc.timing import schedule_from_programs
+from schedc.simulate_engine import schedule_from_programs
 from schedc.verify import (MAX_DIAGNOSTICS, check_schedule, diagnose, format_grid, memory_profile,
                            schedule_passes, verify_schedule)
 

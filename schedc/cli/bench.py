@@ -1,6 +1,6 @@
 """`schedc bench`: schedc's planner against the baselines, under failures (docs/baselines.md).
 
-Argument parsing and printing only; the benchmark is `schedc.benchmark.run_benchmark`
+Argument parsing and printing only; the benchmark is `schedc.bench.compare.run_benchmark`
 (also `python bench/run.py`).
 """
 
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedc.benchmark import run_benchmark
+    from schedc.bench.compare import run_benchmark
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
-"""Run per-rank programs as early as their dependencies allow (docs/architecture.md).
+"""The simulator's engine: run per-rank programs as early as their dependencies allow.
 
-This is the one place that turns *orders* into *times*. The simulator uses it
+This is the one place that turns *orders* into *times* (the rules are in
+docs/architecture.md). The simulator (`schedc.simulate`) uses it
 for K iterations back to back (steady-state metrics); solvers use it to time
 the orders they choose (`schedule_from_programs`) and to rank candidate
 orders (`ProgramGraph.period`, called thousands of times, so it is built for

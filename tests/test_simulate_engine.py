@@ -11,7 +11,7 @@ from schedc.instance import Instance, make_instance
 from schedc.opgraph import data_deps, last_backward_kind, optimizer_waits_for
 from schedc.schedule import OpId, SolverInfo
 from schedc.solvers import SolveOptions, get_solver
-from schedc.timing import STEADY_ITERATIONS, DeadlockError, run_programs, schedule_from_programs, steady_period
+from schedc.simulate_engine import STEADY_ITERATIONS, DeadlockError, run_programs, schedule_from_programs, steady_period
 
 
 def reference_iteration_ends(inst: Instance, programs: dict[int, list[OpId]], iterations: int) -> list[int]:

@@ -1,15 +1,13 @@
-"""The comparison benchmark behind `schedc bench`: schedc's planner against the baselines.
+"""The comparison behind `schedc bench`: every method on every scenario, and the report.
 
     schedc bench [-o bench/results] [--quick] [--time-limit S] [--seeds N] [--no-scale]
     run_benchmark(Path("bench/results"), quick=True)
 
-Scenarios (a fixed, seeded matrix; see `scenarios`): GPT-3-like models
-(Medium, 1.3B, 2.7B; costs derived by the cost model from a `model` block)
-and explicit-cost specs, 16 to 64 GPUs, 1-10% of GPUs failed at seeded random
-places, whole nodes failed, and slow GPUs at 0.5-0.8 speed; then scale
-points (256, 1024, 4096 GPUs) for planning latency, and an ablation of
-decoupled backward and staggered optimizer. Every schedule is verified
-before it is counted. Writes to the output directory:
+The methods (`METHODS`: schedc's cpsat and greedy, the baselines) plan each
+scenario of `schedc.bench.scenarios`; then the scale points are planned for
+latency, and an ablation turns decoupled backward and the staggered optimizer
+off. Every schedule is verified before it is counted. Writes to the output
+directory:
 
 - `results.md`: the tables (quality, latency, ablation);
 - `results.csv`, `latency.csv`, `ablation.csv`: one row per run;
@@ -23,128 +21,17 @@ from __future__ import annotations
 
 import csv
 import math
-import random
 import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
+from schedc.bench.chart import line_chart
+from schedc.bench.scenarios import Scenario, scale_scenarios, scenarios
+
+#: schedc's planners first, then the baselines (docs/baselines.md); tables and charts keep this order.
 METHODS = ("cpsat", "greedy", "reroute-1f1b", "drop-pipeline", "redundant")
-
-#: GPT-3 family shapes (Brown et al. 2020, table 2.1): layers, hidden, heads.
-MODELS = {
-    "gpt3-medium": (24, 1024, 16),
-    "gpt3-1.3b": (24, 2048, 16),
-    "gpt3-2.7b": (32, 2560, 32),
-}
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    model: str  # a key of MODELS, or "explicit"
-    dp: int
-    pp: int
-    microbatches: int
-    failures: tuple[str, ...] = ()  # statements of the failures block
-    seed: int = 0
-    decouple_backward: bool = True
-    stagger_optimizer: bool = True
-
-    @property
-    def gpus(self) -> int:
-        return self.dp * self.pp
-
-    @property
-    def n_failed(self) -> int:
-        return sum(8 if f.startswith("fail node") else 1 for f in self.failures if f.startswith("fail"))
-
-    @property
-    def n_slow(self) -> int:
-        return sum(1 for f in self.failures if f.startswith("slow"))
-
-    def spec_text(self) -> str:
-        """The scenario as spec text (so the parser, validator and cost model are on the path)."""
-        head = [f"# schedc bench scenario {self.name}"]
-        if self.model == "explicit":
-            head.append("stages {\n    all { forward = 1.0ms  backward_input = 1.0ms  backward_weight = 0.8ms"
-                        "  optimizer = 0.4ms\n          activation = 2GiB  stash = 512MiB  static = 12GiB"
-                        "  send = 16MiB }\n"
-                        f"    stage 0 {{ forward = 1.2ms }}\n    stage {self.pp - 1} {{ forward = 1.4ms"
-                        "  backward_input = 1.5ms }\n}")
-            gpu = "gpu { memory = 40GiB }"
-        else:
-            layers, hidden, heads = MODELS[self.model]
-            head.append(f'model "{self.model}" {{\n    layers = {layers}  hidden = {hidden}  heads = {heads}'
-                        "  seq_len = 2048  vocab = 50304\n    microbatch_size = 1  precision = bf16\n}")
-            gpu = "gpu { memory = 80GiB  flops = 312TFLOPS  efficiency = 0.45 }"
-        head.append(f"cluster {{\n    dp = {self.dp}  pp = {self.pp}  gpus_per_node = 8\n    {gpu}\n"
-                    "    link { latency = 20us  bandwidth = 25GB/s }\n}")
-        head.append(f"train {{ microbatches = {self.microbatches} }}")
-        if self.failures:
-            head.append("failures {\n" + "\n".join(f"    {f}" for f in self.failures) + "\n}")
-        head.append(f"schedule {{ decouple_backward = {str(self.decouple_backward).lower()}"
-                    f"  stagger_optimizer = {str(self.stagger_optimizer).lower()} }}")
-        return "\n".join(head) + "\n"
-
-
-# -- the matrix ------------------------------------------------------------------
-
-
-def _random_failures(dp: int, pp: int, n: int, rng: random.Random) -> list[str]:
-    """`n` failed GPUs at random places, never a whole stage."""
-    gpus = [(d, s) for d in range(dp) for s in range(pp)]
-    while True:
-        picked = sorted(rng.sample(gpus, n))
-        lost = {s for s in range(pp) if sum(1 for _, t in picked if t == s) >= dp}
-        if not lost:
-            return [f"fail gpu(dp={d}, pp={s})" for d, s in picked]
-
-
-def _failure_sets(dp: int, pp: int, seed: int) -> list[tuple[str, tuple[str, ...]]]:
-    rng = random.Random(seed * 1000 + dp * 31 + pp)
-    n = dp * pp
-    sets: list[tuple[str, tuple[str, ...]]] = [("fault-free", ())]
-    counts = sorted({1, max(1, round(0.05 * n)), max(1, round(0.10 * n))})
-    for k in counts:
-        sets.append((f"{k}-failed", tuple(_random_failures(dp, pp, k, rng))))
-    if n >= 16 and dp >= 3:
-        sets.append(("node-failed", (f"fail node {rng.randrange(n // 8)}",)))
-    slow = rng.sample([(d, s) for d in range(dp) for s in range(pp)], 2)
-    speeds = [rng.choice([0.5, 0.6, 0.7, 0.8]) for _ in slow]
-    sets.append(("2-slow", tuple(f"slow gpu(dp={d}, pp={s}) speed = {v}" for (d, s), v in zip(slow, speeds))))
-    return sets
-
-
-def scenarios(quick: bool, seeds: int) -> list[Scenario]:
-    """The quality matrix: (model, dp, pp, microbatches) x failure sets x seeds."""
-    if quick:
-        shapes = [("explicit", 4, 4, 8), ("gpt3-1.3b", 4, 4, 16)]
-    else:
-        shapes = [("explicit", 4, 4, 8), ("explicit", 8, 4, 16), ("gpt3-medium", 4, 4, 16),
-                  ("gpt3-1.3b", 2, 8, 16), ("gpt3-1.3b", 8, 4, 16), ("gpt3-2.7b", 4, 8, 32),
-                  ("gpt3-2.7b", 8, 8, 32)]
-    out = []
-    for model, dp, pp, mb in shapes:
-        for seed in range(seeds):
-            for label, fails in _failure_sets(dp, pp, seed):
-                if seed > 0 and label == "fault-free":
-                    continue  # the fault-free point does not depend on the seed
-                out.append(Scenario(f"{model}-{dp}x{pp}x{mb}-{label}-s{seed}", model, dp, pp, mb,
-                                    fails, seed))
-    return out
-
-
-def scale_scenarios(quick: bool) -> list[Scenario]:
-    """Latency points: 1% of GPUs failed, pp = 8, 16 microbatches per pipeline."""
-    sizes = [64, 256] if quick else [64, 256, 1024, 4096]
-    out = []
-    for n in sizes:
-        dp, pp = n // 8, 8
-        fails = _random_failures(dp, pp, max(1, n // 100), random.Random(n))
-        out.append(Scenario(f"scale-{n}", "explicit", dp, pp, 16, tuple(fails)))
-    return out
 
 
 # -- running -------------------------------------------------------------------
@@ -362,84 +249,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-# -- SVG line charts, written by hand (no plotting library is a dependency) ------
-
-_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
-
-
-def line_chart(series: dict[str, list[tuple[float, float]]], title: str, xlabel: str, ylabel: str,
-               *, log_x: bool = False, log_y: bool = False, notes: list[str] = ()) -> str:
-    """A small SVG line chart: one polyline with markers per series, axes with five ticks each.
-
-    Series are drawn first to last with shrinking widths and their own dash patterns, so one
-    that lies on another stays visible; `notes` are printed under the chart (what a point
-    averages, why a line stops)."""
-    w, h, ml, mr, mt, mb = 640, 400 + 16 * len(notes), 70, 150, 40, 50 + 16 * len(notes)
-    pts = [p for s in series.values() for p in s]
-    if not pts:
-        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}"></svg>\n'
-    fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
-    fy = (lambda v: math.log10(max(v, 1e-6))) if log_y else (lambda v: v)
-    xs, ys = [fx(x) for x, _ in pts], [fy(y) for _, y in pts]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if not log_y:
-        y0 = min(y0, 0.0)
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y1 = y0 + 1
-    pad = (y1 - y0) * 0.05
-    y0, y1 = y0 - (pad if log_y else 0), y1 + pad
-
-    def px(x):
-        return ml + (fx(x) - x0) / (x1 - x0) * (w - ml - mr)
-
-    def py(y):
-        return h - mb - (fy(y) - y0) / (y1 - y0) * (h - mt - mb)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-           f'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>',
-           *(f'<text x="{ml}" y="{h - 16 * (len(notes) - k) + 4}" font-size="11" fill="#444">{_xml(n)}</text>'
-             for k, n in enumerate(notes)),
-           f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="black"/>',
-           f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="black"/>',
-           f'<text x="{(ml + w - mr) / 2}" y="{h - mb + 36}" text-anchor="middle">{xlabel}</text>',
-           f'<text x="16" y="{(mt + h - mb) / 2}" text-anchor="middle" '
-           f'transform="rotate(-90 16 {(mt + h - mb) / 2})">{ylabel}</text>']
-    for i in range(5):
-        tv = y0 + (y1 - y0) * i / 4
-        v = 10 ** tv if log_y else tv
-        y = h - mb - (tv - y0) / (y1 - y0) * (h - mt - mb)
-        out.append(f'<line x1="{ml - 4}" y1="{y:.1f}" x2="{w - mr}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{v:.3g}</text>')
-    for xv in sorted({x for x, _ in pts}):
-        out.append(f'<text x="{px(xv):.1f}" y="{h - mb + 16}" text-anchor="middle">{xv:g}</text>')
-    dashes = ["", "7,4", "2,3", "9,3,2,3", "4,4"]
-    n = len(series)
-    for i, (name, s) in enumerate(series.items()):
-        c = _COLOURS[i % len(_COLOURS)]
-        width = 2 + 1.5 * (n - 1 - i)  # the first series widest, drawn first: later ones lie on top
-        dash = dashes[i % len(dashes)]
-        style = f' stroke-dasharray="{dash}"' if dash else ""
-        s = sorted(s)
-        if len(s) > 1:
-            path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s)
-            out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="{width:g}"{style} '
-                       'stroke-opacity="0.85"/>')
-        for x, y in s:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{2 + (n - 1 - i) * 0.7:.1f}" fill="{c}"/>')
-        ly = mt + 18 * i
-        out.append(f'<line x1="{w - mr + 10}" y1="{ly}" x2="{w - mr + 30}" y2="{ly}" stroke="{c}" '
-                   f'stroke-width="{min(width, 4):g}"{style}/>')
-        out.append(f'<text x="{w - mr + 35}" y="{ly + 4}">{name}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def _xml(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+# -- the throughput chart ------------------------------------------------------
 
 
 def throughput_notes(runs: list[Run]) -> list[str]:
@@ -532,7 +342,7 @@ def run_benchmark(out: Path, *, quick: bool = False, time_limit: float = 1.0, sc
     _write_csv(out / "ablation.csv", arows)
     (out / "throughput.svg").write_text(line_chart(
         throughput_series(quality), "Throughput under failures", "failed GPUs",
-        "throughput / fault-free", notes=throughput_notes(quality)))
+        "throughput / fault-free", footnotes=throughput_notes(quality)))
     lat_series: dict[str, list[tuple[float, float]]] = {}
     for row in lrows:
         lat_series.setdefault(f"{row['method']} p95", []).append((row["gpus"], row["p95_s"]))

@@ -1,4 +1,8 @@
-"""Static per-stage program templates: GPipe, 1F1B, ZB-H1 and ZB-H2 (docs/baselines.md).
+"""Static per-stage programs of the classic schedules: GPipe, 1F1B, ZB-H1 and ZB-H2.
+
+The fixed op orders the template solvers (`gpipe`, `1f1b`, `zb_h1`, `zb_h2`,
+docs/baselines.md) and `drop_pipeline` hand out, and the seeds `greedy`
+tries; nothing here is a jinja2 template (those are `schedc.codegen`'s).
 
 A template is built for a *chain*: the GPUs of one pipeline, stage 0 to S-1,
 that all execute the same microbatches in the same order. Within a chain the
