@@ -4,33 +4,12 @@ from __future__ import annotations
 
 from import_graph import cycle_edges, cycles, import_graph, modules
 
-#: Cycles inside schedc/live/ that are being taken apart separately; each entry is one strongly
-#: connected component as `python tests/import_graph.py` prints it. Remove an entry when its
-#: cycle is gone (`test_known_live_cycles_still_exist` says when); this list should end empty.
-#: Nothing outside schedc/live/ and schedc/runtime/ may be added here.
-KNOWN_LIVE_CYCLES = [
-    # supervisor imports rejoin and slowness; both import supervisor back.
-    {"schedc.live.rejoin", "schedc.live.slowness", "schedc.live.supervisor"},
-]
-
-
-def _allowed(component: list[str]) -> bool:
-    return any(set(component) <= known for known in KNOWN_LIVE_CYCLES)
-
 
 def test_no_import_cycles():
     graph = import_graph()
-    new = [c for c in cycles(graph) if not _allowed(c)]
-    assert not new, "import cycles (run `python tests/import_graph.py`):\n" + "\n".join(
-        ", ".join(c) + ": " + "; ".join(f"{a} -> {b}" for a, b in cycle_edges(graph, c)) for c in new)
-
-
-def test_known_live_cycles_still_exist():
-    # An allowance no cycle needs any more would hide the next one there.
-    found = cycles(import_graph())
-    for known in KNOWN_LIVE_CYCLES:
-        assert all(m.startswith(("schedc.live.", "schedc.runtime.")) for m in known), known
-        assert any(set(c) <= known for c in found), f"no cycle left in {sorted(known)}: remove it"
+    found = cycles(graph)
+    assert not found, "import cycles (run `python tests/import_graph.py`):\n" + "\n".join(
+        ", ".join(c) + ": " + "; ".join(f"{a} -> {b}" for a, b in cycle_edges(graph, c)) for c in found)
 
 
 def test_the_graph_sees_every_kind_of_import(tmp_path):

@@ -34,7 +34,7 @@ HEALTHY_PROBES = 5
 
 def retimed_period(plan, speeds: dict[int, float]) -> int:
     """The steady period of `plan`'s programs if the GPUs in `speeds` ran at those speeds."""
-    from schedc.timing import STEADY_ITERATIONS, run_programs, steady_period
+    from schedc.simulate_engine import STEADY_ITERATIONS, run_programs, steady_period
 
     inst = plan.schedule.instance
     inst = replace(inst, gpus=tuple(replace(g, speed=speeds.get(g.rank, g.speed)) for g in inst.gpus))
