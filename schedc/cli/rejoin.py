@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
                               hint='e.g. schedc rejoin --store 10.0.0.1:29500 "recover gpu(dp=1, pp=2)"')])
     job = connect(args.store, args.timeout, hint="is `schedc train` running? use the store address on its first line")
     (ev,) = events
-    dp, pp = job.config()["cluster"]
+    dp, pp = job.config().cluster
     if not (0 <= ev.dp < dp and 0 <= ev.pp < pp):
         raise RunError([error("E557", f"the run has no GPU (dp={ev.dp}, pp={ev.pp}): its cluster is dp {dp} x pp {pp}",
                               hint=f"dp is 0..{dp - 1}, pp is 0..{pp - 1}")])

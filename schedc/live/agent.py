@@ -101,8 +101,7 @@ class Agent:
 
     def injections(self) -> dict[int, Injection]:
         if self._injections is None:
-            config = self.job.config()
-            self._injections = {j["index"]: Injection.from_json(j) for j in config.get("injections", [])}
+            self._injections = {j["index"]: Injection.from_json(j) for j in self.job.config().injections}
         return self._injections
 
     def stop_all(self, grace: float = 2.0) -> None:

@@ -119,7 +119,7 @@ class LiveWorker:
         self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
         self._op_started = 0.0
         self._probing = threading.Event()  # set: a thread measures this GPU's speed now and then
-        self.heartbeat = Heartbeat(job.clone(), rank, self.config["heartbeat_interval"], self._payload)
+        self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload)
 
     # -- what the heartbeat thread sends, and the abort flag it keeps ---------------------
 
@@ -138,7 +138,7 @@ class LiveWorker:
 
     def run(self) -> None:
         self.heartbeat.start()
-        if self.config.get("probe"):  # (--fail-slow act only)
+        if self.config.probe:  # (--fail-slow act only)
             threading.Thread(target=self._probe_loop, name="schedc-probe", daemon=True).start()
         self.job.report(Started(rank=self.rank, pid=os.getpid(), host=self.host))
         number = self._next_generation(after=-1)
@@ -185,7 +185,7 @@ class LiveWorker:
             program = self._program(gen, manifest)
             self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time()))
             self.state = "run"
-            for it in range(start, self.config["iterations"]):
+            for it in range(start, self.config.iterations):
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
                 if self._switch_at(gen, it):  # a planned switch: leave in order, nothing to undo
@@ -196,7 +196,7 @@ class LiveWorker:
                 self.donor.boundary(self.rt, self.heartbeat.directive)
                 # An emulated op sleeps its planned time, which assumes the plan's speed for this
                 # GPU; an injected slowdown is the GPU's true speed: sleep planned x planned/true.
-                planned = gen.speed(self.rank) if self.config["emulate"] else 1.0
+                planned = gen.speed(self.rank) if self.config.emulate else 1.0
                 self.rt.slowdown = self.trigger.slowdown(it) * planned
                 transport.send_delay = self.trigger.link_delay(it)
                 self._fire(self.trigger.at_iteration_start(it))
@@ -207,7 +207,7 @@ class LiveWorker:
                 self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=time.time(), loss=self.rt.iteration_loss,
                                               gen=gen.number, steps=self.rt.steps_done, compute=self._compute,
                                               planned=self._planned))
-                if self.config.get("probe") and (self._planned == 0) != self._probing.is_set():
+                if self.config.probe and (self._planned == 0) != self._probing.is_set():
                     self._probing.set() if self._planned == 0 else self._probing.clear()  # nothing timed: probe
                 self.donor.after_step(self.rt)
                 self._maybe_checkpoint(gen)
@@ -246,7 +246,7 @@ class LiveWorker:
             self._build(Manifest.from_json(gen.manifest))
         self.trigger = Trigger([Injection.from_json(j) for j in gen.injections if self.rank in j["ranks"]])
         reported = None
-        if self.config.get("probe"):
+        if self.config.probe:
             self._probing.set()
         try:
             while not self.heartbeat.stopped and self.heartbeat.latest <= gen.number:
@@ -276,7 +276,7 @@ class LiveWorker:
         else one forward of its stage on a fixed input against the same measured at start-up."""
         slowdown = self.trigger.slowdown(max(self.heartbeat.progress + 1, 0))  # the GPU's true speed
         started = time.perf_counter()
-        if self.config["emulate"]:
+        if self.config.emulate:
             time.sleep(PROBE_US / 1e6 * slowdown)
             return min(1.0, PROBE_US / 1e6 / (time.perf_counter() - started))
         self._probe_op()
@@ -325,13 +325,13 @@ class LiveWorker:
         from schedc.runtime.primitives import Runtime
 
         if self.rank not in manifest.coords:  # a rank on standby: not in this plan, but its stage is known
-            coords = {**manifest.coords, self.rank: tuple(self.config["coords"][str(self.rank)])}
+            coords = {**manifest.coords, self.rank: self.config.coords[str(self.rank)]}
             manifest = dataclasses.replace(manifest, coords=coords)
 
-        self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config["emulate"], observer=self,
+        self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config.emulate, observer=self,
                           reduce_loss=True)
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
-        if self.config.get("probe") and not self.config["emulate"]:  # the healthy time of one probe (`_probe`)
+        if self.config.probe and not self.config.emulate:  # the healthy time of one probe (`_probe`)
             import torch
 
             stage = self.rt.stage
@@ -360,7 +360,7 @@ class LiveWorker:
 
         # The main thread's own store connection: no new connection for the server to accept.
         store = self.job.store
-        timeout = timedelta(seconds=self.config["wait_timeout"])
+        timeout = timedelta(seconds=self.config.wait_timeout)
         n = gen.number
         mine = [r for r in gen.members if manifest.coords[r][1] == self.rt.stage]
         try:
@@ -373,7 +373,7 @@ class LiveWorker:
         except RuntimeError as exc:  # a member died while the groups formed (or the store timed out)
             raise RunError([error("E530", f"rank {self.rank} could not connect generation {n}: "
                                           f"{_reason(exc)}")]) from None
-        return Transport(manifest, self.rank, self.config["wait_timeout"], world=world, stage=stage,
+        return Transport(manifest, self.rank, self.config.wait_timeout, world=world, stage=stage,
                          interrupted=self.aborted)
 
     def _resume(self, gen: Generation, transport) -> tuple[int, bool]:
@@ -407,12 +407,12 @@ class LiveWorker:
                                  manifest, self.rank)
 
     def _maybe_checkpoint(self, gen: Generation) -> None:
-        every = self.config["checkpoint_every"]
+        every = self.config.checkpoint_every
         steps = self.rt.steps_done
         if not every or steps % every or not self._stage_writer(gen):
             return
         state = self.rt.stage_state()  # copies: training goes on while a thread saves them
-        root = Path(self.config["checkpoint_dir"])
+        root = Path(self.config.checkpoint_dir)
         where = dict(rank=self.rank, stage=self.rt.stage, iteration=steps, gen=gen.number)
 
         def save() -> None:
@@ -435,7 +435,7 @@ class LiveWorker:
         if self._side_pool is not None:
             self._side_pool.shutdown(wait=True)  # checkpoints and catch-up data are stored
             self._side_pool = None
-        if self.config["want_weights"] and not self.config["emulate"] and self._stage_writer(gen):
+        if self.config.want_weights and not self.config.emulate and self._stage_writer(gen):
             import torch
 
             buf = io.BytesIO()

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from schedc.live.protocol import decode, encode
+from schedc.live.protocol import RunConfig, decode, encode
 from schedc.runtime.rendezvous import connect_store, serve_store
 
 #: Seconds a worker goes on without reaching the store before it exits: its supervisor is gone.
@@ -114,11 +114,11 @@ class JobStore:
 
     # -- the run -----------------------------------------------------------------
 
-    def put_config(self, config: dict) -> None:
-        self.store.set("config", _dumps(config))
+    def put_config(self, config: RunConfig) -> None:
+        self.store.set("config", config.encode())
 
-    def config(self) -> dict:
-        return json.loads(self.store.get("config"))
+    def config(self) -> RunConfig:
+        return RunConfig.decode(self.store.get("config"))
 
     def stop(self, reason: str) -> None:
         self.store.set("stop", reason)

@@ -275,3 +275,35 @@ class FireInjection:
 @message("stop")
 class StopAgent:
     """End every worker of the host, then the agent."""
+
+
+# -- the run's settings, as every role reads them from the store ---------------------------------
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What every worker and agent of a run needs to know, written once by the supervisor."""
+
+    iterations: int
+    emulate: bool
+    heartbeat_interval: float  # seconds between a worker's heartbeats
+    wait_timeout: float  # a rank's longest wait for a peer
+    checkpoint_every: int  # 0: none
+    checkpoint_dir: str
+    want_weights: bool
+    injections: tuple[dict, ...]  # `Injection.to_json()` of every injection of the run
+    coords: dict[str, tuple[int, int]]  # rank -> (dp, pp) of every GPU, live or not
+    probe: bool  # standby and compute-less ranks probe their speed (--fail-slow act)
+    cluster: tuple[int, int]  # (dp, pp): what `schedc rejoin` checks a GPU against
+
+    def encode(self) -> bytes:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, blob: bytes | str) -> "RunConfig":
+        body = json.loads(blob)
+        body["injections"] = tuple(body["injections"])
+        body["coords"] = {r: tuple(c) for r, c in body["coords"].items()}
+        body["cluster"] = tuple(body["cluster"])
+        return cls(**body)

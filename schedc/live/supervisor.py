@@ -40,7 +40,7 @@ from schedc.live.ledger import Ledger
 from schedc.live.membership import Generation, JobStore
 from schedc.live.options import TrainOptions
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited, Injected,
-                                  IterationDone, Left, Phase, Probe, Ready, RejoinAsked, WorkerError)
+                                  IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, WorkerError)
 from schedc.live.recovery import RecoveryPolicy
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
@@ -176,15 +176,13 @@ class Supervisor(Transitions):
             raise RunError([error("E557", f"cannot serve the run's store on {opts.store_host}:{opts.store_port}: "
                                           f"{str(exc).strip().splitlines()[0]}",
                                   hint="choose a free --store-port, and a --store-host address of this machine")])
-        self.job.put_config({
-            "iterations": self.iterations, "emulate": opts.emulate, "heartbeat_interval": opts.heartbeat_interval,
-            "wait_timeout": opts.wait_timeout, "checkpoint_every": opts.checkpoint_every,
-            "checkpoint_dir": str(self.ckpt_root.resolve()), "want_weights": opts.want_weights,
-            "injections": [i.to_json() for i in self.injections.all],
-            "coords": {str(g.rank): [g.dp, g.pp] for g in spec.gpus},  # every GPU, live or not
-            "probe": opts.fail_slow == "act",
-            "cluster": [spec.cluster.dp, spec.cluster.pp],  # GPUs with no ops to time measure their speed by probes
-        })
+        self.job.put_config(RunConfig(
+            iterations=self.iterations, emulate=opts.emulate, heartbeat_interval=opts.heartbeat_interval,
+            wait_timeout=opts.wait_timeout, checkpoint_every=opts.checkpoint_every,
+            checkpoint_dir=str(self.ckpt_root.resolve()), want_weights=opts.want_weights,
+            injections=tuple(i.to_json() for i in self.injections.all),
+            coords={str(g.rank): (g.dp, g.pp) for g in spec.gpus}, probe=opts.fail_slow == "act",
+            cluster=(spec.cluster.dp, spec.cluster.pp)))
         self.fleet = Fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
