@@ -396,7 +396,7 @@ class _Transport:
     def all_reduce_stage(self, stage, tensor):
         self.calls += 1
         if self.calls == self.interrupt_at:
-            from schedc.runtime.primitives import Interrupted
+            from schedc.runtime.transport import Interrupted
 
             raise Interrupted("test")
 
@@ -410,7 +410,8 @@ def test_a_step_is_counted_exactly_when_it_is_applied(tmp_path, interrupt_at, st
     at either leaves weights and count as they were, and nothing can interrupt between step and count."""
     from live_support import compiled
     from schedc.runtime import load_manifest
-    from schedc.runtime.primitives import Interrupted, Runtime
+    from schedc.runtime.primitives import Runtime
+    from schedc.runtime.transport import Interrupted
 
     out = compiled(tmp_path, dp=2, pp=2)
     manifest = load_manifest(out)

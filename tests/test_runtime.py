@@ -15,7 +15,7 @@ from schedc.diagnostics import RunError
 from schedc.instance import make_instance
 from schedc.models import gpt, mlp
 from schedc.runtime.manifest import build_model, even_partition, load_callable, load_manifest, stage_layer_keys
-from schedc.runtime.primitives import _short_reason, message_tag
+from schedc.runtime.transport import _short_reason, message_tag
 from test_runtime_support import list_schedule, spec_for
 
 

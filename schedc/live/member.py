@@ -162,7 +162,7 @@ class LiveWorker:
             time.sleep(_POLL * 2)
 
     def _serve(self, gen: Generation) -> None:
-        from schedc.runtime.primitives import Interrupted
+        from schedc.runtime.transport import Interrupted
 
         self.generation = gen.number
         self.state = "join"
@@ -301,7 +301,7 @@ class LiveWorker:
 
     def _catch_up_to(self, gen: Generation) -> None:
         """Replay the donor's steps until this rank has `gen.start_at` of them (or the switch is aborted)."""
-        from schedc.runtime.primitives import Interrupted
+        from schedc.runtime.transport import Interrupted
 
         while self.rt.steps_done < gen.start_at:
             if self.aborted() or self.heartbeat.stopped:
@@ -346,7 +346,7 @@ class LiveWorker:
             self._probe_base = sorted(times)[1]
 
     def _wait_joined(self, gen: Generation) -> None:
-        from schedc.runtime.primitives import Interrupted
+        from schedc.runtime.transport import Interrupted
 
         while not self.job.all_joined(gen.number, gen.members):
             if self.aborted():
@@ -356,7 +356,7 @@ class LiveWorker:
     def _connect(self, gen: Generation, manifest: Manifest):
         import torch.distributed as dist
 
-        from schedc.runtime.primitives import Transport
+        from schedc.runtime.transport import Transport
 
         # The main thread's own store connection: no new connection for the server to accept.
         store = self.job.store

@@ -5,7 +5,9 @@
   binding of `model.source` / `model.data` to real code.
 - `schedc.runtime.primitives`: `Runtime`, the primitives one rank's program
   calls in schedule order (`forward`, `backward_input`, `backward_weight`,
-  `backward`, `optimizer_step`), and `Transport`, its messages and collectives.
+  `backward`, `optimizer_step`).
+- `schedc.runtime.transport`: `Transport`, a rank's messages and stage
+  collectives with timeouts (`Interrupted` when a live run aborts them).
 - `schedc.runtime.channels`: the receive order NCCL needs (messages matched
   by the sender's program order).
 - `schedc.runtime.stagework`: running a stage's layers on a microbatch.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from schedc.diagnostics import RunError, error
 
-ACTIVATION, GRADIENT = 0, 1  # the kinds of `schedc.runtime.primitives` (kept in step there)
+ACTIVATION, GRADIENT = 0, 1  # the kinds of boundary messages (`schedc.runtime.transport.Message`)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def forkserver_context():
         _CONTEXT = mp.get_context("forkserver")
         _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.warmup",
                                          "schedc.runtime.rank", "schedc.runtime.primitives",
-                                         "schedc.live.member"])
+                                         "schedc.runtime.transport", "schedc.live.member"])
     return _CONTEXT
 
 

@@ -40,7 +40,8 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
     import torch
     import torch.distributed as dist
 
-    from schedc.runtime.primitives import Runtime, Transport
+    from schedc.runtime.primitives import Runtime
+    from schedc.runtime.transport import Transport
 
     torch.set_num_threads(1)
     manifest = load_manifest(out_dir)
