@@ -331,7 +331,8 @@ def test_a_damaged_checkpoint_is_a_diagnostic(tmp_path):
 def test_generations_queues_and_heartbeats_over_a_real_store():
     job = JobStore.serve()
     worker = JobStore.connect(job.host, job.port)
-    gen = Generation(3, (0, 2), {"dp": 2, "programs": {"0": "rank_0.py", "2": "rank_2.py"}}, restore=None, injections=({"index": 0},), reason="fail rank 1")
+    gen = Generation(3, (0, 2), {"dp": 2, "programs": {"0": "rank_0.py", "2": "rank_2.py"}}, restore=None,
+                     injections=({"index": 0},), reason="fail rank 1")
     job.announce(gen, {"rank_0.py": "def iteration(rt): pass\n", "rank_2.py": "x = 2\n", "main.py": "no"})
     assert worker.latest_generation() == 3 and worker.generation(3) == gen
     assert worker.program_file(3, "rank_2.py") == "x = 2\n"

@@ -145,8 +145,9 @@ class Fleet:
         if not want:
             return
         job = self.job
+        hosts = ", ".join(map(str, sorted(want)))
         note("agents", f"waiting for {len(want)} agent(s): on each other host run "
-                       f"`schedc agent --store {job.host}:{job.port} --host H` (H = {', '.join(map(str, sorted(want)))})")
+                       f"`schedc agent --store {job.host}:{job.port} --host H` (H = {hosts})")
         deadline = time.monotonic() + timeout
         while want and time.monotonic() < deadline:
             want -= {ev.host for ev in job.events() if isinstance(ev, AgentUp)}
