@@ -21,12 +21,13 @@ WAIT_S = 60.0
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], what: str, timeout: float = WAIT_S, poll: float = 0.01,
+def wait_until(predicate: Callable[[], T], what: str, timeout: float | None = None, poll: float = 0.01,
                state: Callable[[], object] | None = None) -> T:
     """Poll `predicate` until it returns something true, and return that; fail the test naming
     `what` (the condition waited for), and `state()` if given (what was seen instead), if
-    `timeout` seconds pass first. Tests wait on a condition with this, never with a sleep that
-    hopes the condition holds by then."""
+    `timeout` seconds (default `WAIT_S`) pass first. Tests wait on a condition with this, never
+    with a sleep that hopes the condition holds by then."""
+    timeout = WAIT_S if timeout is None else timeout
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
