@@ -3,7 +3,9 @@ shipped models, and a run checked against single-process training."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import schedc
 from schedc.runtime import load_manifest, reference_train
@@ -11,6 +13,30 @@ from test_runtime_support import max_weight_diff
 
 TOLERANCE = 1e-5  # max abs weight difference from single-process training (float32)
 LOSS_TOLERANCE = 1e-6
+#: How long `wait_until` waits by default. Generous on purpose: a condition that holds returns at
+#: once, so the bound only decides how long a broken run takes to fail, never whether a slow
+#: (loaded) machine passes.
+WAIT_S = 60.0
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], what: str, timeout: float | None = None, poll: float = 0.01,
+               state: Callable[[], object] | None = None) -> T:
+    """Poll `predicate` until it returns something true, and return that; fail the test naming
+    `what` (the condition waited for), and `state()` if given (what was seen instead), if
+    `timeout` seconds (default `WAIT_S`) pass first. Tests wait on a condition with this, never
+    with a sleep that hopes the condition holds by then."""
+    timeout = WAIT_S if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            seen = "" if state is None else f"; last seen: {state()!r}"
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{seen}")
+        time.sleep(poll)
 
 
 def spec_text(*, model: str = "mlp", dp: int = 2, pp: int = 2, optimizer: str = "sgd", microbatches: int = 3,

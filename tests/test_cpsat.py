@@ -14,7 +14,7 @@ from schedc.diagnostics import InfeasibleError
 from schedc.instance import make_instance
 from schedc.simulate import simulate
 from schedc.solvers import SolveOptions, get_solver
-from schedc.solvers.cpsat import check_feasible, period_lower_bound, solve, warm_up
+from schedc.solvers.cpsat import check_feasible, deterministic_budget, period_lower_bound, solve, warm_up
 from schedc.solvers.cpsat_bound import chain_bound, placement_bound
 from schedc.verify import verify_schedule
 from tests.strategies import bench_explicit, instances
@@ -56,15 +56,42 @@ def test_cpsat_is_deterministic():
     assert a.ops == b.ops
 
 
-def test_cpsat_keeps_its_deadline():
-    inst = make_instance(4, 4, 16, failed=[(0, 1), (2, 3)], slow={(1, 0): 0.6})
-    warm_up()  # a launcher loads OR-Tools at start-up, not under its first deadline
-    started = time.monotonic()
-    schedule = solve(inst, SolveOptions(time_limit=0.5))
-    # A budget of 0.5 s of work takes about 0.5 s of wall on an idle machine (the calibration,
-    # `cpsat.deterministic_budget`); the slack covers a loaded one, where work runs slower.
-    assert time.monotonic() - started < 0.5 + 0.4
+@pytest.fixture
+def cpsat_runs(monkeypatch):
+    """What each CP-SAT search of the test was told and did: its limits (deterministic units and
+    wall seconds), the deterministic units it used, its model's size and its status."""
+    import schedc.solvers.cpsat as cpsat
+
+    runs = []
+    real = cpsat._solve_keeping_ctrl_c
+
+    def spy(solver, model):
+        status = real(solver, model)
+        p = solver.parameters
+        runs.append(dict(max_det=p.max_deterministic_time, max_wall=p.max_time_in_seconds,
+                         det=solver.deterministic_time, variables=len(model.Proto().variables),
+                         status=solver.StatusName(status)))
+        return status
+
+    monkeypatch.setattr(cpsat, "_solve_keeping_ctrl_c", spy)
+    return runs
+
+
+def test_cpsat_stops_on_its_work_budget_not_on_the_clock(cpsat_runs):
+    """Without a deadline, CP-SAT's search is limited by the work budget alone (deterministic
+    time, the same on a quiet or a loaded machine) and has no wall-clock limit. What the budget
+    costs in seconds is a benchmark figure (`schedc bench`: the cpsat_solve_s column), not a test's."""
+    # Greedy's plan is above the proven bound here, so CP-SAT runs (see below).
+    inst = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
+    schedule = solve(inst, SolveOptions(time_limit=0.2))
     verify_schedule(schedule)
+    (run,) = cpsat_runs
+    assert run["max_det"] == pytest.approx(deterministic_budget(0.2, run["variables"]))
+    assert run["max_wall"] == math.inf  # nothing stops it on the clock
+    # It ended on that budget (or a proof): the limit is checked between batches of work, so it
+    # may overshoot a little, in deterministic units too (measured: 0.174 of 0.137).
+    assert run["status"] == "OPTIMAL" or run["max_det"] <= run["det"] <= 1.5 * run["max_det"], run
+    assert schedule.solver.stopped_by == "work"
 
 
 def test_cpsat_proves_the_bound_when_greedy_reaches_it():
@@ -232,10 +259,11 @@ def test_feasible_instances_pass_the_check():
     check_feasible(make_instance(2, 2, 2, activation=1 << 30, static=7 << 30, gpu_memory=8 << 30))
 
 
-def test_a_search_the_deadline_cuts_short_ends_in_time_and_says_so(monkeypatch):
+def test_a_search_the_deadline_cuts_short_says_so(monkeypatch, cpsat_runs):
     """Without a deadline CP-SAT stops only on its work budget; with one (a launcher's replan) it
     also stops there, returns the best plan found by then, and records that the deadline, not
-    the work, decided it (so a launcher knows a rerun may differ)."""
+    the work, decided it (so a launcher knows a rerun may differ). How close to the deadline the
+    call returns is measured by `bench/replan_latency.py`, not asserted here: load stretches it."""
     import schedc.solvers.cpsat as cpsat
 
     monkeypatch.setattr(cpsat, "deterministic_budget", lambda *_: 1e6)  # the work budget is never reached
@@ -243,10 +271,16 @@ def test_a_search_the_deadline_cuts_short_ends_in_time_and_says_so(monkeypatch):
     # proven 37.652 ms, so CP-SAT runs.
     inst = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
     warm_up()
-    greedy = get_solver("greedy")(inst, SolveOptions())
+    greedy = get_solver("greedy")(inst, SolveOptions(time_limit=0.6))
+    # The seed is planned before the clock starts, so that however slow a loaded machine is,
+    # the deadline falls in CP-SAT's search (not in greedy's, which has its own test), and the
+    # deadline is far enough for the model to be built first.
+    monkeypatch.setattr(cpsat, "_seeds", lambda *_: ([greedy], False))
     began = time.monotonic()
-    plan = cpsat.solve(inst, SolveOptions(time_limit=0.6, deadline=began + 1.0))
-    assert time.monotonic() - began < 3.0  # the deadline, plus re-timing the plan (loose: a shared machine)
+    plan = cpsat.solve(inst, SolveOptions(time_limit=0.6, deadline=began + 5.0))
+    # The search was given a wall limit inside the deadline, and ended before its work budget.
+    (run,) = cpsat_runs
+    assert run["max_wall"] < 5.0 and run["det"] < run["max_det"], run
     assert plan.solver.stopped_by == "deadline", plan.solver
     assert "deadline" in plan.solver.detail, plan.solver.detail
     verify_schedule(plan)

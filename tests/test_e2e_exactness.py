@@ -31,10 +31,18 @@ FAILURES = {
     "slow": dict(slow={(0, 1): 0.5}),
 }
 SOLVERS = ["1f1b", "greedy", "cpsat"]
-REACHED: list[tuple[str, float]] = []  # (case, max abs difference), for the report at the end
 
 
-def run_case(tmp_path, *, model: str, dp: int, pp: int, failure: str, solver: str, optimizer: str,
+@pytest.fixture(scope="module")
+def reached():
+    """(case, max abs weight difference) of each case of this file that ran, reported when the
+    last of them is done, whichever ran and in whatever order."""
+    cases: list[tuple[str, float]] = []
+    yield cases
+    report_precision(cases, "exactness", TOLERANCE)
+
+
+def run_case(tmp_path, reached, *, model: str, dp: int, pp: int, failure: str, solver: str, optimizer: str,
              iterations: int, microbatches: int = 3, decouple: bool = True, stagger: bool = True,
              partition=None) -> float:
     inst = make_instance(dp, pp, microbatches, decouple_backward=decouple, stagger_optimizer=stagger,
@@ -55,10 +63,10 @@ def run_case(tmp_path, *, model: str, dp: int, pp: int, failure: str, solver: st
     result = launch(tmp_path, iterations=iterations, want_weights=True, timeout=30)
     ref, ref_losses = reference_train(load_manifest(tmp_path), iterations)
     diff = max_weight_diff(result.state_dict, ref)
-    REACHED.append((f"{model} {dp}x{pp} {failure}, {solver}, {optimizer}, {iterations} it"
-                    + ("" if decouple else ", no decoupling") + ("" if stagger else ", barrier"), diff))
     assert diff <= TOLERANCE, f"max abs weight difference {diff:.3g}"
     assert result.losses == pytest.approx(ref_losses, abs=1e-6)
+    reached.append((f"{model} {dp}x{pp} {failure}, {solver}, {optimizer}, {iterations} it"
+                    + ("" if decouple else ", no decoupling") + ("" if stagger else ", barrier"), diff))
     # The weights moved: comparing untrained copies would prove nothing.
     from schedc.runtime.manifest import build_model
 
@@ -83,8 +91,8 @@ def _mlp_matrix():
 
 
 @pytest.mark.parametrize("shape, failure, solver, optimizer", _mlp_matrix())
-def test_mlp_matches_single_process_training(tmp_path, shape, failure, solver, optimizer):
-    run_case(tmp_path, model="mlp", dp=shape[0], pp=shape[1], failure=failure, solver=solver,
+def test_mlp_matches_single_process_training(tmp_path, reached, shape, failure, solver, optimizer):
+    run_case(tmp_path, reached, model="mlp", dp=shape[0], pp=shape[1], failure=failure, solver=solver,
              optimizer=optimizer, iterations=2 if optimizer == "adam" else 1,
              stagger=failure != "slow")  # the slow cases also cover the global optimizer barrier
 
@@ -96,12 +104,12 @@ def test_mlp_matches_single_process_training(tmp_path, shape, failure, solver, o
     dict(dp=3, pp=2, failure="slow", solver="1f1b", optimizer="adam", iterations=1),
     dict(dp=3, pp=2, failure="none", solver="greedy", optimizer="sgd", iterations=2, decouple=False),
 ], ids=lambda c: f"{c['dp']}x{c['pp']}-{c['failure']}-{c['solver']}-{c['optimizer']}")
-def test_gpt_matches_single_process_training(tmp_path, case):
-    run_case(tmp_path, model="gpt", **case)
+def test_gpt_matches_single_process_training(tmp_path, reached, case):
+    run_case(tmp_path, reached, model="gpt", **case)
 
 
-def test_mlp_without_decoupling_and_with_a_failure(tmp_path):
-    run_case(tmp_path, model="mlp", dp=2, pp=3, failure="two", solver="greedy", optimizer="adam",
+def test_mlp_without_decoupling_and_with_a_failure(tmp_path, reached):
+    run_case(tmp_path, reached, model="mlp", dp=2, pp=3, failure="two", solver="greedy", optimizer="adam",
              iterations=2, decouple=False, stagger=False)
 
 
@@ -121,8 +129,3 @@ def test_cli_saves_the_whole_model(tmp_path, capsys):
     ref, _ = reference_train(load_manifest(tmp_path / "out"), 2)
     assert list(saved) == list(ref)  # the keys of model.source's full nn.Sequential, in order
     assert max_weight_diff(saved, ref) <= TOLERANCE
-
-
-def test_report_precision_reached():
-    """Runs last in this file: prints the worst difference seen (pytest -s shows it)."""
-    report_precision(REACHED, "exactness", TOLERANCE)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -237,10 +236,9 @@ def test_save_weights_destination_is_checked_before_the_run(tmp_path, target):
     out = tmp_path / "out"
     schedc.compile(ROOT / "specs" / "mlp-2x2.sched").write(out)
     (tmp_path / "file.txt").write_text("x")
-    started = time.monotonic()
     res = cli("run", str(out), "--save-weights", target, cwd=tmp_path)
+    # Before the run: no iteration ran (which says more than the wall time it took).
     assert res.returncode == 1 and "error[E558]" in res.stderr and "iteration" not in res.stdout
-    assert time.monotonic() - started < 60
 
 
 def test_broken_pipe_on_the_json_error_path_is_quiet(tmp_path):

@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import schedc
 from live_data import STUCK_MARKER
-from live_support import check_exact, compiled
+from live_support import WAIT_S, check_exact, compiled, wait_until
 from schedc.live import TrainError, train
 from test_runtime_support import max_weight_diff
 
@@ -128,26 +127,34 @@ def _sigint_default() -> None:
 def test_ctrl_c_stops_every_worker_and_leaves_nothing_half_written(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C sends it, in the middle of a run
     that writes a checkpoint every iteration."""
+    from schedc.live.membership import ORPHAN_TIMEOUT
+
     out = compiled(tmp_path, forward="20ms")
-    proc = subprocess.Popen([sys.executable, "-m", "schedc", "train", str(out), "--iterations", "1000",
-                             "--checkpoint-every", "1", "--log", str(tmp_path / "log.json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                            start_new_session=True, preexec_fn=_sigint_default)
+    stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with stdout.open("w") as o, stderr.open("w") as e:  # files: read while it runs, no pipe to block on
+        proc = subprocess.Popen([sys.executable, "-m", "schedc", "train", str(out), "--iterations", "1000",
+                                 "--checkpoint-every", "1", "--log", str(tmp_path / "log.json")],
+                                stdout=o, stderr=e, text=True, env=_env(),
+                                start_new_session=True, preexec_fn=_sigint_default)
     try:
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:
-            if line.startswith("iteration    3") or time.monotonic() > deadline:
-                break
+        # Mid-run: iteration 3's progress line is out (workers up, checkpoints being written).
+        wait_until(lambda: "iteration    3" in stdout.read_text() or proc.poll() is not None,
+                   "the progress line of iteration 3")
+        assert proc.poll() is None, f"the run ended before Ctrl-C: {stderr.read_text()}"
         assert _descendants_of_session(proc.pid), "no workers were running"
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=WAIT_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    err = stderr.read_text()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    time.sleep(0.5)
-    assert _descendants_of_session(proc.pid) == []  # no orphan: workers and the forkserver are gone
+    # No orphan: workers and the forkserver are gone soon after the supervisor. Waited for, as
+    # their exits are not instant, but for less than a worker cut off from its supervisor takes
+    # to leave on its own (ORPHAN_TIMEOUT), so that only the supervisor stopping them passes.
+    wait_until(lambda: _descendants_of_session(proc.pid) == [], "every process of the run's session to exit",
+               timeout=ORPHAN_TIMEOUT / 2, state=lambda: _descendants_of_session(proc.pid))
     ckpt = out / "checkpoints"
     assert [p.name for p in ckpt.iterdir() if p.name.startswith(".")] == []  # no staging left behind
     assert all((p / "meta.json").is_file() for p in ckpt.iterdir() if p.name.startswith("iter-"))
@@ -185,19 +192,24 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
 
     out = compiled(tmp_path, model="gpt", optimizer="adam")
     port = free_port()
-    sup = subprocess.Popen([sys.executable, "-m", "schedc", "train", str(out), "--iterations", "4", "--hosts", "2",
-                            "--store-port", str(port), "--save-weights", str(tmp_path / "w.pt"), "--inject",
-                            "at iteration 1 during B: fail node 1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with stdout.open("w") as o, stderr.open("w") as e:
+        sup = subprocess.Popen([sys.executable, "-m", "schedc", "train", str(out), "--iterations", "4", "--hosts",
+                                "2", "--store-port", str(port), "--save-weights", str(tmp_path / "w.pt"),
+                                "--inject", "at iteration 1 during B: fail node 1"],
+                               stdout=o, stderr=e, text=True, env=_env())
     agent = None
     try:
-        time.sleep(1.0)
+        # As a user would: start the agent once the supervisor says it waits for agents.
+        wait_until(lambda: "schedc agent --store" in stdout.read_text() or sup.poll() is not None,
+                   "the supervisor to wait for agents", state=stderr.read_text)
         agent = subprocess.run([sys.executable, "-m", "schedc", "agent", "--store", f"127.0.0.1:{port}", "--host",
                                 "1"], capture_output=True, text=True, env=_env(), timeout=120)
-        stdout, stderr = sup.communicate(timeout=60)
+        sup.wait(timeout=WAIT_S)
     finally:
         if sup.poll() is None:
             sup.kill()
+    stdout, stderr = stdout.read_text(), stderr.read_text()
     assert agent.returncode == 0, agent.stderr
     assert sup.returncode == 0, stderr
     assert "replan: fail node 1 -> generation 1, 2 ranks" in stdout
@@ -216,7 +228,11 @@ def test_a_timed_injection_fires_by_the_clock(tmp_path):
     assert [r.iteration for r in result.iterations] == list(range(10))
     (rec,) = result.recoveries
     started = next(e["t"] for e in result.events if e["kind"] == "running")
-    assert rec.failed == [2] and 0.4 <= rec.t_fault - started < 1.5
+    # By the clock: never before its time (load can only make it later). How soon after its
+    # time it fires is a latency, which load stretches; not asserted. That it fired mid-run is:
+    # the run went on under the new plan.
+    assert rec.failed == [2] and rec.t_fault - started >= 0.4
+    assert rec.t_first is not None and rec.t_first > rec.t_fault
 
 
 def test_resuming_a_checkpoint_of_another_kind_of_run_is_a_diagnostic(tmp_path):

@@ -7,11 +7,10 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
-from live_support import check_exact, compiled
+from live_support import check_exact, compiled, wait_until
 from schedc.live import train
 
 pytestmark = pytest.mark.e2e
@@ -95,10 +94,8 @@ def test_schedc_rejoin_asks_a_running_job_to_take_a_gpu_back(tmp_path):
     t = threading.Thread(target=run)
     t.start()
     try:
-        deadline = time.monotonic() + 60
-        while not any("generation 1" in ln for ln in lines) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert any("generation 1" in ln for ln in lines), lines
+        wait_until(lambda: any("generation 1" in ln for ln in lines), "the run's generation 1 (after the failure)",
+                   state=lambda: lines[-3:])
         wrong = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", f"127.0.0.1:{port}",
                                 "recover gpu(dp=5, pp=0)"], capture_output=True, text=True, timeout=60)
         assert wrong.returncode == 1 and "the run has no GPU (dp=5, pp=0)" in wrong.stderr, wrong.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import schedc
-from live_support import spec_text
+from live_support import spec_text, wait_until
 from schedc.diagnostics import SpecError
 from schedc.live import checkpoint
 from schedc.live.detect import Beat, Detector, exit_cause
@@ -346,22 +345,19 @@ def test_generations_queues_and_heartbeats_over_a_real_store():
     assert not job.all_joined(3, (0, 2))
     worker.join(3, 2)
     # A store `set` is not acknowledged: another connection sees it a moment later, not at once.
-    deadline = time.monotonic() + 10
-    while not job.all_joined(3, (0, 2)):
-        assert time.monotonic() < deadline, "rank 2's join never reached the store"
+    wait_until(lambda: job.all_joined(3, (0, 2)), "rank 2's join in the store")
     assert job.aborted() == -1 and not worker.stopped()
     beats = []
     hb = Heartbeat(worker.clone(), 2, 0.01, lambda: f"{len(beats)} 3 0 0 run").start()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and 2 not in job.heartbeats([0, 2]):
-        time.sleep(0.01)
+    wait_until(lambda: 2 in job.heartbeats([0, 2]), "rank 2's first heartbeat in the store")
     assert list(job.heartbeats([0, 2])) == [2]
     job.abort(3)
     job.stop("done")
-    while time.monotonic() < deadline and not (hb.aborted == 3 and hb.stopped):
-        time.sleep(0.01)
-    hb.halt()
-    assert hb.aborted == 3 and hb.stopped
+    try:
+        wait_until(lambda: hb.aborted == 3 and hb.stopped, "the heartbeat thread to read abort 3 and stop",
+                   state=lambda: (hb.aborted, hb.stopped))
+    finally:
+        hb.halt()
 
 
 def test_a_worker_whose_supervisor_is_gone_leaves(monkeypatch):
@@ -374,16 +370,17 @@ def test_a_worker_whose_supervisor_is_gone_leaves(monkeypatch):
     hb = Heartbeat(worker, 0, 0.02, lambda: "1 0 0 0 idle", on_orphaned=lambda: orphaned.append(os.getpid()))
     worker.store.set_timeout(__import__("datetime").timedelta(seconds=0.1))
     hb.start()
-    time.sleep(0.1)
-    del job  # the supervisor's store goes away
-    import gc
+    try:
+        # The worker was connected and beating before its supervisor went: its beat is in the store.
+        wait_until(lambda: 0 in job.heartbeats([0]), "the worker's first heartbeat in the store")
+        assert not orphaned
+        del job  # the supervisor's store goes away
+        import gc
 
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while not orphaned and time.monotonic() < deadline:
-        time.sleep(0.05)
-    hb.halt()
-    assert orphaned
+        gc.collect()
+        wait_until(lambda: orphaned, "the heartbeat thread to call on_orphaned")
+    finally:
+        hb.halt()
 
 
 # -- review regressions --------------------------------------------------------------------

@@ -89,12 +89,11 @@ def max_weight_diff(a: dict, b: dict) -> float:
 
 
 def report_precision(reached: list[tuple[str, float]], what: str, tolerance: float) -> None:
-    """The last test of an exactness file: print every case's difference (pytest -s shows them),
-    and check the worst against `tolerance`."""
-    import pytest
-
+    """At the end of an exactness file (a module fixture's teardown, so whichever cases ran, in
+    any order): print every case's difference (pytest -s shows them), and check the worst
+    against `tolerance` (each case checks its own too)."""
     if not reached:
-        pytest.skip(f"no {what} case ran")
+        return
     worst = max(d for _, d in reached)
     print(f"\n{what}: {len(reached)} cases, max abs weight difference {worst:.3g}")
     for case, diff in reached:
