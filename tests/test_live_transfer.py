@@ -11,12 +11,15 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schedc.live.catchup import Donor, Joiner
 from schedc.live.membership import BLOB_CHUNK, JobStore
 from schedc.live.transfer import (DirectTransfer, StoreTransfer, TransferClosed, TransferError, _chunks,
                                   open_transfer)
@@ -253,3 +256,65 @@ def test_the_store_round_trips_a_stage_state_and_frees_its_keys(job):
     assert not job.store.check(["cu/7/state"])  # the reader frees it
     out.close()  # the sender what nobody read
     assert not job.store.check(["cu/7/unread"]) and not job.store.check(["cu/7/unread/0"])
+
+
+# -- catch-up over either ------------------------------------------------------------------------------
+
+class _Stage:
+    """The part of a `schedc.runtime.Runtime` that a donor and a joiner use, on a real Adam stage."""
+
+    def __init__(self):
+        self.module, self.optimizer = _adam_stage()
+        self.params = list(self.module.parameters())
+        self.steps_done = 0
+        self.keep_step_grad = False
+        self.last_step_grad = None
+
+    def train_step(self, seed: int) -> None:
+        flat = torch.randn(sum(p.numel() for p in self.params), generator=torch.Generator().manual_seed(seed))
+        self.last_step_grad = flat if self.keep_step_grad else None
+        self.apply_step(flat)
+
+    def apply_step(self, flat) -> None:
+        offset = 0
+        for p in self.params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        self.optimizer.step()
+        self.steps_done += 1
+
+    def stage_state(self) -> dict:
+        import copy
+
+        return {"steps": self.steps_done, "model": {k: v.clone() for k, v in self.module.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def load_stage_state(self, state: dict) -> None:
+        self.steps_done = state["steps"]
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+@pytest.mark.parametrize("kind", ["direct", "store"])
+def test_a_joiner_replays_its_donor_bit_for_bit(job, kind):
+    donor_rt, joiner_rt = _Stage(), _Stage()
+    for step in range(3):  # the donor has trained; the joiner is fresh
+        donor_rt.train_step(step)
+    side = ThreadPoolExecutor(1)
+    donor = Donor(job.clone(), lambda: side, transfer=kind, timeout=WAIT)
+    joiner = Joiner(job, transfer=kind, timeout=WAIT)
+    directive = {"session": 1}
+    donor.boundary(donor_rt, {**directive, "role": "donate"})
+    for step in range(3, 7):
+        donor_rt.train_step(step)
+        donor.after_step(donor_rt)
+    deadline = time.monotonic() + WAIT
+    while joiner.steps != donor_rt.steps_done and time.monotonic() < deadline:
+        if not joiner.follow(joiner_rt, {**directive, "role": "join"}):
+            time.sleep(0.005)  # the standby loop's pace
+    assert joiner.steps == donor_rt.steps_done, "the joiner did not catch up"
+    assert joiner.session == 1 and joiner.received > 0
+    assert same(joiner_rt.stage_state(), donor_rt.stage_state())
+    donor.boundary(donor_rt, None)
+    joiner.follow(joiner_rt, None)
+    side.shutdown(wait=True)

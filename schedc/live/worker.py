@@ -112,8 +112,9 @@ class LiveWorker:
         self.trigger = Trigger(())
         self._side_pool: ThreadPoolExecutor | None = None
         self._side_job = job.clone()  # the side thread's own store connection
-        self.donor = Donor(self._side_job, self._side)
-        self.joiner = Joiner(job)
+        self.donor = Donor(self._side_job, self._side, transfer=self.config.get("catchup_transfer"),
+                           timeout=self.config.get("wait_timeout"))
+        self.joiner = Joiner(job, transfer=self.config.get("catchup_transfer"), timeout=self.config.get("wait_timeout"))
         self._switches: dict[int, Generation] = {}  # newer generations read while running
         self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
         self._op_started = 0.0
