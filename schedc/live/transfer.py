@@ -14,7 +14,8 @@ between surviving ranks would be another.
   supervisor's process, at about 60 MB/s.
 - `DirectTransfer`: a two-rank gloo group between the two ranks, formed
   under the store prefix ``xfer/<session>/``; the store carries nothing
-  else but a ``closed`` flag. Per object: its header's length, the header
+  else but a ``closed`` flag. Its keys stay (a few bytes): a session's
+  name is used once per job, as the group would meet the old addresses. Per object: its header's length, the header
   (the object's structure, each tensor's dtype and shape, the non-tensor
   values, as JSON: nothing is unpickled), then its tensors as one stream of
   raw bytes cut into chunks of at most `CHUNK_BYTES` (a chunk within one
