@@ -36,7 +36,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WAIT = float(os.environ.get("BENCH_WAIT", 300))  # seconds any step of the benchmark may take before it is declared stuck
+# Seconds any step of the benchmark may take before it is declared stuck (an environment variable,
+# not an option: the spawned donor and joiner read it too).
+WAIT = float(os.environ.get("BENCH_WAIT", 300))
 LAYERS = 4
 
 
