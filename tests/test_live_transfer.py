@@ -208,6 +208,7 @@ def test_direct_fails_within_its_timeout_when_the_peer_never_joins(job, sending)
     else:
         with pytest.raises(TransferError, match="did not join within 1 s"):
             end.recv("state", timeout=WAIT)
+        assert end.join(WAIT)
 
 
 def test_closing_the_receiving_end_ends_both_threads(job):
@@ -232,6 +233,7 @@ def test_a_direct_end_refuses_what_it_cannot_carry(job):
     with pytest.raises(TransferError):
         out.recv("k")
     out.close()
+    assert out.join(WAIT)  # (its group never forms: it gives up after 1 s)
 
 
 @given(st.lists(st.integers(0, 50), max_size=8), st.integers(1, 40))

@@ -351,7 +351,8 @@ class DirectTransfer(StateTransfer):
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for this end's thread to end (it ends `timeout` after its last wait began, at the
-        latest); whether it has."""
+        latest); whether it has. A process that exits normally while the thread still holds its
+        group may abort in gloo's destructors: join first, or leave with os._exit as workers do."""
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
