@@ -23,6 +23,8 @@ The modules, from the job down to a rank (docs/live.md):
 - `schedc.live.member`: a rank's process across generations; it drives
   `schedc.runtime`, the layer the generated programs call.
 - `schedc.live.catchup`: a joiner's catch-up from a live donor of its stage.
+- `schedc.live.transfer`: moving state between two ranks, direct (a two-rank
+  gloo group) or through the store; catch-up's seam, and layer moves' next.
 - `schedc.live.rollback`: the survivors' agreement on an iteration boundary
   and the copy of the state before each optimizer step.
 - `schedc.live.checkpoint`: complete, atomic per-stage checkpoints, and

@@ -113,8 +113,9 @@ class LiveWorker:
         self.trigger = Trigger(())
         self._side_pool: ThreadPoolExecutor | None = None
         self._side_job = job.clone()  # the side thread's own store connection
-        self.donor = Donor(self._side_job, self._side)
-        self.joiner = Joiner(job)
+        # The transfer's kind: $SCHEDC_TRANSFER (inherited from `schedc train`), else direct.
+        self.donor = Donor(self._side_job, self._side, transfer=None, timeout=self.config.wait_timeout)
+        self.joiner = Joiner(job, transfer=None, timeout=self.config.wait_timeout)
         self._switches: dict[int, Generation] = {}  # newer generations read while running
         self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
         self._op_started = 0.0
