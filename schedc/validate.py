@@ -17,6 +17,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from schedc.diagnostics import Label, Span, error, spec_error
+from schedc.diagnostics import LostStageError  # noqa: F401  (documented as importable from here: docs/errors.md)
 from schedc.failures import failures_from_block, resolve_gpus
 from schedc.parse import Assign, Block, Document, Statement, Value, display_text
 from schedc.printer import human_bytes
