@@ -55,9 +55,9 @@ def test_a_slow_link_is_not_a_slow_gpu(tmp_path):
 def test_a_failed_gpu_rejoins_by_catching_up_and_training_stays_exact(tmp_path, optimizer):
     out = compiled(tmp_path, optimizer=optimizer)
     iterations = 40  # room for the catch-up and the switch on a slow machine
-    # fail_slow="detect": on this shared 2-core machine a rank is now and then really slow for ten
-    # iterations (another process's turn), and "act" then rightly rebalances; this test is about
-    # the rejoin, so its switch must be the only one.
+    # fail_slow="detect": on a machine shared with other jobs a rank is now and then really slow
+    # for ten iterations (another process's turn), and "act" then rightly rebalances; this test is
+    # about the rejoin, so its switch must be the only one.
     result = train(out, iterations=iterations, want_weights=True, fail_slow="detect",
                    inject=["at iteration 2 during B: fail gpu(dp=1, pp=0)", "at iteration 5: recover gpu(dp=1, pp=0)"])
     (rec,) = result.recoveries

@@ -73,8 +73,9 @@ def test_after_a_switch_the_tracker_reports_changes_from_the_new_expectation():
 
 
 def test_a_recorded_trace_of_an_emulated_run():
-    """Log speeds of four ranks of a 4x4 emulated job on this machine (bench/live_slowness.py's
-    'slow 0.5' case: rank 5 at 0.5 from iteration 30 to 69), with the machine's own noise."""
+    """Log speeds of four ranks of a 4x4 emulated job as `bench/live_slowness.py` recorded them
+    (its 'slow 0.5' case: rank 5 at 0.5 from iteration 30 to 69; the trace is rewritten with
+    `-o DIR` as DIR/slow_trace.json), with the recording machine's own noise."""
     rec = json.loads((DATA / "slow_trace.json").read_text())
     found = {r: _shifts(ys) for r, ys in rec["ranks"].items()}
     slow = str(rec["slow_rank"])
