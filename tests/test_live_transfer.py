@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 
 from schedc.live.catchup import Donor, Joiner
 from schedc.live.membership import BLOB_CHUNK, JobStore
-from schedc.live.transfer import (DirectTransfer, StoreTransfer, TransferClosed, TransferError, _chunks,
-                                  open_transfer)
+from schedc.live.transfer import DirectTransfer, StoreTransfer, TransferClosed, TransferError, _chunks
 
 #: Bounds of the waits below: far above what a healthy transfer needs on a loaded machine.
 WAIT = 120.0
