@@ -32,13 +32,14 @@ from schedc.live.membership import JobStore
 from schedc.live.protocol import AgentUp, Exited, FireInjection, Injected, SignalRanks, StartRanks, StopAgent
 from schedc.runtime.processes import LocalProcesses
 
+
 class Agent:
     """The workers of one host (see the module docstring)."""
 
     def __init__(self, job: JobStore, host: int):
         self.job = job
         self.host = host
-        self.local: LocalProcesses | None = None  # made on the first start (the forkserver starts then)
+        self.local = LocalProcesses()  # (its forkserver starts with the first worker)
         self._fired: set[int] = set()
         self._injections: dict[int, Injection] | None = None
         self.stopping = False
@@ -51,30 +52,25 @@ class Agent:
     def start(self, ranks) -> None:
         from schedc.live.member import worker_main
 
-        if self.local is None:
-            self.local = LocalProcesses()
         for rank in ranks:
             self.local.start(rank, worker_main, (self.job.host, self.job.port, rank, self.host),
                              f"schedc-train-rank-{rank}")
 
     def signal(self, ranks, name: str) -> list[int]:
         """Send a signal to the live workers of `ranks` on this host; returns the ranks signalled."""
-        return [] if self.local is None else self.local.signal(ranks, name)
+        return self.local.signal(ranks, name)
 
     def alive(self) -> list[int]:
-        return [] if self.local is None else self.local.alive()
+        return self.local.alive()
 
     # -- the loop ------------------------------------------------------------------------
 
     def step(self, timeout: float) -> None:
         """Wait up to `timeout` for a worker to exit; report exits; carry out commands."""
-        if self.local is not None:
-            self.local.wait(timeout)
-        elif timeout > 0:
-            time.sleep(timeout)
+        self.local.wait(timeout)
         for cmd in self.job.commands(self.host):
             self._command(cmd)
-        for rank, code in self.local.exits() if self.local is not None else ():
+        for rank, code in self.local.exits():
             self.job.event(Exited(rank=rank, code=code, host=self.host, t=time.time()))
 
     def _command(self, cmd) -> None:
@@ -107,8 +103,7 @@ class Agent:
     def stop_all(self, grace: float = 2.0) -> None:
         """End every worker this agent started: they exit by themselves once the run is stopped;
         those that have not after `grace` seconds (stopped, stuck) are killed. Waits for all."""
-        if self.local is not None:
-            self.local.stop_all(grace)
+        self.local.stop_all(grace)
 
     def serve(self, poll: float = 0.005) -> None:
         """Run as a host's agent process until the supervisor stops the run (or goes away)."""
