@@ -1,0 +1,336 @@
+"""Re-partitioning: a new layout of the job on the GPUs that are live.
+
+Re-routing needs a live GPU in every stage. When a burst takes every GPU of
+a stage, or when so many are gone that re-routed work piles up, the job can
+instead be laid out anew on the survivors (Oobleck's pipeline templates,
+Odyssey's re-partitioning): `D'` equal pipelines of `P'` stages, each stage
+a contiguous slice of the model, each (pipeline, stage) run by one live GPU.
+
+The global batch is kept: the job trains `G = D x M` microbatches per
+iteration, so a layout of `D'` pipelines runs `G / D'` each (`D'` divides
+`G`), and every iteration is the same math as fault-free training.
+
+What a stage is made of (`Units`):
+
+* a spec with a `model` block (derived costs) re-partitions by **layers**;
+  a slice's costs are the cost model's for those layers on `D'` replicas
+  (`costmodel.stage_costs`), embedding and head included on the ends;
+* a spec with a `stages` block re-partitions by **whole stages**: a slice
+  merges contiguous stages (times, activation, stash and static memory add
+  up; the slice sends what its last stage sends).
+
+`repartition(spec, live)` ranks the candidate shapes by an estimate, plans
+the best few with a solver (`schedc.compile` of the layout's own spec, so
+the verifier, simulator and code generator see an ordinary fault-free job)
+and returns the fastest as a `Repartition`: the `Layout` (which physical GPU
+runs which stage), the compiled `Plan`, and the bytes each GPU must receive
+(the state of the layers it did not hold). The partition of each shape comes
+from `partition_units` (exact, by dynamic programming: the slice boundaries
+that minimise the slowest stage's work under each stage's memory), and GPUs
+are dealt to stages by `assign_gpus` (most state already held first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Iterable, Mapping, Sequence
+
+from schedc.diagnostics import InfeasibleError, SchedcError, error
+from schedc.spec import ClusterSpec, Spec, StageCosts
+
+#: Shapes planned with a solver after ranking by `estimate_iteration`: the estimate orders shapes
+#: well but ignores bubbles the solver fills, so the best few are compiled and compared.
+PLANNED_SHAPES = 3
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`dp` pipelines of `pp` stages; stage `s` holds units ``slices[s]`` = [a, b); GPU
+    ``ranks[d][s]`` (a rank of the job's own dp x pp layout) runs stage `s` of pipeline `d`,
+    with `microbatches` microbatches per pipeline."""
+
+    dp: int
+    pp: int
+    microbatches: int
+    slices: tuple[tuple[int, int], ...]
+    ranks: tuple[tuple[int, ...], ...]
+
+    @property
+    def gpus(self) -> frozenset[int]:
+        return frozenset(r for row in self.ranks for r in row)
+
+    def held(self) -> dict[int, frozenset[int]]:
+        """Physical GPU -> the units it holds under this layout."""
+        return {r: frozenset(range(*self.slices[s])) for row in self.ranks for s, r in enumerate(row)}
+
+    def describe(self, unit: str = "layer") -> str:
+        cuts = " | ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in self.slices)
+        return f"{self.dp} x {self.pp} ({self.microbatches} microbatches each; {unit}s {cuts})"
+
+
+@dataclass(frozen=True)
+class Units:
+    """The pieces of the model a stage is made of, and what a slice of them costs."""
+
+    spec: Spec
+    kind: str  # "layer" or "stage"
+    count: int
+
+    def slice_costs(self, a: int, b: int, dp: int, pp: int, s: int) -> StageCosts:
+        """Costs of stage `s` holding units [a, b) in a layout of `dp` pipelines of `pp` stages."""
+        return _slice_costs(self.spec, self.kind, a, b, dp, pp, s)
+
+    def state_bytes(self, a: int, b: int) -> int:
+        """Bytes that move when units [a, b) go to another GPU: their persistent state (weights,
+        optimizer state, the gradient buffer: a stage's `static` memory), which the receiver also
+        keeps as its rollback copy."""
+        return _slice_costs(self.spec, self.kind, a, b, 1, 1, 0).static
+
+
+def units_of(spec: Spec) -> Units:
+    if spec.costs == "derived" and spec.model is not None and spec.model.layers:
+        return Units(spec, "layer", spec.model.layers)
+    return Units(spec, "stage", spec.pp)
+
+
+def held_units(spec: Spec) -> dict[int, frozenset[int]]:
+    """Physical GPU -> the units it holds in the job's own layout (its stage's layers, or its stage)."""
+    units = units_of(spec)
+    out = {}
+    for g in spec.gpus:
+        if units.kind == "layer":
+            a, b = spec.partition[g.pp]  # type: ignore[index]
+            out[g.rank] = frozenset(range(a, b))
+        else:
+            out[g.rank] = frozenset({g.pp})
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _slice_costs(spec: Spec, kind: str, a: int, b: int, dp: int, pp: int, s: int) -> StageCosts:
+    if kind == "layer":
+        from schedc import costmodel
+
+        cluster = replace(spec.cluster, dp=dp, pp=pp)
+        return costmodel.stage_costs(spec.model, cluster, spec.train.optimizer, s, (a, b))  # type: ignore[arg-type]
+    parts = spec.stages[a:b]
+    return StageCosts(
+        pp=s, forward=sum(p.forward for p in parts), backward_input=sum(p.backward_input for p in parts),
+        backward_weight=sum(p.backward_weight for p in parts), optimizer=sum(p.optimizer for p in parts),
+        activation=sum(p.activation for p in parts), stash=sum(p.stash for p in parts),
+        static=sum(p.static for p in parts), send=parts[-1].send)
+
+
+def in_flight(s: int, pp: int, microbatches: int) -> int:
+    """Microbatches whose activations stage `s` holds at once under 1F1B-like schedules."""
+    return min(pp - s, microbatches)
+
+
+def fits(c: StageCosts, s: int, pp: int, microbatches: int, memory: int) -> bool:
+    return c.static + in_flight(s, pp, microbatches) * c.activation <= memory
+
+
+def work(c: StageCosts) -> int:
+    return c.forward + c.backward_input + c.backward_weight
+
+
+def shapes(global_microbatches: int, units: int, gpus: int) -> list[tuple[int, int]]:
+    """Every (pipelines, stages) that keeps the global batch and fits `gpus` GPUs: pipelines
+    divides the global batch, 1 <= stages <= units."""
+    return [(d, p) for d in range(1, gpus + 1) if global_microbatches % d == 0
+            for p in range(1, min(units, gpus // d) + 1)]
+
+
+def partition_units(units: Units, dp: int, pp: int, microbatches: int, memory: int) -> tuple[tuple[int, int], ...] | None:
+    """The contiguous split of the units into `pp` non-empty slices that minimises the largest
+    stage's work (F + B + W) with every stage within `memory` (`fits`); None when no split fits.
+    Exact (dynamic programming over slice ends); among equal splits the earliest cut wins."""
+    n = units.count
+    if not 1 <= pp <= n:
+        return None
+    inf = float("inf")
+    # best[s][b]: the smallest bottleneck of stages 0..s covering units [0, b); cut[s][b]: where stage s starts.
+    best = [[inf] * (n + 1) for _ in range(pp)]
+    cut = [[-1] * (n + 1) for _ in range(pp)]
+    for b in range(1, n - pp + 2):
+        c = units.slice_costs(0, b, dp, pp, 0)
+        if fits(c, 0, pp, microbatches, memory):
+            best[0][b] = work(c)
+            cut[0][b] = 0
+    for s in range(1, pp):
+        for b in range(s + 1, n - pp + s + 2):
+            for a in range(s, b):
+                if best[s - 1][a] == inf:
+                    continue
+                c = units.slice_costs(a, b, dp, pp, s)
+                if not fits(c, s, pp, microbatches, memory):
+                    continue
+                v = max(best[s - 1][a], work(c))
+                if v < best[s][b]:
+                    best[s][b], cut[s][b] = v, a
+    if best[pp - 1][n] == inf:
+        return None
+    out, b = [], n
+    for s in range(pp - 1, -1, -1):
+        a = cut[s][b]
+        out.append((a, b))
+        b = a
+    return tuple(reversed(out))
+
+
+def estimate_iteration(units: Units, dp: int, pp: int, microbatches: int,
+                       slices: Sequence[tuple[int, int]], speeds: Sequence[float] | None = None) -> int:
+    """Microseconds of an iteration, estimated: ``(M + P - 1)`` microbatch slots of the slowest
+    stage, plus the slowest optimizer step (1F1B's critical path; the solver's plan is usually
+    shorter, as it fills the bubbles with W). `speeds[s]`: the slowest GPU of stage `s`."""
+    costs = [units.slice_costs(a, b, dp, pp, s) for s, (a, b) in enumerate(slices)]
+    speeds = speeds or [1.0] * pp
+    slot = max(work(c) / speeds[s] for s, c in enumerate(costs))
+    return int((microbatches + pp - 1) * slot + max(c.optimizer for c in costs))
+
+
+def assign_gpus(units: Units, slices: Sequence[tuple[int, int]], dp: int, gpus: Sequence[int],
+                held: Mapping[int, frozenset[int]], speed: Mapping[int, float] | None = None) -> tuple[tuple[int, ...], ...]:
+    """`ranks[d][s]`: which of `gpus` runs stage `s` of pipeline `d`. The fastest GPUs are used
+    (ties: lower rank); then (GPU, stage) pairs are taken in order of the state the GPU already
+    holds of that stage, most first, so that the fewest bytes move (ties: lower stage, rank)."""
+    speed = speed or {}
+    pp = len(slices)
+    chosen = sorted(gpus, key=lambda r: (-speed.get(r, 1.0), r))[:dp * pp]
+    if len(chosen) < dp * pp:
+        raise ValueError(f"{dp} x {pp} needs {dp * pp} GPUs, {len(chosen)} given")
+    kept = {(r, s): _bytes_of(units, held.get(r, frozenset()) & frozenset(range(*slices[s])))
+            for r in chosen for s in range(pp)}
+    slots: dict[int, list[int]] = {s: [] for s in range(pp)}
+    placed: set[int] = set()
+    for (r, s) in sorted(kept, key=lambda k: (-kept[k], k[1], k[0])):
+        if r not in placed and len(slots[s]) < dp:
+            slots[s].append(r)
+            placed.add(r)
+    return tuple(tuple(slots[s][d] for s in range(pp)) for d in range(dp))
+
+
+def _bytes_of(units: Units, ids: Iterable[int]) -> int:
+    return sum(units.state_bytes(u, u + 1) for u in ids)
+
+
+def received_bytes(units: Units, layout: Layout, held: Mapping[int, frozenset[int]]) -> dict[int, int]:
+    """Physical GPU -> bytes of state it must receive to run its stage of `layout`."""
+    out = {}
+    for row in layout.ranks:
+        for s, r in enumerate(row):
+            need = frozenset(range(*layout.slices[s])) - held.get(r, frozenset())
+            out[r] = _bytes_of(units, need)
+    return out
+
+
+def layout_spec(spec: Spec, layout: Layout) -> Spec:
+    """The fault-free spec of `layout`: `dp` x `pp` GPUs (rank ``d * pp + s`` is physical GPU
+    ``layout.ranks[d][s]``; a slow physical GPU stays slow), the re-cut stages, `microbatches`
+    each. Built as text and loaded back, so it is validated like any spec."""
+    from schedc.load import load_text
+    from schedc.printer import print_spec
+    from schedc.spec import Failure
+
+    units = units_of(spec)
+    cluster = replace(spec.cluster, dp=layout.dp, pp=layout.pp, placement="pipeline_major")
+    slow = []
+    for d, row in enumerate(layout.ranks):
+        for s, r in enumerate(row):
+            g = spec.gpus[r]
+            if g.speed < 1.0:
+                slow.append(Failure("slow_gpu", dp=d, pp=s, speed=g.speed))
+    new = replace(spec, cluster=cluster, train=replace(spec.train, microbatches=layout.microbatches),
+                  failures=tuple(slow), gpus=())
+    if units.kind == "layer":
+        new = replace(new, partition=layout.slices)
+    else:
+        new = replace(new, stages=tuple(units.slice_costs(a, b, layout.dp, layout.pp, s)
+                                         for s, (a, b) in enumerate(layout.slices)))
+    header = (f"{spec.source_name} re-partitioned by schedc: {layout.describe(units.kind)}; "
+              f"pipeline d stage s runs on GPU rank {', '.join(str(r) for row in layout.ranks for r in row)} "
+              "(in order d, s)")
+    return load_text(print_spec(new, header=header), name=f"{spec.source_name} (re-partitioned)")
+
+
+@dataclass(frozen=True)
+class Repartition:
+    """A re-partitioned plan: its layout, the compiled plan of the layout's spec, and the bytes each
+    physical GPU receives to take up its new stage."""
+
+    layout: Layout
+    plan: object  # schedc.plan.Plan
+    unit: str
+    received: Mapping[int, int] = field(default_factory=dict)
+    candidates: tuple[tuple[tuple[int, int], int], ...] = ()  # ((dp, pp), estimated us) considered
+
+    @property
+    def iteration_time(self) -> int:
+        return self.plan.metrics.iteration_time  # type: ignore[attr-defined]
+
+    @property
+    def max_received(self) -> int:
+        return max(self.received.values(), default=0)
+
+    @property
+    def total_received(self) -> int:
+        return sum(self.received.values())
+
+
+def candidate_layouts(spec: Spec, live: Sequence[int], held: Mapping[int, frozenset[int]] | None = None,
+                      *, limit: int | None = None) -> list[tuple[int, Layout]]:
+    """(estimated iteration us, layout) of every shape that fits the live GPUs, best estimate first."""
+    units = units_of(spec)
+    held = held_units(spec) if held is None else held
+    speed = {g.rank: g.speed for g in spec.gpus}
+    global_mb = spec.dp * spec.microbatches
+    memory = spec.cluster.gpu.memory
+    out = []
+    for d, p in shapes(global_mb, units.count, len(live)):
+        m = global_mb // d
+        slices = partition_units(units, d, p, m, memory)
+        if slices is None:
+            continue
+        ranks = assign_gpus(units, slices, d, live, held, speed)
+        stage_speed = [min(speed[ranks[i][s]] for i in range(d)) for s in range(p)]
+        est = estimate_iteration(units, d, p, m, slices, stage_speed)
+        out.append((est, Layout(d, p, m, slices, ranks)))
+    out.sort(key=lambda t: (t[0], t[1].dp * t[1].pp, t[1].dp))
+    return out[:limit] if limit else out
+
+
+def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[int, frozenset[int]] | None = None,
+                solver: str = "greedy", time_limit: float = 0.05, seed: int = 0,
+                planned: int = PLANNED_SHAPES) -> Repartition:
+    """The fastest re-partitioned plan on the `live` GPUs (ranks of `spec`'s own layout; default:
+    its live GPUs). `held`: which units each GPU holds now (default: the job's own layout).
+    The best `planned` shapes by estimate are compiled with `solver`; the fastest plan wins
+    (ties: fewer bytes to move, then fewer GPUs). Raises `InfeasibleError` (E330) when no shape
+    fits the live GPUs' memory. Deterministic."""
+    from schedc.plan import compile as compile_plan
+
+    live = sorted(g.rank for g in spec.gpus if g.live) if live is None else sorted(set(live))
+    held = held_units(spec) if held is None else held
+    units = units_of(spec)
+    ranked = candidate_layouts(spec, live, held)
+    best = None
+    problems: list[SchedcError] = []
+    for est, layout in ranked[:planned]:
+        try:
+            plan = compile_plan(layout_spec(spec, layout), solver=solver, time_limit=time_limit, seed=seed)
+        except SchedcError as exc:  # the estimate's memory model passed, the solver's did not
+            problems.append(exc)
+            continue
+        received = received_bytes(units, layout, held)
+        key = (plan.metrics.iteration_time, max(received.values(), default=0), layout.dp * layout.pp)
+        if best is None or key < best[0]:
+            best = (key, Repartition(layout, plan, units.kind, received,
+                                     tuple(((l.dp, l.pp), e) for e, l in ranked[:planned])))
+    if best is None:
+        why = ([d for exc in problems for d in exc.diagnostics][:3])
+        raise InfeasibleError([error(
+            "E330", f"no re-partitioned layout of the model fits the {len(live)} live GPU(s)",
+            hint="the model's state and one microbatch's activations must fit the live GPUs' memory; "
+                 "wait for GPUs to return, or restart from a checkpoint")] + why)
+    return best[1]
