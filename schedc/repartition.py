@@ -200,7 +200,7 @@ def assign_gpus(units: Units, slices: Sequence[tuple[int, int]], dp: int, gpus: 
     chosen = sorted(gpus, key=lambda r: (-speed.get(r, 1.0), r))[:dp * pp]
     if len(chosen) < dp * pp:
         raise ValueError(f"{dp} x {pp} needs {dp * pp} GPUs, {len(chosen)} given")
-    kept = {(r, s): _bytes_of(units, held.get(r, frozenset()) & frozenset(range(*slices[s])))
+    kept = {(r, s): bytes_of(units, held.get(r, frozenset()) & frozenset(range(*slices[s])))
             for r in chosen for s in range(pp)}
     slots: dict[int, list[int]] = {s: [] for s in range(pp)}
     placed: set[int] = set()
@@ -211,7 +211,8 @@ def assign_gpus(units: Units, slices: Sequence[tuple[int, int]], dp: int, gpus: 
     return tuple(tuple(slots[s][d] for s in range(pp)) for d in range(dp))
 
 
-def _bytes_of(units: Units, ids: Iterable[int]) -> int:
+def bytes_of(units: Units, ids: Iterable[int]) -> int:
+    """State bytes of the units `ids`."""
     return sum(units.state_bytes(u, u + 1) for u in ids)
 
 
@@ -221,7 +222,7 @@ def received_bytes(units: Units, layout: Layout, held: Mapping[int, frozenset[in
     for row in layout.ranks:
         for s, r in enumerate(row):
             need = frozenset(range(*layout.slices[s])) - held.get(r, frozenset())
-            out[r] = _bytes_of(units, need)
+            out[r] = bytes_of(units, need)
     return out
 
 
@@ -278,26 +279,39 @@ class Repartition:
         return sum(self.received.values())
 
 
-def candidate_layouts(spec: Spec, live: Sequence[int], held: Mapping[int, frozenset[int]] | None = None,
-                      *, limit: int | None = None) -> list[tuple[int, Layout]]:
-    """(estimated iteration us, layout) of every shape that fits the live GPUs, best estimate first."""
+@dataclass(frozen=True)
+class Shape:
+    """A candidate shape with its partition and estimated iteration time (all GPUs at full speed)."""
+
+    dp: int
+    pp: int
+    microbatches: int
+    slices: tuple[tuple[int, int], ...]
+    estimate_us: int
+
+
+@lru_cache(maxsize=1024)
+def candidate_shapes(spec: Spec, gpus: int) -> tuple[Shape, ...]:
+    """Every shape that fits `gpus` GPUs and the memory, partitioned, best estimate first (ties:
+    fewer GPUs, fewer pipelines). Depends only on the count of GPUs, so it is cached by it."""
     units = units_of(spec)
-    held = held_units(spec) if held is None else held
-    speed = {g.rank: g.speed for g in spec.gpus}
     global_mb = spec.dp * spec.microbatches
     memory = spec.cluster.gpu.memory
     out = []
-    for d, p in shapes(global_mb, units.count, len(live)):
+    for d, p in shapes(global_mb, units.count, gpus):
         m = global_mb // d
         slices = partition_units(units, d, p, m, memory)
-        if slices is None:
-            continue
-        ranks = assign_gpus(units, slices, d, live, held, speed)
-        stage_speed = [min(speed[ranks[i][s]] for i in range(d)) for s in range(p)]
-        est = estimate_iteration(units, d, p, m, slices, stage_speed)
-        out.append((est, Layout(d, p, m, slices, ranks)))
-    out.sort(key=lambda t: (t[0], t[1].dp * t[1].pp, t[1].dp))
-    return out[:limit] if limit else out
+        if slices is not None:
+            out.append(Shape(d, p, m, slices, estimate_iteration(units, d, p, m, slices)))
+    out.sort(key=lambda sh: (sh.estimate_us, sh.dp * sh.pp, sh.dp))
+    return tuple(out)
+
+
+def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, frozenset[int]]) -> Layout:
+    """`shape` on the `live` GPUs (`assign_gpus`)."""
+    speed = {g.rank: g.speed for g in spec.gpus}
+    ranks = assign_gpus(units_of(spec), shape.slices, shape.dp, live, held, speed)
+    return Layout(shape.dp, shape.pp, shape.microbatches, shape.slices, ranks)
 
 
 def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[int, frozenset[int]] | None = None,
@@ -313,10 +327,11 @@ def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[
     live = sorted(g.rank for g in spec.gpus if g.live) if live is None else sorted(set(live))
     held = held_units(spec) if held is None else held
     units = units_of(spec)
-    ranked = candidate_layouts(spec, live, held)
+    ranked = candidate_shapes(spec, len(live))[:planned]
     best = None
     problems: list[SchedcError] = []
-    for est, layout in ranked[:planned]:
+    for shape in ranked:
+        layout = place(spec, shape, live, held)
         try:
             plan = compile_plan(layout_spec(spec, layout), solver=solver, time_limit=time_limit, seed=seed)
         except SchedcError as exc:  # the estimate's memory model passed, the solver's did not
@@ -326,7 +341,7 @@ def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[
         key = (plan.metrics.iteration_time, max(received.values(), default=0), layout.dp * layout.pp)
         if best is None or key < best[0]:
             best = (key, Repartition(layout, plan, units.kind, received,
-                                     tuple(((l.dp, l.pp), e) for e, l in ranked[:planned])))
+                                     tuple(((sh.dp, sh.pp), sh.estimate_us) for sh in ranked)))
     if best is None:
         why = ([d for exc in problems for d in exc.diagnostics][:3])
         raise InfeasibleError([error(

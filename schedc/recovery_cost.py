@@ -1,0 +1,153 @@
+"""One cost model for every recovery: price each way to go on, pick the cheapest.
+
+After an event (GPUs lost, a stage lost, GPUs back), each candidate is an
+`Option`: the iteration time of the plan it would run (from the planner:
+compiled, verified and simulated) and the `transition` it costs before that
+plan's first iteration:
+
+* ``reroute``: the failed GPUs' work goes to their data-parallel peers
+  (`schedc.replan`); nothing moves; the interrupted iteration is lost.
+* ``drop-pipeline``: pipelines with a failed GPU leave; nothing moves.
+* ``repartition``: the survivors are laid out anew (`schedc.repartition`);
+  the layers a GPU did not hold move to it over the link.
+* ``restart``: every process restarts from the latest checkpoint (the work
+  since it is lost), on the whole pipelines the live GPUs hold.
+* ``stay``: keep the current plan (only when GPUs came back: nothing is
+  forced to change).
+
+Every transition pays `Costs.reconfigure_s` (detect, agree, new process
+groups); one that loses GPUs also loses the interrupted iteration; moved
+state costs its largest per-GPU share over `link.bandwidth` (the moves run
+in parallel); state that no live GPU holds any more (every replica of a
+layer lost) comes back from the latest checkpoint: `Costs.restart_s` plus
+the work since it, half a checkpoint interval on average.
+
+**Choosing after a loss**: the current plan cannot go on, so the option that
+trains a horizon's worth of work soonest wins: ``transition + n x
+iteration`` seconds for the ``n = horizon / fault-free iteration``
+iterations the job would train by the next event without the failure. The
+horizon is the expected time to the next event: the mean gap between the
+events seen so far (`Horizon`), a default before the first. (Not "the most
+iterations before the next event": a restore longer than the horizon would
+then make stalling look as good as training, and the restore is only
+postponed by stalling.)
+
+**Growing back** (GPUs returned, the current plan still runs): how long the
+extra GPUs stay is unknown, so the ski-rental rule of the fail-slow ladder
+(`schedc.live.mitigate`) decides: keep the current plan while the time lost
+by not switching, ``(1 - new / current iteration time) x elapsed``, is below
+the switch's cost; switch once it reaches it. Whatever the GPUs' stay, this
+loses at most twice what the best choice in hindsight would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+#: Methods, in the order ties are broken (the least disruptive first).
+METHODS = ("stay", "reroute", "drop-pipeline", "repartition", "restart")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What a transition costs besides moving state. Defaults, and where they come from:
+
+    * `reconfigure_s` 1.0: detection, agreement and new process groups. `schedc train` goes from
+      a SIGKILL to the next iteration in 0.26-0.31 s at 4-9 CPU ranks (docs/live.md); NCCL
+      communicators on real GPUs take longer, so a second is assumed.
+    * `restart_s` 30: a checkpoint restart's fixed part: new processes, imports, the checkpoint
+      read. A torchrun restart of a tiny model took 22.8 s on a 2-core machine (docs/live.md).
+    * `checkpoint_every_s` 1800: how often a checkpoint is written; a restart loses half of it.
+    * `horizon_s` 900: the expected time to the next event before any gap was seen (the shared
+      AWS trace's mean gap is 902 s).
+    """
+
+    reconfigure_s: float = 1.0
+    restart_s: float = 30.0
+    checkpoint_every_s: float = 1800.0
+    horizon_s: float = 900.0
+
+    @property
+    def lost_work_s(self) -> float:
+        """Work lost by a restore from the latest checkpoint, on average."""
+        return self.checkpoint_every_s / 2
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to go on: `iteration_s` None means it cannot train at all (stalled)."""
+
+    method: str
+    iteration_s: float | None
+    transition_s: float
+    moved_bytes: int = 0  # the largest share one GPU receives
+    detail: str = ""
+    plan: object = field(default=None, compare=False, repr=False)
+
+    def time_to_train(self, iterations: float) -> float:
+        """Seconds until `iterations` iterations are trained under this option, transition included
+        (infinite for an option that cannot train)."""
+        if self.iteration_s is None:
+            return float("inf")
+        return self.transition_s + iterations * self.iteration_s
+
+    def describe(self) -> str:
+        it = "stalled" if self.iteration_s is None else f"{self.iteration_s * 1e3:.1f} ms/iteration"
+        moved = f", moves {self.moved_bytes / 2**20:.0f} MiB" if self.moved_bytes else ""
+        return f"{self.method}: {it}, transition {self.transition_s:.2f} s{moved}"
+
+
+def transition_s(costs: Costs, *, lost_gpus: bool, moved_bytes: int, bandwidth: int,
+                 previous_iteration_s: float | None, restore: bool = False) -> float:
+    """The price of a switch before the new plan's first iteration (see the module docstring)."""
+    t = costs.reconfigure_s + moved_bytes / bandwidth
+    if lost_gpus and previous_iteration_s is not None:
+        t += previous_iteration_s  # the iteration that was running is rolled back
+    if restore:
+        t += costs.restart_s + costs.lost_work_s
+    return t
+
+
+def choose(options: Sequence[Option], work_iterations: float) -> Option:
+    """The option that trains `work_iterations` iterations soonest, transition included; ties: the
+    shorter transition, then the least disruptive method (`METHODS`). Stalling is never chosen
+    while an option can train: a restore it would avoid is only postponed."""
+    def key(o: Option):
+        return (o.time_to_train(work_iterations), o.transition_s,
+                METHODS.index(o.method) if o.method in METHODS else len(METHODS))
+    return min(options, key=key)
+
+
+def grow_delay_s(current_s: float, new: Option) -> float | None:
+    """Ski rental for growing back: seconds to keep the current plan (iteration `current_s`)
+    before switching to `new`; None if `new` is no faster. The rent is the share of time lost
+    by not switching, ``1 - new / current``; the switch is bought once rent x time reaches its
+    price, the transition."""
+    if new.iteration_s is None or new.iteration_s >= current_s:
+        return None
+    rate = 1.0 - new.iteration_s / current_s
+    return new.transition_s / rate
+
+
+class Horizon:
+    """The expected time to the next event: the mean gap between the events seen so far."""
+
+    def __init__(self, default_s: float):
+        self.default_s = default_s
+        self._first: float | None = None
+        self._last: float | None = None
+        self._gaps = 0
+
+    def event(self, t: float) -> None:
+        if self._first is None:
+            self._first = t
+        elif self._last is not None and t > self._last:
+            self._gaps += 1
+        self._last = t
+
+    @property
+    def seconds(self) -> float:
+        if not self._gaps or self._first is None or self._last is None:
+            return self.default_s
+        return (self._last - self._first) / self._gaps

@@ -1,0 +1,165 @@
+"""Availability traces: how many GPUs a job had over time, and which ones, for `schedc replay`.
+
+A trace is CSV text, one row per change: ``seconds,available`` (seconds from
+the start, instances up), an optional header line (any row whose first field
+is not a number, on the first line only), ``#`` comments and blank lines
+allowed. Times must not decrease. One instance holds `per_instance` GPUs (1
+unless told otherwise).
+
+A trace says how many instances are up, not which. `availability` picks them,
+seeded so that a replay is repeatable and figures compare across tools: when
+the count drops, the lost instances are drawn uniformly at random among the
+live ones; when it rises, the returning ones uniformly at random among the
+lost ones. Instance `i` holds GPUs (ranks of the job's own layout)
+``i * per_instance`` to ``i * per_instance + per_instance - 1``.
+
+Problems are diagnostics with the trace's file:line:col: E640 (cannot read),
+E641 (a row that is not two numbers), E642 (time going back, a negative
+count), E643 (more GPUs than the job has), E644 (no rows).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from schedc.diagnostics import SpecError, Span, error
+
+#: Largest trace file read (a trace of a year with a change a second is ~ 400 MB; 64 MiB holds years of
+#: real spot traces, whose changes come minutes apart).
+MAX_TRACE_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Trace:
+    """`rows`: (seconds from the start, instances available), times non-decreasing."""
+
+    name: str
+    rows: tuple[tuple[float, int], ...]
+
+    @property
+    def duration_s(self) -> float:
+        return self.rows[-1][0] - self.rows[0][0]
+
+    @property
+    def most(self) -> int:
+        return max(n for _, n in self.rows)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read and check a trace file (see the module docstring); `SpecError` on a bad one."""
+    name = str(path)
+    try:
+        p = Path(path)
+        if p.is_dir():
+            raise IsADirectoryError(name)
+        if p.stat().st_size > MAX_TRACE_BYTES:
+            raise SpecError([error("E640", f"trace `{name}` is over {MAX_TRACE_BYTES // 2**20} MiB",
+                                   hint="resample it to the changes only: one row per change of the count")])
+        data = p.read_bytes()
+    except SpecError:
+        raise
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise SpecError([error("E640", f"cannot read trace `{name}`: {why}",
+                               hint="give the path of a CSV file of `seconds,available` rows")]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError([error("E641", f"trace `{name}` is not UTF-8 text (byte {exc.start})",
+                               hint="a trace is CSV text: `seconds,available` rows")]) from None
+    return parse_trace(text, name)
+
+
+def parse_trace(text: str, name: str = "<trace>") -> Trace:
+    rows: list[tuple[float, int]] = []
+    diags = []
+    seen_data = False
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        col = raw.index(line[0]) + 1
+        span = Span(name, n, col, n, col + len(line))
+        if not seen_data and len(fields) == 2 and not _is_number(fields[0]) and not _is_number(fields[1]):
+            seen_data = True  # the header line
+            continue
+        seen_data = True
+        if len(fields) != 2:
+            diags.append(error("E641", f"a trace row has {len(fields)} field(s), not 2", span,
+                               label="expected `seconds,available`", hint="write one change per row, e.g. `3600,12`"))
+        else:
+            t, c = _number(fields[0]), _count(fields[1])
+            if t is None or c is None:
+                bad = 0 if t is None else 1
+                fcol = raw.index(fields[bad], col - 1) + 1 if fields[bad] else col
+                diags.append(error(
+                    "E641", f"`{fields[bad]}` is not {'a time in seconds' if bad == 0 else 'a whole count of instances'}",
+                    Span(name, n, fcol, n, fcol + max(1, len(fields[bad]))),
+                    label="not a number" if bad == 0 else "not a whole number",
+                    hint="rows are `seconds,available`: a time (e.g. 3600 or 3600.5) and a count (e.g. 12)"))
+            elif t < 0 or c < 0:
+                diags.append(error("E642", f"a trace row has a negative {'time' if t < 0 else 'count'}", span,
+                                   label="negative", hint="times count seconds from the start; counts are >= 0"))
+            elif rows and t < rows[-1][0]:
+                diags.append(error("E642", f"time {fields[0]} s comes before the previous row's {rows[-1][0]:g} s",
+                                   span, label="time goes back", hint="sort the rows by time"))
+            else:
+                rows.append((t, c))
+        if len(diags) >= 20:
+            break
+    if diags:
+        raise SpecError(diags, {name: text})
+    if not rows:
+        raise SpecError([error("E644", f"trace `{name}` has no rows",
+                               hint="a trace needs at least one `seconds,available` row")])
+    return Trace(name, tuple(rows))
+
+
+def _is_number(s: str) -> bool:
+    return _number(s) is not None
+
+
+def _number(s: str) -> float | None:
+    try:
+        v = float(s)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _count(s: str) -> int | None:
+    v = _number(s)
+    return int(v) if v is not None and v == int(v) else None
+
+
+def check_fits(trace: Trace, gpus: int, per_instance: int, spec_name: str) -> None:
+    """E643 when the trace has more GPUs up at once than the job has."""
+    if trace.most * per_instance > gpus:
+        raise SpecError([error(
+            "E643", f"trace `{trace.name}` has {trace.most} instance(s) x {per_instance} GPU(s) up at once, "
+                    f"more than the {gpus} GPUs of `{spec_name}`",
+            hint="replay it on a job with as many GPUs as the trace's instances (cluster dp x pp), "
+                 "or say how many GPUs an instance holds (--gpus-per-instance)")])
+
+
+def availability(trace: Trace, gpus: int, *, seed: int = 0, per_instance: int = 1) -> list[tuple[float, frozenset[int]]]:
+    """(time, live GPU ranks) at each row of the trace, instances picked as the module docstring
+    says. Instances past the trace's count are never up. Deterministic for a seed."""
+    rng = random.Random(seed)
+    instances = gpus // per_instance
+    up: list[int] = []
+    down: list[int] = list(range(instances))
+    out = []
+    for t, count in trace.rows:
+        count = min(count, instances)
+        while len(up) > count:
+            down.append(up.pop(rng.randrange(len(up))))
+        while len(up) < count:
+            up.append(down.pop(rng.randrange(len(down))))
+        live = frozenset(i * per_instance + k for i in up for k in range(per_instance))
+        out.append((t, live))
+    return out
