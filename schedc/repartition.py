@@ -37,7 +37,7 @@ from functools import lru_cache
 from typing import Iterable, Mapping, Sequence
 
 from schedc.diagnostics import InfeasibleError, SchedcError, error
-from schedc.spec import ClusterSpec, Spec, StageCosts
+from schedc.spec import Spec, StageCosts
 
 #: Shapes planned with a solver after ranking by `estimate_iteration`: the estimate orders shapes
 #: well but ignores bubbles the solver fills, so the best few are compiled and compared.

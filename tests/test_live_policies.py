@@ -85,6 +85,37 @@ def test_recovery_drop_pipeline_asks_for_its_solver(plan):
     assert change.method == "drop-pipeline" and ctl.replans[0][1] == "drop-pipeline"
 
 
+def test_recovery_auto_takes_the_faster_plan_and_says_why(plan):
+    ctl = FakeController(plan)
+    policy = RecoveryPolicy(ctl, method="auto", max_restarts=3, initial_plan=plan, latest_checkpoint=lambda: None)
+    change = policy.decide(plan, [2], {2})
+    times = {m: schedc.replan(plan, "fail gpu(dp=1, pp=0)", deadline=5.0, solver=s).metrics.iteration_time
+             for m, s in (("reroute", "greedy"), ("drop-pipeline", "drop-pipeline"))}
+    fastest = min(times, key=lambda m: (times[m], m != "reroute"))
+    assert change.method == fastest and change.plan.metrics.iteration_time == times[fastest]
+    assert [solver for _, solver in ctl.replans] == [None, "drop-pipeline"]
+    kind, message = ctl.notes[-1]
+    assert kind == "decision" and message.startswith(f"recovery: {fastest} ")
+    assert f"{times[fastest] / 1e3:.2f} ms per iteration" in message and "horizon 900 s" in message
+
+
+def test_recovery_auto_horizon_is_the_mean_gap_between_failures(plan):
+    now = [100.0]
+    policy = RecoveryPolicy(FakeController(plan), method="auto", max_restarts=3, initial_plan=plan,
+                            latest_checkpoint=lambda: None, clock=lambda: now[0])
+    for t in (100.0, 130.0, 190.0):
+        now[0] = t
+        policy.decide(plan, [2], {2})
+    assert policy.horizon.seconds == pytest.approx(45.0)
+
+
+def test_recovery_auto_restores_a_lost_stage_from_the_checkpoint(plan):
+    ctl = FakeController(plan)
+    policy = RecoveryPolicy(ctl, method="auto", max_restarts=1, initial_plan=plan, latest_checkpoint=lambda: None)
+    change = policy.decide(plan, [0, 2], {0, 2})
+    assert change.method == "checkpoint" and change.replacements == (0, 2)
+
+
 def test_a_lost_stage_restores_with_replacements_until_no_restart_is_left(plan):
     ctl = FakeController(plan)
     policy = RecoveryPolicy(ctl, method="reroute", max_restarts=1, initial_plan=plan, latest_checkpoint=lambda: None,

@@ -38,9 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"complete checkpoints to keep (default {D.keep_checkpoints})")
     parser.add_argument("--resume", action="store_true", help="start from the latest complete checkpoint")
     parser.add_argument("--recovery", choices=RECOVERY_METHODS, default=D.recovery,
-                        help="how to go on after a failure: reroute (default: survivors take the failed GPU's "
-                             "work), drop-pipeline (its pipeline leaves), restart (everything restarts from "
-                             "the latest checkpoint, the GPU replaced)")
+                        help="how to go on after a failure: auto (default: the cheaper of reroute and "
+                             "drop-pipeline by predicted iteration time and transition cost, each decision "
+                             "printed with its numbers), reroute (survivors take the failed GPU's work), "
+                             "drop-pipeline (its pipeline leaves), restart (everything restarts from the latest "
+                             "checkpoint, the GPU replaced)")
+    parser.add_argument("--horizon", type=float, default=D.horizon, metavar="S",
+                        help="recovery auto: seconds to the next failure assumed until two have been seen, "
+                             f"then their mean gap (default {D.horizon:g})")
     parser.add_argument("--fail-slow", choices=FAIL_SLOW_MODES, default=D.fail_slow,
                         help="slow GPUs: act (default: find them from their ops' times and rebalance or "
                              "exclude them when that pays, take them back when healthy), detect (only say "
@@ -73,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     options = TrainOptions(
         iterations=args.iterations, emulate=args.emulate, inject=tuple(args.inject),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-        keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery, fail_slow=args.fail_slow,
+        keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery,
+        horizon=args.horizon, fail_slow=args.fail_slow,
         detect_timeout=args.detect_timeout, stall_timeout=args.stall_timeout, replan_deadline=args.replan_deadline,
         max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
         store_host=args.store_host, store_port=args.store_port)

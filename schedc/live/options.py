@@ -9,8 +9,8 @@ from typing import Literal
 
 from schedc.diagnostics import RunError, error
 
-RecoveryMethod = Literal["reroute", "drop-pipeline", "restart"]
-RECOVERY_METHODS = ("reroute", "drop-pipeline", "restart")
+RecoveryMethod = Literal["auto", "reroute", "drop-pipeline", "restart"]
+RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "restart")
 FAIL_SLOW_MODES = ("act", "detect", "off")
 
 
@@ -25,7 +25,8 @@ class TrainOptions:
     checkpoint_dir: str | None = None  # default OUT/checkpoints
     keep_checkpoints: int = 2
     resume: bool = False
-    recovery: RecoveryMethod = "reroute"
+    recovery: RecoveryMethod = "auto"  # the cheapest by schedc.recovery_cost
+    horizon: float = 900.0  # seconds to the next event assumed before two events were seen (recovery auto)
     fail_slow: str = "act"  # act: detect slow GPUs and switch plans by cost; detect: only say so; off
     detect_timeout: float = 3.0  # seconds of heartbeat silence before a rank is declared hung
     heartbeat_interval: float = 0.05
@@ -44,7 +45,7 @@ class TrainOptions:
         """E555 for option values that make no sense."""
         problems = []
         for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
-                     "agent_timeout"):
+                     "agent_timeout", "horizon"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
@@ -62,7 +63,7 @@ class TrainOptions:
         if self.heartbeat_interval * 3 > self.detect_timeout:
             problems.append("detect-timeout must be at least three heartbeat intervals")
         if self.recovery not in RECOVERY_METHODS:
-            problems.append(f"unknown recovery `{self.recovery}` (reroute, drop-pipeline or restart)")
+            problems.append(f"unknown recovery `{self.recovery}` (auto, reroute, drop-pipeline or restart)")
         if self.fail_slow not in FAIL_SLOW_MODES:
             problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")
         if self.recovery == "restart" and not self.checkpoint_every:

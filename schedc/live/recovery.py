@@ -3,7 +3,11 @@
 Given the ranks that just failed, `RecoveryPolicy.decide` returns a `Change`
 for the supervisor to carry out:
 
-* ``reroute`` (the default): `schedc.replan` the survivors (SlipStream/ReCycle:
+* ``auto`` (the default): the cheapest of ``reroute`` and ``drop-pipeline``
+  by `schedc.recovery_cost` (the plan that trains the expected time to the
+  next event's work soonest, transition included), ``checkpoint`` when a
+  stage lost every GPU; every decision is noted with its numbers;
+* ``reroute``: `schedc.replan` the survivors (SlipStream/ReCycle:
   a failed GPU's work goes to its data-parallel peers);
 * ``drop-pipeline`` (FT-HSDP/torchft): a pipeline with a failed GPU leaves;
 * ``checkpoint``: a stage lost every GPU, so re-routing is impossible: the
@@ -18,12 +22,14 @@ and never touches processes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from schedc.diagnostics import LostStageError, RunError, SchedcError, error
 from schedc.live.control import Controller
+from schedc.recovery_cost import Costs, Horizon, Option, choose, transition_s
 from schedc.spec import Failure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,8 +76,12 @@ class RecoveryPolicy:
     """Chooses the `Change` after a failure (see the module docstring)."""
 
     def __init__(self, ctl: Controller, *, method: str, max_restarts: int, initial_plan: "Plan",
-                 latest_checkpoint: Callable[[], "Checkpoint | None"], out: str | Path = "OUT"):
+                 latest_checkpoint: Callable[[], "Checkpoint | None"], out: str | Path = "OUT",
+                 costs: Costs | None = None, clock: Callable[[], float] = time.monotonic):
         self.ctl = ctl
+        self.costs = costs or Costs()
+        self.horizon = Horizon(self.costs.horizon_s)
+        self.clock = clock
         self.out = out
         self.method = method
         self.max_restarts = max_restarts
@@ -89,6 +99,8 @@ class RecoveryPolicy:
             return Change(self.initial_plan, (f"restart from {found.path.name if found else 'the initial weights'}",),
                           "restart", restore=restore, restart_all=True)
         events = failure_events(plan.spec, failed)
+        if self.method == "auto":
+            return self._cheapest(plan, events, lost)
         solver = "drop-pipeline" if self.method == "drop-pipeline" else None
         try:
             return Change(self.ctl.replan(plan, events, solver=solver), tuple(describe(events)), self.method)
@@ -97,6 +109,39 @@ class RecoveryPolicy:
         except SchedcError as exc:  # e.g. no plan fits in memory any more
             raise RunError([error("E553", f"no plan can continue after {', '.join(describe(events))}",
                                   hint="see the reason below")] + list(exc.diagnostics)) from None
+
+    def _cheapest(self, plan: "Plan", events: list[Failure], lost: set[int]) -> Change:
+        """recovery="auto": price re-routing and dropping pipelines, take the cheaper; a lost stage
+        goes to `_from_checkpoint` as with any method."""
+        self.horizon.event(self.clock())
+        before_s = plan.metrics.iteration_time / 1e6
+        options: list[Option] = []
+        problems: list[SchedcError] = []
+        for method, solver in (("reroute", None), ("drop-pipeline", "drop-pipeline")):
+            try:
+                new = self.ctl.replan(plan, events, solver=solver)
+            except LostStageError as exc:
+                return self._from_checkpoint(plan, events, lost, exc)
+            except SchedcError as exc:
+                problems.append(exc)
+                continue
+            cost = transition_s(self.costs, lost_gpus=True, moved_bytes=0, bandwidth=plan.spec.cluster.link.bandwidth,
+                                previous_iteration_s=before_s)
+            options.append(Option(method, new.metrics.iteration_time / 1e6, cost, plan=new))
+        if not options:
+            raise RunError([error("E553", f"no plan can continue after {', '.join(describe(events))}",
+                                  hint="see the reasons below")] + [d for exc in problems for d in exc.diagnostics])
+        fault_free_s = (plan.metrics.fault_free_iteration_time or plan.metrics.iteration_time) / 1e6
+        horizon = self.horizon.seconds
+        best = choose(options, horizon / fault_free_s)
+        others = "; ".join(o.describe() for o in options if o is not best)
+        self.ctl.note("decision", f"recovery: {best.method} ({best.iteration_s * 1e3:.2f} ms per iteration)"
+                                  + (f", not {others}" if others else "")
+                                  + f"; horizon {horizon:.0f} s to the next event",
+                      chosen=best.method, horizon_s=round(horizon, 3),
+                      options=[{"method": o.method, "iteration_s": o.iteration_s,
+                                "transition_s": round(o.transition_s, 4)} for o in options])
+        return Change(best.plan, tuple(describe(events)), best.method)  # type: ignore[arg-type]
 
     def _from_checkpoint(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""

@@ -42,6 +42,7 @@ from schedc.live.options import TrainOptions
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited, Injected,
                                   IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, WorkerError)
 from schedc.live.recovery import RecoveryPolicy
+from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
 from schedc.live.slowness import Slowness
@@ -111,7 +112,7 @@ class Supervisor(Transitions):
         self.slowness = Slowness(control, mode=options.fail_slow)
         self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
                                        initial_plan=self.plan, latest_checkpoint=self.checkpoints.latest_own,
-                                       out=self.out)
+                                       out=self.out, costs=Costs(horizon_s=options.horizon))
         self._handlers = {
             WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
             Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
