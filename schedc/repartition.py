@@ -76,16 +76,31 @@ class Units:
     spec: Spec
     kind: str  # "layer" or "stage"
     count: int
+    _table: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def table(self) -> dict[tuple[int, int], tuple[int, int, int]]:
+        """(a, b) -> (work, static, activation) of every slice, computed once."""
+        if not self._table:
+            for a in range(self.count):
+                for b in range(a + 1, self.count + 1):
+                    c = self.shape_free(a, b)
+                    self._table[a, b] = (work(c), c.static, c.activation)
+        return self._table
 
     def slice_costs(self, a: int, b: int, dp: int, pp: int, s: int) -> StageCosts:
         """Costs of stage `s` holding units [a, b) in a layout of `dp` pipelines of `pp` stages."""
-        return _slice_costs(self.spec, self.kind, a, b, dp, pp, s)
+        return replace(_slice_costs(self.spec, self.kind, a, b, dp), pp=s)
+
+    def shape_free(self, a: int, b: int) -> StageCosts:
+        """Costs of units [a, b) whatever the shape: times, memory and sends do not depend on it
+        (only the optimizer step's all-reduce does, through the number of pipelines)."""
+        return _slice_costs(self.spec, self.kind, a, b, 1)
 
     def state_bytes(self, a: int, b: int) -> int:
         """Bytes that move when units [a, b) go to another GPU: their persistent state (weights,
         optimizer state, the gradient buffer: a stage's `static` memory), which the receiver also
         keeps as its rollback copy."""
-        return _slice_costs(self.spec, self.kind, a, b, 1, 1, 0).static
+        return self.shape_free(a, b).static
 
 
 def units_of(spec: Spec) -> Units:
@@ -108,15 +123,15 @@ def held_units(spec: Spec) -> dict[int, frozenset[int]]:
 
 
 @lru_cache(maxsize=65536)
-def _slice_costs(spec: Spec, kind: str, a: int, b: int, dp: int, pp: int, s: int) -> StageCosts:
+def _slice_costs(spec: Spec, kind: str, a: int, b: int, dp: int) -> StageCosts:
     if kind == "layer":
         from schedc import costmodel
 
-        cluster = replace(spec.cluster, dp=dp, pp=pp)
-        return costmodel.stage_costs(spec.model, cluster, spec.train.optimizer, s, (a, b))  # type: ignore[arg-type]
+        cluster = replace(spec.cluster, dp=dp)
+        return costmodel.stage_costs(spec.model, cluster, spec.train.optimizer, 0, (a, b))  # type: ignore[arg-type]
     parts = spec.stages[a:b]
     return StageCosts(
-        pp=s, forward=sum(p.forward for p in parts), backward_input=sum(p.backward_input for p in parts),
+        pp=0, forward=sum(p.forward for p in parts), backward_input=sum(p.backward_input for p in parts),
         backward_weight=sum(p.backward_weight for p in parts), optimizer=sum(p.optimizer for p in parts),
         activation=sum(p.activation for p in parts), stash=sum(p.stash for p in parts),
         static=sum(p.static for p in parts), send=parts[-1].send)
@@ -136,10 +151,16 @@ def work(c: StageCosts) -> int:
 
 
 def shapes(global_microbatches: int, units: int, gpus: int) -> list[tuple[int, int]]:
-    """Every (pipelines, stages) that keeps the global batch and fits `gpus` GPUs: pipelines
-    divides the global batch, 1 <= stages <= units."""
-    return [(d, p) for d in range(1, gpus + 1) if global_microbatches % d == 0
-            for p in range(1, min(units, gpus // d) + 1)]
+    """(pipelines, stages) candidates that keep the global batch on at most `gpus` GPUs: for
+    each number of stages 1 <= P <= units, the most pipelines D that divide the global batch
+    with D x P <= gpus. (For a given P, more pipelines never hurt: the slowest stage's work is
+    the same, each pipeline runs fewer microbatches, and each stage holds fewer in flight.)"""
+    out = []
+    for p in range(1, min(units, gpus) + 1):
+        d = max((d for d in range(1, gpus // p + 1) if global_microbatches % d == 0), default=0)
+        if d:
+            out.append((d, p))
+    return out
 
 
 def partition_units(units: Units, dp: int, pp: int, microbatches: int, memory: int) -> tuple[tuple[int, int], ...] | None:
@@ -150,25 +171,30 @@ def partition_units(units: Units, dp: int, pp: int, microbatches: int, memory: i
     if not 1 <= pp <= n:
         return None
     inf = float("inf")
+    table = units.table()
+    cap = [memory] * pp  # what stage s may hold: static + in_flight(s) x activation
+    flight = [in_flight(s, pp, microbatches) for s in range(pp)]
     # best[s][b]: the smallest bottleneck of stages 0..s covering units [0, b); cut[s][b]: where stage s starts.
     best = [[inf] * (n + 1) for _ in range(pp)]
     cut = [[-1] * (n + 1) for _ in range(pp)]
     for b in range(1, n - pp + 2):
-        c = units.slice_costs(0, b, dp, pp, 0)
-        if fits(c, 0, pp, microbatches, memory):
-            best[0][b] = work(c)
+        w, st, act = table[0, b]
+        if st + flight[0] * act <= cap[0]:
+            best[0][b] = w
             cut[0][b] = 0
     for s in range(1, pp):
+        prev, here, cuts, f = best[s - 1], best[s], cut[s], flight[s]
         for b in range(s + 1, n - pp + s + 2):
-            for a in range(s, b):
-                if best[s - 1][a] == inf:
+            # Widening the slice leftwards only adds work and memory: stop once either is too much.
+            for a in range(b - 1, s - 1, -1):
+                w, st, act = table[a, b]
+                if w > here[b] or st + f * act > memory:
+                    break
+                if prev[a] == inf:
                     continue
-                c = units.slice_costs(a, b, dp, pp, s)
-                if not fits(c, s, pp, microbatches, memory):
-                    continue
-                v = max(best[s - 1][a], work(c))
-                if v < best[s][b]:
-                    best[s][b], cut[s][b] = v, a
+                v = max(prev[a], w)
+                if v < here[b] or (v == here[b] and a < cuts[b]):
+                    here[b], cuts[b] = v, a
     if best[pp - 1][n] == inf:
         return None
     out, b = [], n
@@ -314,34 +340,81 @@ def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, froz
     return Layout(shape.dp, shape.pp, shape.microbatches, shape.slices, ranks)
 
 
-def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[int, frozenset[int]] | None = None,
-                solver: str = "greedy", time_limit: float = 0.05, seed: int = 0,
-                planned: int = PLANNED_SHAPES) -> Repartition:
-    """The fastest re-partitioned plan on the `live` GPUs (ranks of `spec`'s own layout; default:
-    its live GPUs). `held`: which units each GPU holds now (default: the job's own layout).
-    The best `planned` shapes by estimate are compiled with `solver`; the fastest plan wins
-    (ties: fewer bytes to move, then fewer GPUs). Raises `InfeasibleError` (E330) when no shape
-    fits the live GPUs' memory. Deterministic."""
-    from schedc.plan import compile as compile_plan
+#: Solvers that plan a shape, cheapest first: zb-h1's fixed template is planned in milliseconds;
+#: greedy fills the bubbles better (and beats it on most shapes) for several times the cost.
+SOLVERS = ("zb-h1", "greedy")
+#: Predicted seconds per op (F, B, W of every microbatch on every pipeline planned op by op) of
+#: planning, verifying and simulating a layout with each solver: about 2x what they took at 56
+#: GPUs x 16 microbatches (10 and 40 us) when this was set. The prediction, not the clock, says
+#: which (solver, shape) pairs fit a deadline, so the choice is the same on every run; the clock
+#: only cuts it short on an overloaded machine. Re-measure: `python bench/repartition_latency.py`.
+_S_PER_OP = {"zb-h1": 20e-6, "greedy": 80e-6}
+#: Share of the deadline the predicted planning work may use.
+_PLANNING_SHARE = 0.6
 
+
+def _planned_ops(shape: Shape, total_gpus: int) -> int:
+    """Ops planned op by op for `shape`: one pipeline per class of alike pipelines (all of them
+    alike in a fault-free layout), so one pipeline's, plus a per-GPU term for the layout's check."""
+    return shape.pp * shape.microbatches * 3 + total_gpus
+
+
+def plan_layout(spec: Spec, layout: Layout, solver: str = "greedy", *, time_limit: float = 0.05, seed: int = 0):
+    """The verified, simulated `Plan` of `layout` (its spec from `layout_spec`), planned by classes of
+    alike pipelines (all of a fault-free layout's are alike)."""
+    from schedc.instance import from_spec
+    from schedc.plan import Plan, _by_classes
+    from schedc.simulate import metrics_of, simulate
+    from schedc.solvers import SolveOptions, get_solver
+    from schedc.verify import verify_schedule
+
+    new = layout_spec(spec, layout)
+    instance = from_spec(new)
+    schedule = _by_classes(get_solver(solver), solver, True)(instance, SolveOptions(time_limit=time_limit, seed=seed))
+    verify_schedule(schedule)
+    return Plan(spec=new, schedule=schedule, metrics=metrics_of(schedule, simulate(schedule)))
+
+
+def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[int, frozenset[int]] | None = None,
+                deadline: float = 1.0, seed: int = 0, planned: int = PLANNED_SHAPES) -> Repartition:
+    """The fastest re-partitioned plan on the `live` GPUs (ranks of `spec`'s own layout; default:
+    its live GPUs) found within `deadline` seconds. `held`: which units each GPU holds now
+    (default: the job's own layout).
+
+    The best shapes by estimate (at most `planned`) are planned with each of `SOLVERS`, in the
+    order (zb-h1, best shape), (greedy, best shape), (zb-h1, second shape), ..., while the
+    predicted planning time (`_S_PER_OP`) fits in the deadline's share; the first pair always
+    runs. The fastest plan wins (ties: fewer bytes to move, then fewer GPUs). Raises
+    `InfeasibleError` (E330) when no shape fits the live GPUs' memory. Deterministic, unless the
+    machine is so loaded that the deadline passes first: then what was planned by then wins."""
+    import time
+
+    started = time.monotonic()
     live = sorted(g.rank for g in spec.gpus if g.live) if live is None else sorted(set(live))
     held = held_units(spec) if held is None else held
     units = units_of(spec)
     ranked = candidate_shapes(spec, len(live))[:planned]
+    budget = deadline * _PLANNING_SHARE - (time.monotonic() - started)
     best = None
     problems: list[SchedcError] = []
+    spent = 0.0
     for shape in ranked:
         layout = place(spec, shape, live, held)
-        try:
-            plan = compile_plan(layout_spec(spec, layout), solver=solver, time_limit=time_limit, seed=seed)
-        except SchedcError as exc:  # the estimate's memory model passed, the solver's did not
-            problems.append(exc)
-            continue
-        received = received_bytes(units, layout, held)
-        key = (plan.metrics.iteration_time, max(received.values(), default=0), layout.dp * layout.pp)
-        if best is None or key < best[0]:
-            best = (key, Repartition(layout, plan, units.kind, received,
-                                     tuple(((sh.dp, sh.pp), sh.estimate_us) for sh in ranked)))
+        for solver in SOLVERS:
+            cost = _S_PER_OP[solver] * _planned_ops(shape, len(live))
+            if best is not None and (spent + cost > budget or time.monotonic() - started > deadline):
+                continue
+            spent += cost
+            try:
+                plan = plan_layout(spec, layout, solver, time_limit=0.01, seed=seed)
+            except SchedcError as exc:  # the estimate's memory model passed, the solver's did not
+                problems.append(exc)
+                continue
+            received = received_bytes(units, layout, held)
+            key = (plan.metrics.iteration_time, max(received.values(), default=0), layout.dp * layout.pp)
+            if best is None or key < best[0]:
+                best = (key, Repartition(layout, plan, units.kind, received,
+                                         tuple(((sh.dp, sh.pp), sh.estimate_us) for sh in ranked)))
     if best is None:
         why = ([d for exc in problems for d in exc.diagnostics][:3])
         raise InfeasibleError([error(
