@@ -108,12 +108,13 @@ class Chart:
         self.body.append(f'<text x="{x + 25}" y="{y + 4}">{_xml(label)}</text>')
         self.legend += 1
 
-    def rug(self, xs: Sequence[float], label: str, colour: str, length: int = 8) -> None:
-        """A short tick above the x axis at each of `xs` (events too many to label one by one, as
-        `marker` does), one per pixel column, and its legend entry."""
+    def rug(self, xs: Sequence[float], label: str, colour: str, length: int = 6) -> None:
+        """A short tick under the x axis at each of `xs` (events too many to label one by one, as
+        `marker` does; under the axis, where no line hides them), one per pixel column, and its
+        legend entry."""
         columns = sorted({round(self.px(x)) for x in xs if self.x0 <= self.fx(x) <= self.x1})
-        y = self.h - self.mb
-        path = " ".join(f"M{c},{y}v{-length}" for c in columns)
+        y = self.h - self.mb + 1
+        path = " ".join(f"M{c},{y}v{length}" for c in columns)
         if path:
             self.body.append(f'<path d="{path}" stroke="{colour}" stroke-width="1"/>')
         x, ly = self.w - self.mr + 10, self.mt + 18 * self.legend
