@@ -101,9 +101,9 @@ def parse_trace(text: str, name: str = "<trace>") -> Trace:
                 bad = 0 if t is None else 1
                 fcol = _field_column(raw, col, bad)
                 what = "time" if bad == 0 else "count"
+                kind = "a time in seconds" if bad == 0 else "a whole count of instances"
                 diags.append(error(
-                    "E641", (f"`{fields[bad]}` is not {'a time in seconds' if bad == 0 else 'a whole count of instances'}"
-                             if fields[bad] else f"a trace row has no {what}"),
+                    "E641", f"`{fields[bad]}` is not {kind}" if fields[bad] else f"a trace row has no {what}",
                     Span(name, n, fcol, n, fcol + max(1, len(fields[bad]))),
                     label=("not a number" if bad == 0 else "not a whole number") if fields[bad] else f"{what} missing",
                     hint="rows are `seconds,available`: a time (e.g. 3600 or 3600.5) and a count (e.g. 12)"))

@@ -255,10 +255,11 @@ def plot_svg(result, buckets: int = PLOT_BUCKETS) -> str:
              "plan's (0 while stalled or in a transition).",
              f"{result.gpus} GPUs; lost and returning GPUs picked uniformly at random (seed {result.seed}); "
              f"{result.events} event(s), ticked on the time axis."]
-    chart = Chart((t0 / 3600, t1 / 3600), (0.0, top), title=f"Replay of {result.trace} on {result.spec}",
-                  xlabel="hours", ylabel="share of fault-free throughput", width=960, height=440 + 16 * len(notes),
-                  margins=(60, 190, 40, 50 + 16 * len(notes)), x_format=".2f" if hours < 2 else ".1f" if hours < 20 else ".0f",
-                  footnotes=notes)
+    title = f"Replay of {Path(result.trace).name} on {Path(result.spec).name}"
+    chart = Chart((t0 / 3600, t1 / 3600), (0.0, top), title=title, xlabel="hours",
+                  ylabel="share of fault-free throughput", width=960, height=440 + 16 * len(notes),
+                  margins=(60, 190, 40, 50 + 16 * len(notes)),
+                  x_format=".2f" if hours < 2 else ".1f" if hours < 20 else ".0f", footnotes=notes)
     n = len(lines)
     for i, (name, pts) in enumerate(lines.items()):
         # The first line widest, drawn first: where policies agree, the later ones lie on top of it.
