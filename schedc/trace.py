@@ -15,7 +15,8 @@ lost ones. Instance `i` holds GPUs (ranks of the job's own layout)
 
 Problems are diagnostics with the trace's file:line:col: E640 (cannot read),
 E641 (a row that is not two numbers), E642 (time going back, a negative
-count), E643 (more GPUs than the job has), E644 (no rows).
+count), E643 (more GPUs than the job has), E644 (no rows, or none after the first
+row's time).
 """
 
 from __future__ import annotations
@@ -123,6 +124,15 @@ def parse_trace(text: str, name: str = "<trace>") -> Trace:
     if not rows:
         raise SpecError([error("E644", f"trace `{name}` has no rows",
                                hint="a trace needs at least one `seconds,available` row")])
+    if rows[-1][0] == rows[0][0]:  # a replay of no time would report 0 of 0 samples
+        n = lines[-1]
+        raw = text.splitlines()[n - 1]
+        line = raw.split("#", 1)[0].strip()
+        col = raw.index(line[0]) + 1
+        raise SpecError([error("E644", f"trace `{name}` spans no time: every row is at {rows[0][0]:g} s",
+                               Span(name, n, col, n, col + len(line)), label="the last row",
+                               hint="a replay runs from the first row's time to the last row's: end the trace "
+                                    f"with a later row, e.g. `{rows[0][0] + 3600:g},{rows[-1][1]}`")], {name: text})
     return Trace(name, tuple(rows), tuple(lines), text)
 
 

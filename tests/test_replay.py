@@ -115,6 +115,12 @@ def test_trace_without_rows_and_unreadable_files(tmp_path):
         with pytest.raises(SpecError) as exc:
             parse_trace(text, "x.csv")
         assert exc.value.codes == ["E644"]
+    # Rows at one time only: a replay of no time would report 0 of 0 samples.
+    for text, line in (("5,4\n", 1), ("0,4\n0,3 # then\n", 2)):
+        with pytest.raises(SpecError) as exc:
+            parse_trace(text, "x.csv")
+        d = exc.value.diagnostics[0]
+        assert (d.code, d.span.line, d.span.column) == ("E644", line, 1) and "spans no time" in d.message
     with pytest.raises(SpecError) as exc:
         read_trace(tmp_path / "missing.csv")
     assert exc.value.codes == ["E640"] and "No such file" in exc.value.diagnostics[0].message
