@@ -15,14 +15,15 @@ lost ones. Instance `i` holds GPUs (ranks of the job's own layout)
 
 Problems are diagnostics with the trace's file:line:col: E640 (cannot read),
 E641 (a row that is not two numbers), E642 (time going back, a negative
-count), E643 (more GPUs than the job has), E644 (no rows).
+count), E643 (more GPUs than the job has), E644 (no rows, or none after the first
+row's time).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from schedc.diagnostics import SpecError, Span, error
@@ -34,10 +35,13 @@ MAX_TRACE_BYTES = 64 * 2**20
 
 @dataclass(frozen=True)
 class Trace:
-    """`rows`: (seconds from the start, instances available), times non-decreasing."""
+    """`rows`: (seconds from the start, instances available), times non-decreasing. `lines`: the
+    line of each row in `text` (kept so that a later check, E643, can point at the row)."""
 
     name: str
     rows: tuple[tuple[float, int], ...]
+    lines: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    text: str = field(default="", compare=False, repr=False)
 
     @property
     def duration_s(self) -> float:
@@ -54,7 +58,7 @@ def read_trace(path: str | Path) -> Trace:
     try:
         p = Path(path)
         if p.is_dir():
-            raise IsADirectoryError(name)
+            raise IsADirectoryError(0, "it is a directory")
         if p.stat().st_size > MAX_TRACE_BYTES:
             raise SpecError([error("E640", f"trace `{name}` is over {MAX_TRACE_BYTES // 2**20} MiB",
                                    hint="resample it to the changes only: one row per change of the count")])
@@ -66,7 +70,7 @@ def read_trace(path: str | Path) -> Trace:
         raise SpecError([error("E640", f"cannot read trace `{name}`: {why}",
                                hint="give the path of a CSV file of `seconds,available` rows")]) from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a spreadsheet's CSV may start with a BOM
     except UnicodeDecodeError as exc:
         raise SpecError([error("E641", f"trace `{name}` is not UTF-8 text (byte {exc.start})",
                                hint="a trace is CSV text: `seconds,available` rows")]) from None
@@ -75,6 +79,7 @@ def read_trace(path: str | Path) -> Trace:
 
 def parse_trace(text: str, name: str = "<trace>") -> Trace:
     rows: list[tuple[float, int]] = []
+    lines: list[int] = []
     diags = []
     seen_data = False
     for n, raw in enumerate(text.splitlines(), start=1):
@@ -95,11 +100,13 @@ def parse_trace(text: str, name: str = "<trace>") -> Trace:
             t, c = _number(fields[0]), _count(fields[1])
             if t is None or c is None:
                 bad = 0 if t is None else 1
-                fcol = raw.index(fields[bad], col - 1) + 1 if fields[bad] else col
+                fcol = _field_column(raw, col, bad)
+                what = "time" if bad == 0 else "count"
+                kind = "a time in seconds" if bad == 0 else "a whole count of instances"
                 diags.append(error(
-                    "E641", f"`{fields[bad]}` is not {'a time in seconds' if bad == 0 else 'a whole count of instances'}",
+                    "E641", f"`{fields[bad]}` is not {kind}" if fields[bad] else f"a trace row has no {what}",
                     Span(name, n, fcol, n, fcol + max(1, len(fields[bad]))),
-                    label="not a number" if bad == 0 else "not a whole number",
+                    label=("not a number" if bad == 0 else "not a whole number") if fields[bad] else f"{what} missing",
                     hint="rows are `seconds,available`: a time (e.g. 3600 or 3600.5) and a count (e.g. 12)"))
             elif t < 0 or c < 0:
                 diags.append(error("E642", f"a trace row has a negative {'time' if t < 0 else 'count'}", span,
@@ -109,6 +116,7 @@ def parse_trace(text: str, name: str = "<trace>") -> Trace:
                                    span, label="time goes back", hint="sort the rows by time"))
             else:
                 rows.append((t, c))
+                lines.append(n)
         if len(diags) >= 20:
             break
     if diags:
@@ -116,7 +124,24 @@ def parse_trace(text: str, name: str = "<trace>") -> Trace:
     if not rows:
         raise SpecError([error("E644", f"trace `{name}` has no rows",
                                hint="a trace needs at least one `seconds,available` row")])
-    return Trace(name, tuple(rows))
+    if rows[-1][0] == rows[0][0]:  # a replay of no time would report 0 of 0 samples
+        n = lines[-1]
+        raw = text.splitlines()[n - 1]
+        line = raw.split("#", 1)[0].strip()
+        col = raw.index(line[0]) + 1
+        raise SpecError([error("E644", f"trace `{name}` spans no time: every row is at {rows[0][0]:g} s",
+                               Span(name, n, col, n, col + len(line)), label="the last row",
+                               hint="a replay runs from the first row's time to the last row's: end the trace "
+                                    f"with a later row, e.g. `{rows[0][0] + 3600:g},{rows[-1][1]}`")], {name: text})
+    return Trace(name, tuple(rows), tuple(lines), text)
+
+
+def _field_column(raw: str, col: int, k: int) -> int:
+    """1-based column of field `k` (0 or 1) of a row that starts at column `col` of `raw` (an empty
+    field: where it would be). Searched after the comma, so that `1.5,1.5` points at the second."""
+    start = col - 1 if k == 0 else raw.index(",", col - 1) + 1
+    rest = raw[start:]
+    return start + (len(rest) - len(rest.lstrip())) + 1
 
 
 def _is_number(s: str) -> bool:
@@ -137,13 +162,24 @@ def _count(s: str) -> int | None:
 
 
 def check_fits(trace: Trace, gpus: int, per_instance: int, spec_name: str) -> None:
-    """E643 when the trace has more GPUs up at once than the job has."""
+    """E643 when the trace has more GPUs up at once than the job has (pointing at the first row
+    with too many, when the trace was parsed from text)."""
     if trace.most * per_instance > gpus:
+        span, sources = None, {}
+        if trace.lines and trace.text:
+            i = next(k for k, (_, c) in enumerate(trace.rows) if c * per_instance > gpus)
+            n = trace.lines[i]
+            raw = trace.text.splitlines()[n - 1]
+            line = raw.split("#", 1)[0].strip()
+            col = _field_column(raw, raw.index(line[0]) + 1, 1)
+            width = len(line.split(",", 1)[1].strip())
+            span, sources = Span(trace.name, n, col, n, col + max(1, width)), {trace.name: trace.text}
         raise SpecError([error(
             "E643", f"trace `{trace.name}` has {trace.most} instance(s) x {per_instance} GPU(s) up at once, "
-                    f"more than the {gpus} GPUs of `{spec_name}`",
+                    f"more than the {gpus} GPUs of `{spec_name}`", span,
+            label=f"more than {gpus // per_instance} instance(s)" if span else "",
             hint="replay it on a job with as many GPUs as the trace's instances (cluster dp x pp), "
-                 "or say how many GPUs an instance holds (--gpus-per-instance)")])
+                 "or say how many GPUs an instance holds (--gpus-per-instance)")], sources)
 
 
 def availability(trace: Trace, gpus: int, *, seed: int = 0, per_instance: int = 1) -> list[tuple[float, frozenset[int]]]:

@@ -2,7 +2,8 @@
 
 `Chart` is the one drawing helper: axes (linear or log10) with five ticks each,
 lines with optional markers and dash patterns, a legend, shaded bands,
-labelled vertical markers and footnotes under the plot. `line_chart` fits a
+labelled vertical markers, ticks on the x axis for many events, and footnotes
+under the plot (text is escaped for XML). `line_chart` fits a
 `Chart` to a few series (what `schedc bench` draws); the hand-run scripts in
 bench/ build a `Chart` themselves.
 """
@@ -24,7 +25,7 @@ class Chart:
     """A plot area from `x` to `y` (each a (low, high) pair, in axis units: log10 of the value on
     a log axis) with a title, axis labels, grid lines, a legend on the right and `footnotes` under
     the plot. Five ticks per axis, evenly spaced in axis units, unless `x_ticks` lists the values
-    to label. Draw with `line`, `band`, `marker` and `note`; `svg()` gives the text."""
+    to label. Draw with `line`, `band`, `marker`, `rug` and `note`; `svg()` gives the text."""
 
     def __init__(self, x: tuple[float, float], y: tuple[float, float], *, title: str, xlabel: str,
                  ylabel: str, width: int = 720, height: int = 360, margins: tuple[int, int, int, int] = (60, 150, 40, 45),
@@ -39,14 +40,14 @@ class Chart:
         w, h, ml, mr, mt, mb = self.w, self.h, self.ml, self.mr, self.mt, self.mb
         self.background = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
                            'font-family="sans-serif" font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
-                           f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>',
+                           f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="14">{_xml(title)}</text>',
                            *(f'<text x="{ml}" y="{h - 16 * (len(footnotes) - k) + 4}" font-size="11" '
                              f'fill="#444">{_xml(n)}</text>' for k, n in enumerate(footnotes))]
         self.body = [f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="black"/>',
                      f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="black"/>',
-                     f'<text x="{(ml + w - mr) / 2}" y="{h - mb + 36}" text-anchor="middle">{xlabel}</text>',
+                     f'<text x="{(ml + w - mr) / 2}" y="{h - mb + 36}" text-anchor="middle">{_xml(xlabel)}</text>',
                      f'<text x="16" y="{(mt + h - mb) / 2}" text-anchor="middle" '
-                     f'transform="rotate(-90 16 {(mt + h - mb) / 2})">{ylabel}</text>']
+                     f'transform="rotate(-90 16 {(mt + h - mb) / 2})">{_xml(ylabel)}</text>']
         for i in range(5):
             tv = self.y0 + (self.y1 - self.y0) * i / 4
             v = 10 ** tv if log_y else tv
@@ -104,7 +105,21 @@ class Chart:
         x, y = self.w - self.mr + 10, self.mt + 18 * self.legend
         self.body.append(f'<line x1="{x}" y1="{y}" x2="{x + 20}" y2="{y}" stroke="{colour}" '
                          f'stroke-width="{min(width, 4):g}"{style}/>')
-        self.body.append(f'<text x="{x + 25}" y="{y + 4}">{label}</text>')
+        self.body.append(f'<text x="{x + 25}" y="{y + 4}">{_xml(label)}</text>')
+        self.legend += 1
+
+    def rug(self, xs: Sequence[float], label: str, colour: str, length: int = 6) -> None:
+        """A short tick under the x axis at each of `xs` (events too many to label one by one, as
+        `marker` does; under the axis, where no line hides them), one per pixel column, and its
+        legend entry."""
+        columns = sorted({round(self.px(x)) for x in xs if self.x0 <= self.fx(x) <= self.x1})
+        y = self.h - self.mb + 1
+        path = " ".join(f"M{c},{y}v{length}" for c in columns)
+        if path:
+            self.body.append(f'<path d="{path}" stroke="{colour}" stroke-width="1"/>')
+        x, ly = self.w - self.mr + 10, self.mt + 18 * self.legend
+        self.body.append(f'<line x1="{x + 10}" y1="{ly + 4}" x2="{x + 10}" y2="{ly - 4}" stroke="{colour}"/>')
+        self.body.append(f'<text x="{x + 25}" y="{ly + 4}">{_xml(label)}</text>')
         self.legend += 1
 
     def note(self, text: str) -> None:

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rejoin": ("schedc.cli.rejoin", "ask a running `schedc train` to take a repaired GPU back"),
     "bench": ("schedc.cli.bench", "compare schedc's planner with the baselines"),
     "profile": ("schedc.cli.profile", "time a model's stages and measure their memory; print a stages block"),
+    "replay": ("schedc.cli.replay", "replay an availability trace through the planner and the recovery policies"),
 }
 
 
