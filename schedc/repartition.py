@@ -37,7 +37,7 @@ from functools import lru_cache
 from typing import Iterable, Mapping, Sequence
 
 from schedc.diagnostics import InfeasibleError, SchedcError, error
-from schedc.spec import Spec, StageCosts
+from schedc.spec import Spec, StageCosts, scaled_duration
 
 #: Shapes planned with a solver after ranking by `estimate_iteration`: the estimate orders shapes
 #: well but ignores bubbles the solver fills, so the best few are compiled and compared.
@@ -224,6 +224,35 @@ def received_bytes(units: Units, layout: Layout, held: Mapping[int, frozenset[in
             need = frozenset(range(*layout.slices[s])) - held.get(r, frozenset())
             out[r] = bytes_of(units, need)
     return out
+
+
+def layout_bottleneck(units: Units, layout: Layout, speed: Mapping[int, float] | None = None) -> int:
+    """Microseconds of the slowest slot of `layout`: the largest F + B + W of a stage's slice on
+    the GPU that runs it, ``ceil(work / speed)`` (`scaled_duration`)."""
+    speed = speed or {}
+    return max(scaled_duration(work(units.slice_costs(a, b, layout.dp, layout.pp, s)), speed.get(r, 1.0))
+               for row in layout.ranks for s, (r, (a, b)) in enumerate(zip(row, layout.slices)))
+
+
+def transition_us(units: Units, layout: Layout, held: Mapping[int, frozenset[int]], bandwidth: int) -> int:
+    """Microseconds to move into `layout`: the GPU that receives the most state receives it at
+    `bandwidth` bytes/s, the others at the same time beside it, ``ceil(bytes * 1e6 / bandwidth)``."""
+    most = max(received_bytes(units, layout, held).values(), default=0)
+    return -(-most * 1_000_000 // bandwidth)
+
+
+def layout_objective(units: Units, layout: Layout, held: Mapping[int, frozenset[int]],
+                     speed: Mapping[int, float] | None = None, *, horizon_iterations: int, bandwidth: int) -> int:
+    """What `layout` costs over the next `horizon_iterations` iterations, in microseconds:
+    ``horizon_iterations * (M + P - 1) * layout_bottleneck + transition_us`` (1F1B's critical path
+    of M microbatches through P stages at the slowest slot, and the one-off move of state). The
+    price every partitioner is compared on (`candidate_layouts`, `bench/repartition_gap.py`);
+    memory is not checked here (`fits`). E.g. 16 microbatches through 7 stages at a 6 ms slot for
+    100 iterations, with 0.8 GB to move at 25 GB/s: ``100 * 22 * 6000 + 32000`` us.
+    """
+    slots = layout.microbatches + layout.pp - 1
+    return (horizon_iterations * slots * layout_bottleneck(units, layout, speed)
+            + transition_us(units, layout, held, bandwidth))
 
 
 def layout_spec(spec: Spec, layout: Layout) -> Spec:
