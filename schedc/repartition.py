@@ -39,6 +39,9 @@ from typing import Iterable, Mapping, Sequence
 from schedc.diagnostics import InfeasibleError, SchedcError, error
 from schedc.spec import Spec, StageCosts, scaled_duration
 
+#: Iterations a layout is priced over (`layout_objective`) when a partitioner weighs the state it
+#: moves against the speed it gains: about how long a layout lasts before the next change.
+HORIZON_ITERATIONS = 100
 #: Shapes planned with a solver after ranking by `estimate_iteration`: the estimate orders shapes
 #: well but ignores bubbles the solver fills, so the best few are compiled and compared.
 PLANNED_SHAPES = 3
@@ -211,6 +214,19 @@ def assign_gpus(units: Units, slices: Sequence[tuple[int, int]], dp: int, gpus: 
     return tuple(tuple(slots[s][d] for s in range(pp)) for d in range(dp))
 
 
+def greedy_layout(units: Units, dp: int, pp: int, microbatches: int, memory: int, gpus: Sequence[int],
+                  held: Mapping[int, frozenset[int]], speed: Mapping[int, float] | None = None) -> Layout | None:
+    """The greedy layout of one shape: `partition_units` (the smallest full-speed bottleneck under
+    memory), then `assign_gpus` (fastest GPUs, most state held first). None when no split fits
+    `memory` or there are fewer than ``dp * pp`` GPUs."""
+    if len(gpus) < dp * pp:
+        return None
+    slices = partition_units(units, dp, pp, microbatches, memory)
+    if slices is None:
+        return None
+    return Layout(dp, pp, microbatches, slices, assign_gpus(units, slices, dp, gpus, held, speed))
+
+
 def bytes_of(units: Units, ids: Iterable[int]) -> int:
     """State bytes of the units `ids`."""
     return sum(units.state_bytes(u, u + 1) for u in ids)
@@ -246,7 +262,7 @@ def layout_objective(units: Units, layout: Layout, held: Mapping[int, frozenset[
     """What `layout` costs over the next `horizon_iterations` iterations, in microseconds:
     ``horizon_iterations * (M + P - 1) * layout_bottleneck + transition_us`` (1F1B's critical path
     of M microbatches through P stages at the slowest slot, and the one-off move of state). The
-    price every partitioner is compared on (`candidate_layouts`, `bench/repartition_gap.py`);
+    price every partitioner is compared on (`place`, `bench/repartition_gap.py`);
     memory is not checked here (`fits`). E.g. 16 microbatches through 7 stages at a 6 ms slot for
     100 iterations, with 0.8 GB to move at 25 GB/s: ``100 * 22 * 6000 + 32000`` us.
     """
