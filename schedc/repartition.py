@@ -27,7 +27,11 @@ runs which stage), the compiled `Plan`, and the bytes each GPU must receive
 (the state of the layers it did not hold). The partition of each shape comes
 from `partition_units` (exact, by dynamic programming: the slice boundaries
 that minimise the slowest stage's work under each stage's memory), and GPUs
-are dealt to stages by `assign_gpus` (most state already held first).
+are dealt to stages by `assign_gpus` (most state already held first):
+`greedy_layout`, the default. With ``partitioner="cpsat"`` a shape's split and
+its GPUs are chosen together (`schedc.solvers.partition_cpsat`), at the least
+`layout_objective`: it sees GPU speeds and the state each GPU holds while it
+cuts (docs/planner.md, "Re-partitioning with CP-SAT").
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ from schedc.spec import Spec, StageCosts, scaled_duration
 #: Iterations a layout is priced over (`layout_objective`) when a partitioner weighs the state it
 #: moves against the speed it gains: about how long a layout lasts before the next change.
 HORIZON_ITERATIONS = 100
+#: Work budget (calibrated seconds, as `SolveOptions.time_limit`) of one shape's layout when a
+#: solver lays it out (`place(partitioner="cpsat")`): the GPT-350M states of
+#: bench/repartition_gap.py are proven optimal within it (docs/planner.md).
+LAYOUT_TIME_LIMIT = 1.0
 #: Shapes planned with a solver after ranking by `estimate_iteration`: the estimate orders shapes
 #: well but ignores bubbles the solver fills, so the best few are compiled and compared.
 PLANNED_SHAPES = 3
@@ -352,19 +360,39 @@ def candidate_shapes(spec: Spec, gpus: int) -> tuple[Shape, ...]:
     return tuple(out)
 
 
-def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, frozenset[int]]) -> Layout:
-    """`shape` on the `live` GPUs (`assign_gpus`)."""
+def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, frozenset[int]], *,
+          partitioner: str = "greedy", horizon_iterations: int = HORIZON_ITERATIONS,
+          time_limit: float = LAYOUT_TIME_LIMIT, seed: int = 0) -> Layout:
+    """`shape` on the `live` GPUs. ``partitioner="greedy"``: the shape's full-speed split, GPUs
+    dealt by `assign_gpus`. ``"cpsat"``: the split re-cut and the GPUs chosen together at the
+    least `layout_objective` over `horizon_iterations` (`schedc.solvers.partition_cpsat`, on a work
+    budget of `time_limit`; never worse than greedy's on that objective; deterministic)."""
     speed = {g.rank: g.speed for g in spec.gpus}
-    ranks = assign_gpus(units_of(spec), shape.slices, shape.dp, live, held, speed)
-    return Layout(shape.dp, shape.pp, shape.microbatches, shape.slices, ranks)
+    units = units_of(spec)
+    if partitioner == "greedy":
+        ranks = assign_gpus(units, shape.slices, shape.dp, live, held, speed)
+        return Layout(shape.dp, shape.pp, shape.microbatches, shape.slices, ranks)
+    if partitioner != "cpsat":
+        raise ValueError(f"unknown partitioner {partitioner!r} (greedy or cpsat)")
+    from schedc.solvers import get_layout_solver
+
+    found = get_layout_solver(partitioner)(
+        units, shape.dp, shape.pp, shape.microbatches, spec.cluster.gpu.memory, live, held, speed,
+        horizon_iterations=horizon_iterations, bandwidth=spec.cluster.link.bandwidth, time_limit=time_limit,
+        seed=seed)
+    assert found.layout is not None, "a candidate shape fits the memory and the live GPUs"
+    return found.layout
 
 
 def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[int, frozenset[int]] | None = None,
                 solver: str = "greedy", time_limit: float = 0.05, seed: int = 0,
-                planned: int = PLANNED_SHAPES) -> Repartition:
+                planned: int = PLANNED_SHAPES, partitioner: str = "greedy",
+                horizon_iterations: int = HORIZON_ITERATIONS,
+                layout_time_limit: float = LAYOUT_TIME_LIMIT) -> Repartition:
     """The fastest re-partitioned plan on the `live` GPUs (ranks of `spec`'s own layout; default:
     its live GPUs). `held`: which units each GPU holds now (default: the job's own layout).
-    The best `planned` shapes by estimate are compiled with `solver`; the fastest plan wins
+    The best `planned` shapes by estimate are laid out on the live GPUs by `partitioner` (`place`;
+    a work budget of `layout_time_limit` each) and compiled with `solver`; the fastest plan wins
     (ties: fewer bytes to move, then fewer GPUs). Raises `InfeasibleError` (E330) when no shape
     fits the live GPUs' memory. Deterministic."""
     from schedc.plan import compile as compile_plan
@@ -376,7 +404,8 @@ def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[
     best = None
     problems: list[SchedcError] = []
     for shape in ranked:
-        layout = place(spec, shape, live, held)
+        layout = place(spec, shape, live, held, partitioner=partitioner, horizon_iterations=horizon_iterations,
+                       time_limit=layout_time_limit, seed=seed)
         try:
             plan = compile_plan(layout_spec(spec, layout), solver=solver, time_limit=time_limit, seed=seed)
         except SchedcError as exc:  # the estimate's memory model passed, the solver's did not
