@@ -265,18 +265,28 @@ def transition_us(units: Units, layout: Layout, held: Mapping[int, frozenset[int
     return -(-most * 1_000_000 // bandwidth)
 
 
+def layout_optimizer(units: Units, layout: Layout, speed: Mapping[int, float] | None = None) -> int:
+    """Microseconds of the slowest optimizer step of `layout` (its all-reduce included), on the GPU
+    that runs it: ``ceil(optimizer / speed)``, as every op of a slow GPU (`Instance.duration`)."""
+    speed = speed or {}
+    return max(scaled_duration(units.slice_costs(a, b, layout.dp, layout.pp, s).optimizer, speed.get(r, 1.0))
+               for row in layout.ranks for s, (r, (a, b)) in enumerate(zip(row, layout.slices)))
+
+
 def layout_objective(units: Units, layout: Layout, held: Mapping[int, frozenset[int]],
                      speed: Mapping[int, float] | None = None, *, horizon_iterations: int, bandwidth: int) -> int:
     """What `layout` costs over the next `horizon_iterations` iterations, in microseconds:
-    ``horizon_iterations * (M + P - 1) * layout_bottleneck + transition_us`` (1F1B's critical path
-    of M microbatches through P stages at the slowest slot, and the one-off move of state). The
-    price every partitioner is compared on (`place`, `bench/repartition_gap.py`);
-    memory is not checked here (`fits`). E.g. 16 microbatches through 7 stages at a 6 ms slot for
-    100 iterations, with 0.8 GB to move at 25 GB/s: ``100 * 22 * 6000 + 32000`` us.
+    ``horizon_iterations x ((M + P - 1) x layout_bottleneck + layout_optimizer) + transition_us``:
+    `estimate_iteration`'s 1F1B critical path (M microbatches through P stages at the slowest
+    slot, then the slowest optimizer step) in integers with each GPU's own speed, and the one-off
+    move of state. The price every partitioner is compared on (`place`,
+    `bench/repartition_gap.py`); memory is not checked here (`fits`). E.g. 16 microbatches through
+    7 stages at a 6 ms slot and an 8.8 ms optimizer step, for 100 iterations, with 0.8 GB to move
+    at 25 GB/s: ``100 * (22 * 6000 + 8800) + 32000`` us.
     """
     slots = layout.microbatches + layout.pp - 1
-    return (horizon_iterations * slots * layout_bottleneck(units, layout, speed)
-            + transition_us(units, layout, held, bandwidth))
+    iteration = slots * layout_bottleneck(units, layout, speed) + layout_optimizer(units, layout, speed)
+    return horizon_iterations * iteration + transition_us(units, layout, held, bandwidth)
 
 
 def layout_spec(spec: Spec, layout: Layout) -> Spec:

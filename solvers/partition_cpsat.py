@@ -2,8 +2,8 @@
 
 `solve_layout(units, dp, pp, microbatches, memory, gpus, held, speed, ...)`
 lays `units` out as `dp` pipelines of `pp` stages on `gpus` at the least
-`repartition.layout_objective`: ``horizon x (M + P - 1) x slowest slot +
-the largest state transfer``. The greedy rule (`repartition.greedy_layout`)
+`repartition.layout_objective`: ``horizon x ((M + P - 1) x slowest slot +
+slowest optimizer step) + the largest state transfer``. The greedy rule (`repartition.greedy_layout`)
 splits at full speed and then deals GPUs; this model sees that a slow GPU
 makes its whole stage slow, and which GPU already holds which units, while it
 cuts. docs/planner.md ("Re-partitioning with CP-SAT") has the model; in short:
@@ -19,12 +19,13 @@ cuts. docs/planner.md ("Re-partitioning with CP-SAT") has the model; in short:
   a stage's GPUs go to pipelines 0..dp-1 in rank order. GPUs alike in speed and
   in what they hold take stages in rank order (symmetry).
 - **Bottleneck.** T >= ``ceil(work / speed)`` of stage s's slice for each speed
-  present in stage s, precomputed per speed (integers, as the simulator's
-  `scaled_duration`); T >= the full-speed optimum of `partition_units`.
+  present in stage s (z[s, v] <- y[g, s] for the GPUs g of speed v), precomputed
+  per speed (integers, as the simulator's `scaled_duration`); T >= the
+  full-speed optimum of `partition_units`. O, the slowest optimizer step, alike.
 - **Transfer.** need[g, u] for every unit u that GPU g does not hold:
   y[g, s] and "u in stage s" imply need[g, u]; R x bandwidth >= 10^6 x the
   bytes GPU g needs, for every g.
-- **Objective.** horizon x (M + P - 1) x T + R.
+- **Objective.** horizon x ((M + P - 1) x T + O) + R.
 
 The greedy layout is the model's complete hint and stays the answer when
 CP-SAT does not beat it (`fallback`), so the result is never worse than
@@ -128,8 +129,8 @@ class _Data:
         self.held = {g: held.get(g, frozenset()) for g in gpus}
         self.horizon, self.bandwidth = horizon, bandwidth
         n = self.n
-        #: slices[s]: [(a, b, work)] of every slice stage s may hold within memory.
-        self.slices: list[list[tuple[int, int, int]]] = []
+        #: slices[s]: [(a, b, work, optimizer)] of every slice stage s may hold within memory.
+        self.slices: list[list[tuple[int, int, int, int]]] = []
         for s in range(pp):
             firsts = [0] if s == 0 else range(s, n - pp + s + 1)
             out = []
@@ -138,7 +139,7 @@ class _Data:
                 for b in ends:
                     c = units.slice_costs(a, b, dp, pp, s)
                     if fits(c, s, pp, microbatches, memory):
-                        out.append((a, b, work(c)))
+                        out.append((a, b, work(c), c.optimizer))
             self.slices.append(out)
         self.speeds = sorted(set(speed.values()))
         self.unit_bytes = [units.state_bytes(u, u + 1) for u in range(n)]
@@ -158,11 +159,11 @@ class _Model:
         self._transfer()
         self._symmetry()
         d = data
-        m.Minimize(d.horizon * (d.microbatches + d.pp - 1) * self.T + self.R)
+        m.Minimize(d.horizon * ((d.microbatches + d.pp - 1) * self.T + self.O) + self.R)
 
     def _slices(self) -> None:
         m, d = self.m, self.d
-        self.x = [{(a, b): m.NewBoolVar(f"x{s}_{a}_{b}") for a, b, _ in d.slices[s]} for s in range(d.pp)]
+        self.x = [{(a, b): m.NewBoolVar(f"x{s}_{a}_{b}") for a, b, _, _ in d.slices[s]} for s in range(d.pp)]
         for s in range(d.pp):
             m.AddExactlyOne(self.x[s].values())
         for s in range(d.pp - 1):  # stage s ends where stage s + 1 starts
@@ -191,26 +192,34 @@ class _Model:
             m.AddAtMostOne(self.y[g])
 
     def _bottleneck(self) -> None:
+        """T: the slowest slot; O: the slowest optimizer step. Both per speed present in a stage,
+        precomputed as integers (no 1/speed in the model)."""
         m, d = self.m, self.d
-        # A stage's time on a GPU of speed v, for every speed present: integers, no 1/speed.
-        self.dur = [{v: {(a, b): scaled_duration(w, v) for a, b, w in d.slices[s]} for v in d.speeds}
+        self.dur = [{v: {(a, b): scaled_duration(w, v) for a, b, w, _ in d.slices[s]} for v in d.speeds}
                     for s in range(d.pp)]
+        step = [{v: {(a, b): scaled_duration(o, v) for a, b, _, o in d.slices[s]} for v in d.speeds}
+                for s in range(d.pp)]
         top = max(max(t.values()) for s in range(d.pp) for t in self.dur[s].values())
         # partition_units' full-speed optimum: no layout's slowest slot is faster (speed <= 1).
         self.T = m.NewIntVar(d.full_speed_optimum, top, "T")
+        self.O = m.NewIntVar(0, max(max(t.values()) for s in range(d.pp) for t in step[s].values()), "O")
         fastest = d.speeds[-1]
         self.z = {}
         for s in range(d.pp):
             for v in d.speeds:
-                expr = sum(t * self.x[s][k] for k, t in self.dur[s][v].items())
+                slot = sum(t * self.x[s][k] for k, t in self.dur[s][v].items())
+                opt = sum(t * self.x[s][k] for k, t in step[s][v].items())
                 if v == fastest:  # every stage has a GPU, at best this fast
-                    m.Add(self.T >= expr)
+                    m.Add(self.T >= slot)
+                    m.Add(self.O >= opt)
                     continue
                 z = self.z[s, v] = m.NewBoolVar(f"z{s}_{v}")
                 for g in d.gpus:
                     if d.speed[g] == v:
                         m.AddImplication(self.y[g][s], z)
-                m.Add(self.T >= expr).OnlyEnforceIf(z)
+                m.Add(self.T >= slot).OnlyEnforceIf(z)
+                m.Add(self.O >= opt).OnlyEnforceIf(z)
+        self.step = step
 
     def _transfer(self) -> None:
         m, d = self.m, self.d
@@ -265,8 +274,8 @@ class _Model:
             if s is not None:
                 most = max(most, sum(d.unit_bytes[u] for u in range(*layout.slices[s]) if u not in d.held[g]))
         m.AddHint(self.R, -(-most * 10**6 // d.bandwidth))
-        m.AddHint(self.T, max(self.dur[s][d.speed[g]][layout.slices[s]]
-                              for g, s in stage_of.items()))
+        m.AddHint(self.T, max(self.dur[s][d.speed[g]][layout.slices[s]] for g, s in stage_of.items()))
+        m.AddHint(self.O, max(self.step[s][d.speed[g]][layout.slices[s]] for g, s in stage_of.items()))
 
     def layout(self, solver) -> Layout:
         d = self.d

@@ -21,6 +21,7 @@ from schedc.repartition import (
     in_flight,
     layout_bottleneck,
     layout_objective,
+    layout_optimizer,
     place,
     transition_us,
     units_of,
@@ -163,10 +164,11 @@ def test_cpsat_layout_is_the_brute_force_optimum_valid_deterministic_and_no_wors
 
 def test_layout_objective_by_hand():
     """Two explicit stages as units, one pipeline of two stages on GPUs 0 (speed 0.5) and 1: the
-    slow GPU's slot is 2 x (1 + 2 + 3) ms; GPU 1 takes stage 0's 8 MiB that it does not hold."""
+    slow GPU's slot is 2 x (1 + 2 + 3) ms and its optimizer step 2 x 1 ms; GPU 1 takes stage 0's
+    8 MiB that it does not hold."""
     spec = load_text("""
 cluster { dp = 1 pp = 2 gpus_per_node = 2 gpu { memory = 1GiB } link { latency = 0us bandwidth = 1GB/s } }
-stages { all { forward = 1ms backward_input = 2ms backward_weight = 3ms optimizer = 0us
+stages { all { forward = 1ms backward_input = 2ms backward_weight = 3ms optimizer = 1ms
                activation = 1MiB stash = 0MiB static = 8MiB send = 1KiB } }
 train { microbatches = 4 }
 """)
@@ -175,9 +177,10 @@ train { microbatches = 4 }
     held = {0: frozenset({0}), 1: frozenset({1})}
     speed = {0: 0.5, 1: 1.0}
     assert layout_bottleneck(units, layout, speed) == 12_000
+    assert layout_optimizer(units, layout, speed) == 2_000
     assert transition_us(units, layout, held, 10**9) == -(-(8 << 20) * 10**6 // 10**9) == 8389
     assert layout_objective(units, layout, held, speed, horizon_iterations=10,
-                            bandwidth=10**9) == 10 * (4 + 2 - 1) * 12_000 + 8389
+                            bandwidth=10**9) == 10 * ((4 + 2 - 1) * 12_000 + 2_000) + 8389
 
 
 def test_cpsat_shrinks_a_slow_gpus_slice_where_greedy_cannot():
