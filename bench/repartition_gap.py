@@ -3,13 +3,14 @@
     python bench/repartition_gap.py [--horizons 100 10] [--time-limit 1.0] [--seed 0] [--only LABEL]
                                     [--compile] [--layouts]
 
-For GPT-350M-like jobs (24 layers; 2 x 8 and 4 x 4 GPUs, 16 microbatches per
+For GPT-350M-like jobs (24 layers; 2 x 8, 4 x 4 and 8 x 8 GPUs, 16 microbatches per
 pipeline; the spec text is written to the temporary folder and loaded from
 there) and a handful of states (GPUs lost, GPUs at half speed, tight memory,
 state held after an earlier re-layout), each state's shape is the best by
 `repartition.candidate_shapes`' estimate (or the one named), and three layouts
 of it are priced with `repartition.layout_objective` over `--horizons`
-iterations (``horizon x (M + P - 1) x slowest slot + the largest transfer``):
+iterations (``horizon x ((M + P - 1) x slowest slot + slowest optimizer step)
++ the largest transfer``):
 
 * fixed: `costmodel.balanced_partition` (by FLOPs) and the live GPUs in rank
   order (`*`: a stage over memory);
@@ -100,6 +101,10 @@ STATES = [
     State("4x4: 1 lost, 1 slow", 4, 4, lost=(5,), slow={10: 0.5}),
     State("4x4: 2 lost, 2 slow", 4, 4, lost=(5, 14), slow={2: 0.5, 9: 0.5}),
     State("4x4: 1 lost, 4 x 3", 4, 4, lost=(5,), slow={10: 0.5}, shape=(4, 3)),
+    # 64 GPUs: the largest models here (about 4,000 variables); 8 x 6 is not proven in 1 s of work.
+    State("8x8: 1 lost", 8, 8, lost=(3,)),
+    State("8x8: 1 lost, 8 x 6", 8, 8, lost=(3,), shape=(8, 6)),
+    State("8x8: 1 lost, 2 slow, 8 x 6", 8, 8, lost=(3,), slow={20: 0.5, 40: 0.5}, shape=(8, 6)),
 ]
 
 
