@@ -101,7 +101,7 @@ STATES = [
     State("4x4: 1 lost, 1 slow", 4, 4, lost=(5,), slow={10: 0.5}),
     State("4x4: 2 lost, 2 slow", 4, 4, lost=(5, 14), slow={2: 0.5, 9: 0.5}),
     State("4x4: 1 lost, 4 x 3", 4, 4, lost=(5,), slow={10: 0.5}, shape=(4, 3)),
-    # 64 GPUs: the largest models here (about 4,000 variables); 8 x 6 is not proven in 1 s of work.
+    # 64 GPUs: the largest models here (2,609 variables at 8 x 6, not proven in 1 s of work).
     State("8x8: 1 lost", 8, 8, lost=(3,)),
     State("8x8: 1 lost, 8 x 6", 8, 8, lost=(3,), shape=(8, 6)),
     State("8x8: 1 lost, 2 slow, 8 x 6", 8, 8, lost=(3,), slow={20: 0.5, 40: 0.5}, shape=(8, 6)),
