@@ -50,9 +50,10 @@ from schedc.repartition import (
 )
 from schedc.spec import scaled_duration
 
-#: Seconds of wall per unit of CP-SAT's deterministic time on these models (one worker, 2 quiet
-#: cores), so that `time_limit` of work takes about `time_limit` of wall. Measured on
-#: bench/repartition_gap.py's states (docs/planner.md); re-measure there.
+#: Seconds of wall per unit of CP-SAT's deterministic time on these models (one worker, 2 shared
+#: cores), so that `time_limit` of work takes about `time_limit` of wall: 2.3-2.6 on the solves
+#: of bench/repartition_gap.py that search longest (the 2 x 7 slow-GPU states, 0.13-0.2 units);
+#: short solves are mostly fixed costs (up to 20 s per unit at 0.01 units). Re-measure there.
 _WALL_S_PER_DET = 2.5
 
 
@@ -264,15 +265,11 @@ class _Model:
                 m.AddHint(self.y[g][s], stage_of.get(g) == s)
         for (s, v), z in self.z.items():
             m.AddHint(z, any(stage_of.get(g) == s and d.speed[g] == v for g in d.gpus))
-        most = 0
         for (g, u), v in self.need.items():
             s = stage_of.get(g)
-            needed = s is not None and layout.slices[s][0] <= u < layout.slices[s][1]
-            m.AddHint(v, needed)
-        for g in d.gpus:
-            s = stage_of.get(g)
-            if s is not None:
-                most = max(most, sum(d.unit_bytes[u] for u in range(*layout.slices[s]) if u not in d.held[g]))
+            m.AddHint(v, s is not None and layout.slices[s][0] <= u < layout.slices[s][1])
+        most = max(sum(d.unit_bytes[u] for u in range(*layout.slices[s]) if u not in d.held[g])
+                   for g, s in stage_of.items())
         m.AddHint(self.R, -(-most * 10**6 // d.bandwidth))
         m.AddHint(self.T, max(self.dur[s][d.speed[g]][layout.slices[s]] for g, s in stage_of.items()))
         m.AddHint(self.O, max(self.step[s][d.speed[g]][layout.slices[s]] for g, s in stage_of.items()))
