@@ -27,18 +27,28 @@ runs which stage), the compiled `Plan`, and the bytes each GPU must receive
 (the state of the layers it did not hold). The partition of each shape comes
 from `partition_units` (exact, by dynamic programming: the slice boundaries
 that minimise the slowest stage's work under each stage's memory), and GPUs
-are dealt to stages by `assign_gpus` (most state already held first).
+are dealt to stages by `assign_gpus` (most state already held first):
+`greedy_layout`, the default. With ``partitioner="cpsat"`` a shape's split and
+its GPUs are chosen together (`schedc.solvers.partition_cpsat`), at the least
+`layout_objective`: it sees GPU speeds and the state each GPU holds while it
+cuts (docs/planner.md, "Re-partitioning with CP-SAT").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Iterable, Mapping, Sequence
 
 from schedc.diagnostics import InfeasibleError, SchedcError, error
-from schedc.spec import Spec, StageCosts
+from schedc.spec import Spec, StageCosts, scaled_duration
 
+#: Iterations a layout is priced over (`layout_objective`) when a partitioner weighs the state it
+#: moves against the speed it gains: about how long a layout lasts before the next change.
+HORIZON_ITERATIONS = 100
+#: Work budget (calibrated seconds, as `SolveOptions.time_limit`) of one shape's layout when a
+#: solver lays it out (`place(partitioner="cpsat")`): the GPT-350M states of
+#: bench/repartition_gap.py are proven optimal within it (docs/planner.md).
+LAYOUT_TIME_LIMIT = 1.0
 #: Shapes planned with a solver after ranking by `estimate_iteration`: the estimate orders shapes
 #: well but ignores bubbles the solver fills, so the best few are compiled and compared.
 PLANNED_SHAPES = 3
@@ -80,21 +90,30 @@ class Units:
 
     def table(self) -> dict[tuple[int, int], tuple[int, int, int]]:
         """(a, b) -> (work, static, activation) of every slice, computed once."""
-        if not self._table:
+        if (0, 1) not in self._table:
             for a in range(self.count):
                 for b in range(a + 1, self.count + 1):
                     c = self.shape_free(a, b)
                     self._table[a, b] = (work(c), c.static, c.activation)
         return self._table
 
+    def unit_bytes(self) -> list[int]:
+        """`state_bytes` of each unit alone, computed once."""
+        if "bytes" not in self._table:
+            self._table["bytes"] = [self.state_bytes(u, u + 1) for u in range(self.count)]
+        return self._table["bytes"]
+
     def slice_costs(self, a: int, b: int, dp: int, pp: int, s: int) -> StageCosts:
         """Costs of stage `s` holding units [a, b) in a layout of `dp` pipelines of `pp` stages."""
-        return replace(_slice_costs(self.spec, self.kind, a, b, dp), pp=s)
+        key = ("costs", a, b, dp)
+        if key not in self._table:
+            self._table[key] = _slice_costs(self.spec, self.kind, a, b, dp)
+        return replace(self._table[key], pp=s)
 
     def shape_free(self, a: int, b: int) -> StageCosts:
         """Costs of units [a, b) whatever the shape: times, memory and sends do not depend on it
         (only the optimizer step's all-reduce does, through the number of pipelines)."""
-        return _slice_costs(self.spec, self.kind, a, b, 1)
+        return self.slice_costs(a, b, 1, 1, 0)
 
     def state_bytes(self, a: int, b: int) -> int:
         """Bytes that move when units [a, b) go to another GPU: their persistent state (weights,
@@ -103,10 +122,23 @@ class Units:
         return self.shape_free(a, b).static
 
 
+#: The `Units` of the last few specs, by identity (hashing a spec of 16,384 GPUs costs milliseconds):
+#: their slice tables and candidate shapes are computed once per spec.
+_UNITS: dict[int, tuple[Spec, "Units"]] = {}
+
+
 def units_of(spec: Spec) -> Units:
+    cached = _UNITS.get(id(spec))
+    if cached is not None and cached[0] is spec:
+        return cached[1]
     if spec.costs == "derived" and spec.model is not None and spec.model.layers:
-        return Units(spec, "layer", spec.model.layers)
-    return Units(spec, "stage", spec.pp)
+        units = Units(spec, "layer", spec.model.layers)
+    else:
+        units = Units(spec, "stage", spec.pp)
+    if len(_UNITS) >= 8:
+        _UNITS.pop(next(iter(_UNITS)))
+    _UNITS[id(spec)] = (spec, units)
+    return units
 
 
 def held_units(spec: Spec) -> dict[int, frozenset[int]]:
@@ -122,7 +154,6 @@ def held_units(spec: Spec) -> dict[int, frozenset[int]]:
     return out
 
 
-@lru_cache(maxsize=65536)
 def _slice_costs(spec: Spec, kind: str, a: int, b: int, dp: int) -> StageCosts:
     if kind == "layer":
         from schedc import costmodel
@@ -226,20 +257,39 @@ def assign_gpus(units: Units, slices: Sequence[tuple[int, int]], dp: int, gpus: 
     chosen = sorted(gpus, key=lambda r: (-speed.get(r, 1.0), r))[:dp * pp]
     if len(chosen) < dp * pp:
         raise ValueError(f"{dp} x {pp} needs {dp * pp} GPUs, {len(chosen)} given")
-    kept = {(r, s): bytes_of(units, held.get(r, frozenset()) & frozenset(range(*slices[s])))
-            for r in chosen for s in range(pp)}
+    # GPUs holding the same units are alike here: price each group once (a stage's replicas
+    # form one group), so the cost grows with the stages, not the GPUs.
+    groups: dict[frozenset[int], list[int]] = {}
+    for r in chosen:
+        groups.setdefault(held.get(r, frozenset()), []).append(r)
+    kept = {(h, s): bytes_of(units, h & frozenset(range(*slices[s]))) for h in groups for s in range(pp)}
     slots: dict[int, list[int]] = {s: [] for s in range(pp)}
-    placed: set[int] = set()
-    for (r, s) in sorted(kept, key=lambda k: (-kept[k], k[1], k[0])):
-        if r not in placed and len(slots[s]) < dp:
-            slots[s].append(r)
-            placed.add(r)
+    free = {h: list(rs) for h, rs in groups.items()}  # rank order within a group
+    for (h, s) in sorted(kept, key=lambda k: (-kept[k], k[1], groups[k[0]][0])):
+        take = min(dp - len(slots[s]), len(free[h]))
+        if take > 0:
+            slots[s].extend(free[h][:take])
+            del free[h][:take]
     return tuple(tuple(slots[s][d] for s in range(pp)) for d in range(dp))
+
+
+def greedy_layout(units: Units, dp: int, pp: int, microbatches: int, memory: int, gpus: Sequence[int],
+                  held: Mapping[int, frozenset[int]], speed: Mapping[int, float] | None = None) -> Layout | None:
+    """The greedy layout of one shape: `partition_units` (the smallest full-speed bottleneck under
+    memory), then `assign_gpus` (fastest GPUs, most state held first). None when no split fits
+    `memory` or there are fewer than ``dp * pp`` GPUs."""
+    if len(gpus) < dp * pp:
+        return None
+    slices = partition_units(units, dp, pp, microbatches, memory)
+    if slices is None:
+        return None
+    return Layout(dp, pp, microbatches, slices, assign_gpus(units, slices, dp, gpus, held, speed))
 
 
 def bytes_of(units: Units, ids: Iterable[int]) -> int:
     """State bytes of the units `ids`."""
-    return sum(units.state_bytes(u, u + 1) for u in ids)
+    each = units.unit_bytes()
+    return sum(each[u] for u in ids)
 
 
 def received_bytes(units: Units, layout: Layout, held: Mapping[int, frozenset[int]]) -> dict[int, int]:
@@ -250,6 +300,45 @@ def received_bytes(units: Units, layout: Layout, held: Mapping[int, frozenset[in
             need = frozenset(range(*layout.slices[s])) - held.get(r, frozenset())
             out[r] = bytes_of(units, need)
     return out
+
+
+def layout_bottleneck(units: Units, layout: Layout, speed: Mapping[int, float] | None = None) -> int:
+    """Microseconds of the slowest slot of `layout`: the largest F + B + W of a stage's slice on
+    the GPU that runs it, ``ceil(work / speed)`` (`scaled_duration`)."""
+    speed = speed or {}
+    return max(scaled_duration(work(units.slice_costs(a, b, layout.dp, layout.pp, s)), speed.get(r, 1.0))
+               for row in layout.ranks for s, (r, (a, b)) in enumerate(zip(row, layout.slices)))
+
+
+def transition_us(units: Units, layout: Layout, held: Mapping[int, frozenset[int]], bandwidth: int) -> int:
+    """Microseconds to move into `layout`: the GPU that receives the most state receives it at
+    `bandwidth` bytes/s, the others at the same time beside it, ``ceil(bytes * 1e6 / bandwidth)``."""
+    most = max(received_bytes(units, layout, held).values(), default=0)
+    return -(-most * 1_000_000 // bandwidth)
+
+
+def layout_optimizer(units: Units, layout: Layout, speed: Mapping[int, float] | None = None) -> int:
+    """Microseconds of the slowest optimizer step of `layout` (its all-reduce included), on the GPU
+    that runs it: ``ceil(optimizer / speed)``, as every op of a slow GPU (`Instance.duration`)."""
+    speed = speed or {}
+    return max(scaled_duration(units.slice_costs(a, b, layout.dp, layout.pp, s).optimizer, speed.get(r, 1.0))
+               for row in layout.ranks for s, (r, (a, b)) in enumerate(zip(row, layout.slices)))
+
+
+def layout_objective(units: Units, layout: Layout, held: Mapping[int, frozenset[int]],
+                     speed: Mapping[int, float] | None = None, *, horizon_iterations: int, bandwidth: int) -> int:
+    """What `layout` costs over the next `horizon_iterations` iterations, in microseconds:
+    ``horizon_iterations x ((M + P - 1) x layout_bottleneck + layout_optimizer) + transition_us``:
+    `estimate_iteration`'s 1F1B critical path (M microbatches through P stages at the slowest
+    slot, then the slowest optimizer step) in integers with each GPU's own speed, and the one-off
+    move of state. The price every partitioner is compared on (`place`,
+    `bench/repartition_gap.py`); memory is not checked here (`fits`). E.g. 16 microbatches through
+    7 stages at a 6 ms slot and an 8.8 ms optimizer step, for 100 iterations, with 0.8 GB to move
+    at 25 GB/s: ``100 * (22 * 6000 + 8800) + 32000`` us.
+    """
+    slots = layout.microbatches + layout.pp - 1
+    iteration = slots * layout_bottleneck(units, layout, speed) + layout_optimizer(units, layout, speed)
+    return horizon_iterations * iteration + transition_us(units, layout, held, bandwidth)
 
 
 def layout_spec(spec: Spec, layout: Layout) -> Spec:
@@ -316,11 +405,17 @@ class Shape:
     estimate_us: int
 
 
-@lru_cache(maxsize=1024)
 def candidate_shapes(spec: Spec, gpus: int) -> tuple[Shape, ...]:
     """Every shape that fits `gpus` GPUs and the memory, partitioned, best estimate first (ties:
     fewer GPUs, fewer pipelines). Depends only on the count of GPUs, so it is cached by it."""
     units = units_of(spec)
+    key = ("shapes", gpus)
+    if key not in units._table:
+        units._table[key] = _shapes_of(spec, units, gpus)
+    return units._table[key]
+
+
+def _shapes_of(spec: Spec, units: "Units", gpus: int) -> tuple[Shape, ...]:
     global_mb = spec.dp * spec.microbatches
     memory = spec.cluster.gpu.memory
     out = []
@@ -333,16 +428,33 @@ def candidate_shapes(spec: Spec, gpus: int) -> tuple[Shape, ...]:
     return tuple(out)
 
 
-def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, frozenset[int]]) -> Layout:
-    """`shape` on the `live` GPUs (`assign_gpus`)."""
+def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, frozenset[int]], *,
+          partitioner: str = "greedy", horizon_iterations: int = HORIZON_ITERATIONS,
+          time_limit: float = LAYOUT_TIME_LIMIT, seed: int = 0) -> Layout:
+    """`shape` on the `live` GPUs. ``partitioner="greedy"``: the shape's full-speed split, GPUs
+    dealt by `assign_gpus`. ``"cpsat"``: the split re-cut and the GPUs chosen together at the
+    least `layout_objective` over `horizon_iterations` (`schedc.solvers.partition_cpsat`, on a work
+    budget of `time_limit`; never worse than greedy's on that objective; deterministic)."""
     speed = {g.rank: g.speed for g in spec.gpus}
-    ranks = assign_gpus(units_of(spec), shape.slices, shape.dp, live, held, speed)
-    return Layout(shape.dp, shape.pp, shape.microbatches, shape.slices, ranks)
+    units = units_of(spec)
+    if partitioner == "greedy":
+        ranks = assign_gpus(units, shape.slices, shape.dp, live, held, speed)
+        return Layout(shape.dp, shape.pp, shape.microbatches, shape.slices, ranks)
+    if partitioner != "cpsat":
+        raise ValueError(f"unknown partitioner {partitioner!r} (greedy or cpsat)")
+    from schedc.solvers import get_layout_solver
+
+    found = get_layout_solver(partitioner)(
+        units, shape.dp, shape.pp, shape.microbatches, spec.cluster.gpu.memory, live, held, speed,
+        horizon_iterations=horizon_iterations, bandwidth=spec.cluster.link.bandwidth, time_limit=time_limit,
+        seed=seed)
+    assert found.layout is not None, "a candidate shape fits the memory and the live GPUs"
+    return found.layout
 
 
-#: Solvers that plan a shape, cheapest first: zb-h1's fixed template is planned in milliseconds;
-#: greedy fills the bubbles better (and beats it on most shapes) for several times the cost.
-SOLVERS = ("zb-h1", "greedy")
+#: Solvers that plan a shape, best first: greedy fills the bubbles better (and beats zb-h1 on most
+#: shapes); zb-h1's fixed template is planned in a quarter of the time, the fallback.
+SOLVERS = ("greedy", "zb-h1")
 #: Predicted seconds per op (F, B, W of every microbatch on every pipeline planned op by op) of
 #: planning, verifying and simulating a layout with each solver: about 2x what they took at 56
 #: GPUs x 16 microbatches (10 and 40 us) when this was set. The prediction, not the clock, says
@@ -353,10 +465,22 @@ _S_PER_OP = {"zb-h1": 20e-6, "greedy": 80e-6}
 _PLANNING_SHARE = 0.6
 
 
-def _planned_ops(shape: Shape, total_gpus: int) -> int:
-    """Ops planned op by op for `shape`: one pipeline per class of alike pipelines (all of them
-    alike in a fault-free layout), so one pipeline's, plus a per-GPU term for the layout's check."""
-    return shape.pp * shape.microbatches * 3 + total_gpus
+def _solvers(shape: Shape) -> tuple[str, ...]:
+    """The solvers tried on `shape`: from `decompose.MIN_GPUS` GPUs only greedy, which plans one
+    pipeline for all (a fault-free layout's pipelines are alike); zb-h1 plans every pipeline."""
+    from schedc.decompose import MIN_GPUS
+
+    return ("greedy",) if shape.dp * shape.pp >= MIN_GPUS else SOLVERS
+
+
+def _planned_ops(shape: Shape, solver: str) -> int:
+    """Ops `solver` plans op by op for `shape` (greedy: by classes, so one pipeline's from
+    `decompose.MIN_GPUS` GPUs on), plus a per-GPU term for checking the whole layout."""
+    from schedc.decompose import MIN_GPUS
+
+    per_pipeline = shape.pp * shape.microbatches * 3
+    pipelines = 1 if solver == "greedy" and shape.dp * shape.pp >= MIN_GPUS else shape.dp
+    return per_pipeline * pipelines + shape.dp * shape.pp
 
 
 def plan_layout(spec: Spec, layout: Layout, solver: str = "greedy", *, time_limit: float = 0.05, seed: int = 0):
@@ -376,15 +500,17 @@ def plan_layout(spec: Spec, layout: Layout, solver: str = "greedy", *, time_limi
 
 
 def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[int, frozenset[int]] | None = None,
-                deadline: float = 1.0, seed: int = 0, planned: int = PLANNED_SHAPES) -> Repartition:
+                deadline: float = 1.0, seed: int = 0, planned: int = PLANNED_SHAPES, partitioner: str = "greedy",
+                horizon_iterations: int = HORIZON_ITERATIONS, layout_time_limit: float = LAYOUT_TIME_LIMIT) -> Repartition:
     """The fastest re-partitioned plan on the `live` GPUs (ranks of `spec`'s own layout; default:
     its live GPUs) found within `deadline` seconds. `held`: which units each GPU holds now
     (default: the job's own layout).
 
-    The best shapes by estimate (at most `planned`) are planned with each of `SOLVERS`, in the
-    order (zb-h1, best shape), (greedy, best shape), (zb-h1, second shape), ..., while the
-    predicted planning time (`_S_PER_OP`) fits in the deadline's share; the first pair always
-    runs. The fastest plan wins (ties: fewer bytes to move, then fewer GPUs). Raises
+    The best shapes by estimate (at most `planned`) are laid out on the live GPUs by `partitioner`
+    (`place`; "cpsat" costs 0.1-1.6 s per shape, so it is for offline use, not a 0.1 s replan)
+    and planned, best estimate first, by greedy where its predicted planning time (`_S_PER_OP`)
+    fits what is left of the deadline's share, else by zb-h1 where that fits; the best shape
+    always gets a plan (zb-h1's if greedy's does not fit). The fastest plan wins (ties: fewer bytes to move, then fewer GPUs). Raises
     `InfeasibleError` (E330) when no shape fits the live GPUs' memory. Deterministic, unless the
     machine is so loaded that the deadline passes first: then what was planned by then wins."""
     import time
@@ -399,11 +525,17 @@ def repartition(spec: Spec, live: Iterable[int] | None = None, *, held: Mapping[
     problems: list[SchedcError] = []
     spent = 0.0
     for shape in ranked:
-        layout = place(spec, shape, live, held)
-        for solver in SOLVERS:
-            cost = _S_PER_OP[solver] * _planned_ops(shape, len(live))
-            if best is not None and (spent + cost > budget or time.monotonic() - started > deadline):
+        layout = place(spec, shape, live, held, partitioner=partitioner, horizon_iterations=horizon_iterations,
+                       time_limit=layout_time_limit, seed=seed)
+        tried = False
+        for solver in _solvers(shape):
+            cost = _S_PER_OP[solver] * _planned_ops(shape, solver)
+            fits = spent + cost <= budget and time.monotonic() - started <= deadline
+            # The first shape always gets a plan: greedy's if it fits the budget, else zb-h1's.
+            must = best is None and not tried and solver == _solvers(shape)[-1]
+            if not (fits or must) or (tried and solver == "zb-h1"):
                 continue
+            tried = True
             spent += cost
             try:
                 plan = plan_layout(spec, layout, solver, time_limit=0.01, seed=seed)

@@ -14,6 +14,9 @@ One module per solver (`cpsat`, `greedy`, `gpipe`, `one_f_one_b`, `zb_h1`,
 - `listsched`: the event-driven list scheduler behind `reroute-1f1b` and `greedy`;
 - `improve`: greedy's local search;
 - `cpsat_bound`: lower bounds on the steady-state period.
+
+`partition_cpsat` is of another kind: it chooses a re-partitioned layout
+(`schedc.repartition`), found by name with `get_layout_solver`.
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ _REGISTRY: dict[str, str] = {
     "redundant": "schedc.solvers.redundant:solve",
 }
 
+# Layout solvers `schedc.repartition` may choose a shape's layout with (its own greedy rule is
+# the default): name -> "module:function", found by name so that repartition imports no solver.
+_LAYOUT_REGISTRY: dict[str, str] = {
+    "cpsat": "schedc.solvers.partition_cpsat:solve_layout",
+}
+
 
 def solver_names() -> list[str]:
     return list(_REGISTRY)
@@ -77,6 +86,13 @@ def get_solver(name: str) -> Solver:
     return getattr(importlib.import_module(module), func)
 
 
+def get_layout_solver(name: str):
+    """The layout solver registered under `name` (`partition_cpsat.solve_layout`'s signature);
+    KeyError if there is none."""
+    module, func = _LAYOUT_REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def solve(instance: Instance, name: str, options: SolveOptions | None = None) -> Schedule:
     return get_solver(name)(instance, options or SolveOptions())
 
@@ -85,7 +101,7 @@ def __getattr__(name: str):
     """`schedc.solvers.cpsat` (and every other solver module) without importing it first:
     ``import schedc.solvers; schedc.solvers.cpsat.warm_up()`` works, and OR-Tools still loads
     only when a module that needs it is touched."""
-    modules = {ref.split(":")[0].rsplit(".", 1)[1] for ref in _REGISTRY.values()}
+    modules = {ref.split(":")[0].rsplit(".", 1)[1] for ref in (*_REGISTRY.values(), *_LAYOUT_REGISTRY.values())}
     if name in modules:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
