@@ -83,6 +83,7 @@ class Option:
     transition_s: float
     moved_bytes: int = 0  # the largest share one GPU receives
     detail: str = ""
+    restore: bool = False  # the state comes back from the latest checkpoint
     plan: object = field(default=None, compare=False, repr=False)
 
     def time_to_train(self, iterations: float) -> float:
@@ -99,13 +100,15 @@ class Option:
 
 
 def transition_s(costs: Costs, *, lost_gpus: bool, moved_bytes: int, bandwidth: int,
-                 previous_iteration_s: float | None, restore: bool = False) -> float:
-    """The price of a switch before the new plan's first iteration (see the module docstring)."""
+                 previous_iteration_s: float | None, restore: bool = False, planned: bool = False) -> float:
+    """The price of a switch before the new plan's first iteration (see the module docstring).
+    `planned`: a restart nothing forced (GPUs came back): a checkpoint is written just before it,
+    so no work is lost, only the restart's fixed part is paid."""
     t = costs.reconfigure_s + moved_bytes / bandwidth
     if lost_gpus and previous_iteration_s is not None:
         t += previous_iteration_s  # the iteration that was running is rolled back
     if restore:
-        t += costs.restart_s + costs.lost_work_s
+        t += costs.restart_s + (0.0 if planned else costs.lost_work_s)
     return t
 
 

@@ -207,6 +207,7 @@ class _Run:
         self.iteration_s: float | None = planner.fault_free_s
         self.pending: tuple[float, Option] | None = None  # a grow decided by ski rental: when, to what
         self.transition_left = 0.0  # seconds of the current transition still to pay
+        self.restoring = False  # the current transition restores from the checkpoint
 
     # -- the options ------------------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class _Run:
                          bandwidth=self.p.spec.cluster.link.bandwidth, previous_iteration_s=self.iteration_s,
                          restore=restore)
         detail = f"{len(failed)} GPU(s) down" + ("; lost state restored from the checkpoint" if restore else "")
-        return Option(method, it, t, 0 if restore else moved, detail, plan=None)
+        return Option(method, it, t, 0 if restore else moved, detail, restore=restore)
 
     def _repartition_options(self, lost_gpus: bool) -> list[Option]:
         if self.live == self.p.all:
@@ -247,18 +248,21 @@ class _Run:
                              bandwidth=self.p.spec.cluster.link.bandwidth, previous_iteration_s=self.iteration_s,
                              restore=restore)
             out.append(Option("repartition", it, t, moved, layout.describe(self.p.units.kind)
-                              + ("; lost state restored from the checkpoint" if restore else ""), plan=layout))
+                              + ("; lost state restored from the checkpoint" if restore else ""), restore=restore,
+                              plan=layout))
         return out or [Option("repartition", None, 0.0, detail="no layout fits the live GPUs")]
 
-    def _restart_option(self) -> Option:
+    def _restart_option(self, lost_gpus: bool) -> Option:
         shape = self.p.restart_shape(len(self.live))
         if shape is None:
             return Option("restart", None, 0.0, detail="fewer live GPUs than one pipeline")
         layout = place(self.p.spec, shape, sorted(self.live), self.p.user_held)
         it = self.p.layout_s(layout)
+        # Forced by a loss, the work since the last checkpoint is lost; a restart to grow writes one first.
+        planned = not lost_gpus and self.iteration_s is not None and not self._state_lost()
         t = transition_s(self.costs, lost_gpus=False, moved_bytes=0, bandwidth=1, previous_iteration_s=None,
-                         restore=True)
-        return Option("restart", it, t, 0, f"{shape.dp} pipeline(s) of the user's shape", plan=layout)
+                         restore=True, planned=planned)
+        return Option("restart", it, t, 0, f"{shape.dp} pipeline(s) of the user's shape", restore=True, plan=layout)
 
     def options(self, lost_gpus: bool) -> list[Option]:
         if self.name == "reroute":
@@ -268,9 +272,9 @@ class _Run:
         if self.name == "repartition":
             return self._repartition_options(lost_gpus)
         if self.name == "restart":
-            return [self._restart_option()]
+            return [self._restart_option(lost_gpus)]
         return ([self._user_layout_option("reroute", lost_gpus), self._user_layout_option("drop-pipeline", lost_gpus)]
-                + self._repartition_options(lost_gpus) + [self._restart_option()])
+                + self._repartition_options(lost_gpus) + [self._restart_option(lost_gpus)])
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -283,6 +287,11 @@ class _Run:
         for r in live - set(self.held):
             self.held[r] = frozenset()  # a returning GPU comes back empty
         touched = bool(lost & self.used)
+        if live == self.p.all and self.layout is not None and self.name in ("auto", "repartition"):
+            # Nothing is missing: the job goes back to the user's shape.
+            back = replace(self._user_layout_option("reroute", lost_gpus=False), method="repartition",
+                           detail="every GPU up: the user's layout")
+            return self._switch(t, back, (back,), "every GPU is up: back to the user's layout")
         if self.iteration_s is not None and not touched:
             # The current plan still runs. Fixed policies (but repartition's spare GPUs) grow back at once;
             # auto asks ski rental.
@@ -314,10 +323,20 @@ class _Run:
 
     def _switch(self, t: float, best: Option, opts: Sequence[Option], why: str) -> None:
         self.result.decisions.append(Decision(t, len(self.live), best, tuple(opts), why))
-        self.result.switches += 1
         self.method = best.method
         self.iteration_s = best.iteration_s
-        self.transition_left = best.transition_s if best.iteration_s is not None else 0.0
+        # A restore under way is not cut short by a switch: its state is still on its way (and
+        # the work since the checkpoint is lost whatever runs next).
+        carried = self.transition_left if self.restoring else 0.0
+        if best.iteration_s is None:
+            self.transition_left = carried
+        elif best.restore:
+            self.transition_left = max(best.transition_s, carried)
+        else:
+            self.transition_left = carried + best.transition_s
+        self.restoring = best.restore or carried > 0
+        if best.iteration_s is not None:
+            self.result.switches += 1
         layout = best.plan if isinstance(best.plan, Layout) else None
         self.layout = layout
         if best.iteration_s is None:
@@ -349,6 +368,8 @@ class _Run:
             else:
                 tr = min(span, self.transition_left)
                 self.transition_left -= tr
+                if self.transition_left <= 0:
+                    self.restoring = False
                 self.result.transition_s += tr
                 if tr:
                     self.result.segments.append((t, t + tr, 0.0))
@@ -367,6 +388,8 @@ def replay(spec: Spec, trace: Trace, *, seed: int = 0, per_instance: int = 1,
     gpus = spec.dp * spec.pp
     check_fits(trace, gpus, per_instance, spec.source_name)
     states = availability(trace, gpus, seed=seed, per_instance=per_instance)
+    # Rows at one time are one event: the last of them says what the job has from then on.
+    states = [st for i, st in enumerate(states) if i + 1 == len(states) or states[i + 1][0] != st[0]]
     planner = Planner(spec, solver=solver, time_limit=time_limit, seed=seed)
     runs = [_Run(name, planner, costs) for name in policies]
     horizon = Horizon(costs.horizon_s)

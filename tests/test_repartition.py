@@ -1,0 +1,202 @@
+"""Re-partitioning (`schedc.repartition`) and the recovery cost model (`schedc.recovery_cost`):
+the exact partition against brute force, layouts that keep the global batch and pass the verifier,
+the bytes a GPU must receive, the deadline's choice, and the choices the cost model makes."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedc.diagnostics import InfeasibleError
+from schedc.load import load_text
+from schedc.printer import print_spec
+from schedc.recovery_cost import Costs, Horizon, Option, choose, grow_delay_s, transition_s
+from schedc.repartition import (
+    candidate_shapes,
+    held_units,
+    in_flight,
+    layout_spec,
+    partition_units,
+    place,
+    received_bytes,
+    repartition,
+    shapes,
+    units_of,
+)
+from schedc.verify import verify_schedule
+
+GPT = """
+model "gpt" {{ layers = {layers} hidden = 1024 heads = 16 seq_len = 2048 vocab = 50304 }}
+cluster {{ dp = {dp} pp = {pp} gpus_per_node = 1
+          gpu {{ memory = {memory} flops = 312TFLOPS efficiency = 0.45 }}
+          link {{ latency = 20us bandwidth = 25GB/s }} }}
+train {{ microbatches = {mb} }}
+{failures}
+"""
+
+
+def gpt(*, layers=24, dp=2, pp=8, mb=16, memory="40GiB", failures="") -> str:
+    return GPT.format(layers=layers, dp=dp, pp=pp, mb=mb, memory=memory, failures=failures)
+
+
+def stage_spec(costs: list[tuple[int, int, int]], memory_mib: int, dp: int = 2, mb: int = 4) -> str:
+    """Explicit stages (the units): (work us, activation MiB, static MiB) each."""
+    lines = ["cluster {", f"  dp = {dp}  pp = {len(costs)}  gpus_per_node = 8",
+             f"  gpu {{ memory = {memory_mib}MiB }}", "  link { latency = 10us  bandwidth = 1GB/s }", "}",
+             "stages {"]
+    for s, (w, act, static) in enumerate(costs):
+        lines.append(f"  stage {s} {{ forward = {w}us  backward_input = {w}us  backward_weight = {w}us  "
+                     f"optimizer = 10us  activation = {act}MiB  stash = 0MiB  static = {static}MiB  send = 1KiB }}")
+    return "\n".join(lines + ["}", f"train {{ microbatches = {mb} }}"])
+
+
+def brute_force(units, dp, pp, mb, memory):
+    """The smallest bottleneck over every contiguous split that fits, by enumeration."""
+    n, best = units.count, None
+    for cuts in combinations(range(1, n), pp - 1):
+        ends = (0, *cuts, n)
+        slices = [(ends[i], ends[i + 1]) for i in range(pp)]
+        costs = [units.shape_free(a, b) for a, b in slices]
+        if all(c.static + in_flight(s, pp, mb) * c.activation <= memory for s, c in enumerate(costs)):
+            v = max(c.forward + c.backward_input + c.backward_weight for c in costs)
+            best = v if best is None else min(best, v)
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(1, 8), st.integers(0, 8)), min_size=2, max_size=7),
+       st.integers(12, 60), st.integers(1, 4), st.integers(1, 6))
+def test_partition_is_the_smallest_bottleneck_that_fits(costs, memory_mib, dp, mb):
+    units = units_of(load_text(stage_spec(costs, 200, dp=dp, mb=mb)))
+    memory = memory_mib * 2**20
+    for pp in range(1, units.count + 1):
+        got = partition_units(units, dp, pp, mb, memory)
+        want = brute_force(units, dp, pp, mb, memory)
+        if want is None:
+            assert got is None
+            continue
+        assert got is not None and got[0][0] == 0 and got[-1][1] == units.count
+        assert all(a < b and (s == 0 or got[s - 1][1] == a) for s, (a, b) in enumerate(got))
+        cs = [units.shape_free(a, b) for a, b in got]
+        assert all(c.static + in_flight(s, pp, mb) * c.activation <= memory for s, c in enumerate(cs))
+        assert max(c.forward + c.backward_input + c.backward_weight for c in cs) == want
+
+
+def test_shapes_keep_the_global_batch_and_fit_the_gpus():
+    for d, p in shapes(32, 24, 13):
+        assert 32 % d == 0 and d * p <= 13 and 1 <= p <= 24
+    assert (2, 6) in shapes(32, 24, 13) and (1, 13) in shapes(32, 24, 13)
+    assert shapes(32, 24, 0) == []
+
+
+def test_a_lost_stage_is_laid_out_anew_on_the_survivors():
+    # Both GPUs of stage 3 (ranks 3 and 11) are gone: re-routing cannot go on, re-partitioning can.
+    spec = load_text(gpt())
+    live = [r for r in range(16) if r not in (3, 11)]
+    rep = repartition(spec, live)
+    lay = rep.layout
+    assert lay.dp * lay.microbatches == 32 and lay.gpus <= set(live) and len(lay.gpus) == lay.dp * lay.pp
+    assert [a for a, _ in lay.slices][0] == 0 and lay.slices[-1][1] == 24
+    verify_schedule(rep.plan.schedule)
+    # What each GPU receives is exactly the state of the layers it did not hold.
+    units, held = units_of(spec), held_units(spec)
+    for r, got in rep.received.items():
+        s = next(s for row in lay.ranks for s, x in enumerate(row) if x == r)
+        need = set(range(*lay.slices[s])) - held[r]
+        assert got == sum(units.state_bytes(u, u + 1) for u in need)
+    assert rep.max_received < sum(units.state_bytes(u, u + 1) for u in range(24))
+
+
+def test_the_layout_spec_is_an_ordinary_valid_spec_with_the_same_global_batch():
+    spec = load_text(gpt())
+    live = list(range(15))
+    shape = candidate_shapes(spec, 15)[0]
+    new = layout_spec(spec, place(spec, shape, live, held_units(spec)))
+    assert (new.dp, new.pp, new.microbatches) == (shape.dp, shape.pp, shape.microbatches)
+    assert new.partition == shape.slices and all(g.live for g in new.gpus)
+    assert load_text(print_spec(new)) == new
+
+
+def test_gpus_keep_the_layers_they_hold_where_they_can():
+    spec = load_text(gpt(dp=4, pp=4, mb=8))
+    units, held = units_of(spec), held_units(spec)
+    shape = next(sh for sh in candidate_shapes(spec, 16) if (sh.dp, sh.pp) == (4, 4))
+    lay = place(spec, shape, list(range(16)), held)
+    assert shape.slices == spec.partition  # the same split as the user's: nothing should move
+    assert set(received_bytes(units, lay, held).values()) == {0}
+
+
+def test_a_slow_gpu_is_left_out_when_a_spare_exists():
+    spec = load_text(gpt(failures="failures { slow gpu(dp=0, pp=2) speed = 0.5  fail gpu(dp=1, pp=7) }"))
+    live = [g.rank for g in spec.gpus if g.live]
+    rep = repartition(spec, live)
+    assert len(rep.layout.gpus) == 14 < len(live) and 2 not in rep.layout.gpus
+
+
+def test_nothing_fits_is_e330():
+    spec = load_text(gpt(memory="7GiB", dp=2, pp=8))
+    with pytest.raises(InfeasibleError) as info:
+        repartition(spec, [0])
+    assert info.value.codes[0] == "E330"
+
+
+def test_repartition_is_deterministic():
+    spec = load_text(gpt())
+    live = [r for r in range(16) if r not in (4, 12, 7)]
+    a, b = repartition(spec, live), repartition(spec, live)
+    assert a.layout == b.layout and a.iteration_time == b.iteration_time
+
+
+def test_a_whole_stage_spec_re_partitions_by_stages():
+    spec = load_text(stage_spec([(100, 1, 1)] * 4, 200, dp=2, mb=4))
+    rep = repartition(spec, [0, 1, 2, 4, 5, 6])  # stage 3 lost (ranks 3 and 7)
+    assert rep.unit == "stage" and rep.layout.slices[-1][1] == 4
+    verify_schedule(rep.plan.schedule)
+
+
+# -- the cost model -----------------------------------------------------------------------------------
+
+
+def test_choose_never_stalls_while_an_option_can_train():
+    stall = Option("reroute", None, 0.0)
+    slow_restore = Option("repartition", 0.2, 5000.0, restore=True)  # longer than the horizon
+    assert choose([stall, slow_restore], 10.0) is slow_restore
+
+
+def test_choose_weighs_iteration_time_against_the_transition():
+    quick = Option("reroute", 0.20, 1.0)
+    fast_but_costly = Option("repartition", 0.10, 60.0)
+    assert choose([quick, fast_but_costly], 100).method == "reroute"  # 21 s against 70 s
+    assert choose([quick, fast_but_costly], 10_000).method == "repartition"  # 2001 s against 1060 s
+    tie = [Option("drop-pipeline", 0.1, 1.0), Option("reroute", 0.1, 1.0)]
+    assert choose(tie, 100).method == "reroute"
+
+
+def test_transition_prices_moves_rollback_and_restores():
+    c = Costs(reconfigure_s=1.0, restart_s=30.0, checkpoint_every_s=600.0)
+    assert transition_s(c, lost_gpus=False, moved_bytes=0, bandwidth=10, previous_iteration_s=0.5) == 1.0
+    assert transition_s(c, lost_gpus=True, moved_bytes=20, bandwidth=10, previous_iteration_s=0.5) == 3.5
+    assert transition_s(c, lost_gpus=True, moved_bytes=0, bandwidth=10, previous_iteration_s=0.5,
+                        restore=True) == 1.0 + 0.5 + 30.0 + 300.0
+    assert transition_s(c, lost_gpus=False, moved_bytes=0, bandwidth=10, previous_iteration_s=0.5,
+                        restore=True, planned=True) == 31.0
+
+
+def test_ski_rental_buys_once_the_rent_reaches_the_price():
+    assert grow_delay_s(0.2, Option("repartition", 0.1, 5.0)) == pytest.approx(10.0)  # half the time lost
+    assert grow_delay_s(0.2, Option("repartition", 0.2, 5.0)) is None
+    assert grow_delay_s(0.2, Option("repartition", None, 0.0)) is None
+
+
+def test_horizon_is_the_mean_gap_after_the_default():
+    h = Horizon(900.0)
+    assert h.seconds == 900.0
+    h.event(0.0)
+    h.event(0.0)  # the same moment: not a gap
+    assert h.seconds == 900.0
+    h.event(100.0)
+    h.event(400.0)
+    assert h.seconds == pytest.approx(200.0)
