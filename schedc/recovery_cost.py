@@ -32,6 +32,11 @@ iterations before the next event": a restore longer than the horizon would
 then make stalling look as good as training, and the restore is only
 postponed by stalling.)
 
+**Risk**: a plan whose stages have few replicas may lose a stage's every
+copy at the next event, and then restore from the checkpoint: each option
+also carries that expected cost (`restore_risk_s`, from how hard losses hit
+so far, `LossRate`), counted with its transition.
+
 **Growing back** (GPUs returned, the current plan still runs): how long the
 extra GPUs stay is unknown, so the ski-rental rule of the fail-slow ladder
 (`schedc.live.mitigate`) decides: keep the current plan while the time lost
@@ -84,6 +89,7 @@ class Option:
     moved_bytes: int = 0  # the largest share one GPU receives
     detail: str = ""
     restore: bool = False  # the state comes back from the latest checkpoint
+    risk_s: float = 0.0  # expected cost of a restore the layout risks at the next event (`restore_risk_s`)
     plan: object = field(default=None, compare=False, repr=False)
 
     def time_to_train(self, iterations: float) -> float:
@@ -91,12 +97,13 @@ class Option:
         (infinite for an option that cannot train)."""
         if self.iteration_s is None:
             return float("inf")
-        return self.transition_s + iterations * self.iteration_s
+        return self.transition_s + self.risk_s + iterations * self.iteration_s
 
     def describe(self) -> str:
         it = "stalled" if self.iteration_s is None else f"{self.iteration_s * 1e3:.1f} ms/iteration"
         moved = f", moves {self.moved_bytes / 2**20:.0f} MiB" if self.moved_bytes else ""
-        return f"{self.method}: {it}, transition {self.transition_s:.2f} s{moved}"
+        risk = f", restore risk {self.risk_s:.1f} s" if self.risk_s >= 0.05 else ""
+        return f"{self.method}: {it}, transition {self.transition_s:.2f} s{moved}{risk}"
 
 
 def transition_s(costs: Costs, *, lost_gpus: bool, moved_bytes: int, bandwidth: int,
@@ -112,12 +119,47 @@ def transition_s(costs: Costs, *, lost_gpus: bool, moved_bytes: int, bandwidth: 
     return t
 
 
+def restore_risk_s(costs: Costs, replicas: Sequence[int], loss: "LossRate") -> float:
+    """Expected seconds of restore a plan risks at the next event: a stage (a group of units with
+    the same holders) whose `k` replicas all go in one loss must come back from the checkpoint.
+    Each GPU is taken with probability `loss.fraction` by a loss event (the events so far), so
+    the stage is lost with ``fraction ** k``; the risk is ``loss.share x min(1, sum of those) x
+    (restart + lost work)``. A layout whose stages have one GPU each (one pipeline, or a hole
+    beside a single replica) pays it in full; two replicas make it about ``fraction`` as large."""
+    p = min(1.0, sum(loss.fraction ** k for k in replicas if k > 0))
+    return loss.share * p * (costs.restart_s + costs.lost_work_s)
+
+
+class LossRate:
+    """How hard the losses hit, from the events so far: `fraction`, the mean share of the live
+    GPUs one loss event takes (default 0.1), and `share`, the share of events that are losses
+    (default 0.5)."""
+
+    def __init__(self, fraction: float = 0.1, share: float = 0.5):
+        self._default = (fraction, share)
+        self._fractions: list[float] = []
+        self._events = 0
+
+    def event(self, lost: int, live_before: int) -> None:
+        self._events += 1
+        if lost and live_before:
+            self._fractions.append(lost / live_before)
+
+    @property
+    def fraction(self) -> float:
+        return sum(self._fractions) / len(self._fractions) if self._fractions else self._default[0]
+
+    @property
+    def share(self) -> float:
+        return len(self._fractions) / self._events if self._events >= 2 else self._default[1]
+
+
 def choose(options: Sequence[Option], work_iterations: float) -> Option:
     """The option that trains `work_iterations` iterations soonest, transition included; ties: the
     shorter transition, then the least disruptive method (`METHODS`). Stalling is never chosen
     while an option can train: a restore it would avoid is only postponed."""
     def key(o: Option):
-        return (o.time_to_train(work_iterations), o.transition_s,
+        return (o.time_to_train(work_iterations), o.transition_s + o.risk_s,
                 METHODS.index(o.method) if o.method in METHODS else len(METHODS))
     return min(options, key=key)
 

@@ -36,7 +36,9 @@ cuts (docs/planner.md, "Re-partitioning with CP-SAT").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Iterable, Mapping, Sequence
 
 from schedc.diagnostics import InfeasibleError, SchedcError, error
@@ -58,25 +60,36 @@ PLANNED_SHAPES = 3
 class Layout:
     """`dp` pipelines of `pp` stages; stage `s` holds units ``slices[s]`` = [a, b); GPU
     ``ranks[d][s]`` (a rank of the job's own dp x pp layout) runs stage `s` of pipeline `d`,
-    with `microbatches` microbatches per pipeline."""
+    with `microbatches` microbatches per pipeline. A `None` rank is a hole: no GPU runs that
+    slot, and its stage's other GPUs take its work (re-routing, as after a failure): a layout
+    with holes uses GPU counts that no product of equal pipelines reaches."""
 
     dp: int
     pp: int
     microbatches: int
     slices: tuple[tuple[int, int], ...]
-    ranks: tuple[tuple[int, ...], ...]
+    ranks: tuple[tuple[int | None, ...], ...]
+
+    def slots(self) -> list[tuple[int, int, int]]:
+        """(pipeline, stage, physical GPU) of every slot a GPU runs (holes left out)."""
+        return [(d, s, r) for d, row in enumerate(self.ranks) for s, r in enumerate(row) if r is not None]
 
     @property
     def gpus(self) -> frozenset[int]:
-        return frozenset(r for row in self.ranks for r in row)
+        return frozenset(r for _, _, r in self.slots())
+
+    @property
+    def holes(self) -> int:
+        return sum(r is None for row in self.ranks for r in row)
 
     def held(self) -> dict[int, frozenset[int]]:
         """Physical GPU -> the units it holds under this layout."""
-        return {r: frozenset(range(*self.slices[s])) for row in self.ranks for s, r in enumerate(row)}
+        return {r: frozenset(range(*self.slices[s])) for _, s, r in self.slots()}
 
     def describe(self, unit: str = "layer") -> str:
         cuts = " | ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in self.slices)
-        return f"{self.dp} x {self.pp} ({self.microbatches} microbatches each; {unit}s {cuts})"
+        holes = f", {self.holes} slot(s) re-routed" if self.holes else ""
+        return f"{self.dp} x {self.pp}{holes} ({self.microbatches} microbatches each; {unit}s {cuts})"
 
 
 @dataclass(frozen=True)
@@ -194,31 +207,42 @@ def shapes(global_microbatches: int, units: int, gpus: int) -> list[tuple[int, i
     return out
 
 
-def partition_units(units: Units, dp: int, pp: int, microbatches: int, memory: int) -> tuple[tuple[int, int], ...] | None:
+def hole_load(s: int, dp: int, holes: int) -> Fraction:
+    """How much of its stage's work each GPU of stage `s` runs, relative to a stage with no hole:
+    ``dp / (dp - 1)`` for the first `holes` stages (one slot each re-routed), else 1."""
+    return Fraction(dp, dp - 1) if s < holes else Fraction(1)
+
+
+def partition_units(units: Units, dp: int, pp: int, microbatches: int, memory: int,
+                    holes: int = 0) -> tuple[tuple[int, int], ...] | None:
     """The contiguous split of the units into `pp` non-empty slices that minimises the largest
-    stage's work (F + B + W) with every stage within `memory` (`fits`); None when no split fits.
-    Exact (dynamic programming over slice ends); among equal splits the earliest cut wins."""
+    stage's work (F + B + W) per GPU with every stage within `memory` (`fits`); None when no split
+    fits. With `holes`, each of the first `holes` stages has one GPU fewer (`hole_load`: its GPUs
+    share its work and its activations in flight). Exact (dynamic programming over slice ends);
+    among equal splits the earliest cut wins."""
     n = units.count
-    if not 1 <= pp <= n:
+    if not 1 <= pp <= n or holes and (dp < 2 or holes > pp):
         return None
     inf = float("inf")
     table = units.table()
     cap = [memory] * pp  # what stage s may hold: static + in_flight(s) x activation
-    flight = [in_flight(s, pp, microbatches) for s in range(pp)]
+    load = [hole_load(s, dp, holes) for s in range(pp)]
+    flight = [math.ceil(in_flight(s, pp, microbatches) * load[s]) for s in range(pp)]
     # best[s][b]: the smallest bottleneck of stages 0..s covering units [0, b); cut[s][b]: where stage s starts.
     best = [[inf] * (n + 1) for _ in range(pp)]
     cut = [[-1] * (n + 1) for _ in range(pp)]
     for b in range(1, n - pp + 2):
         w, st, act = table[0, b]
         if st + flight[0] * act <= cap[0]:
-            best[0][b] = w
+            best[0][b] = w * load[0]
             cut[0][b] = 0
     for s in range(1, pp):
-        prev, here, cuts, f = best[s - 1], best[s], cut[s], flight[s]
+        prev, here, cuts, f, k = best[s - 1], best[s], cut[s], flight[s], load[s]
         for b in range(s + 1, n - pp + s + 2):
             # Widening the slice leftwards only adds work and memory: stop once either is too much.
             for a in range(b - 1, s - 1, -1):
                 w, st, act = table[a, b]
+                w = w * k
                 if w > here[b] or st + f * act > memory:
                     break
                 if prev[a] == inf:
@@ -237,26 +261,31 @@ def partition_units(units: Units, dp: int, pp: int, microbatches: int, memory: i
 
 
 def estimate_iteration(units: Units, dp: int, pp: int, microbatches: int,
-                       slices: Sequence[tuple[int, int]], speeds: Sequence[float] | None = None) -> int:
+                       slices: Sequence[tuple[int, int]], speeds: Sequence[float] | None = None,
+                       holes: int = 0) -> int:
     """Microseconds of an iteration, estimated: ``(M + P - 1)`` microbatch slots of the slowest
-    stage, plus the slowest optimizer step (1F1B's critical path; the solver's plan is usually
-    shorter, as it fills the bubbles with W). `speeds[s]`: the slowest GPU of stage `s`."""
+    stage (its work per GPU, `hole_load`), plus the slowest optimizer step (1F1B's critical path;
+    the solver's plan is usually shorter, as it fills the bubbles with W). `speeds[s]`: the
+    slowest GPU of stage `s`."""
     costs = [units.slice_costs(a, b, dp, pp, s) for s, (a, b) in enumerate(slices)]
     speeds = speeds or [1.0] * pp
-    slot = max(work(c) / speeds[s] for s, c in enumerate(costs))
+    slot = max(work(c) * hole_load(s, dp, holes) / speeds[s] for s, c in enumerate(costs))
     return int((microbatches + pp - 1) * slot + max(c.optimizer for c in costs))
 
 
 def assign_gpus(units: Units, slices: Sequence[tuple[int, int]], dp: int, gpus: Sequence[int],
-                held: Mapping[int, frozenset[int]], speed: Mapping[int, float] | None = None) -> tuple[tuple[int, ...], ...]:
+                held: Mapping[int, frozenset[int]], speed: Mapping[int, float] | None = None,
+                holes: int = 0) -> tuple[tuple[int | None, ...], ...]:
     """`ranks[d][s]`: which of `gpus` runs stage `s` of pipeline `d`. The fastest GPUs are used
     (ties: lower rank); then (GPU, stage) pairs are taken in order of the state the GPU already
     holds of that stage, most first, so that the fewest bytes move (ties: lower stage, rank)."""
     speed = speed or {}
     pp = len(slices)
-    chosen = sorted(gpus, key=lambda r: (-speed.get(r, 1.0), r))[:dp * pp]
-    if len(chosen) < dp * pp:
-        raise ValueError(f"{dp} x {pp} needs {dp * pp} GPUs, {len(chosen)} given")
+    need = dp * pp - holes
+    chosen = sorted(gpus, key=lambda r: (-speed.get(r, 1.0), r))[:need]
+    if len(chosen) < need:
+        raise ValueError(f"{dp} x {pp} with {holes} hole(s) needs {need} GPUs, {len(chosen)} given")
+    room = [dp - (1 if s < holes else 0) for s in range(pp)]
     # GPUs holding the same units are alike here: price each group once (a stage's replicas
     # form one group), so the cost grows with the stages, not the GPUs.
     groups: dict[frozenset[int], list[int]] = {}
@@ -266,11 +295,11 @@ def assign_gpus(units: Units, slices: Sequence[tuple[int, int]], dp: int, gpus: 
     slots: dict[int, list[int]] = {s: [] for s in range(pp)}
     free = {h: list(rs) for h, rs in groups.items()}  # rank order within a group
     for (h, s) in sorted(kept, key=lambda k: (-kept[k], k[1], groups[k[0]][0])):
-        take = min(dp - len(slots[s]), len(free[h]))
+        take = min(room[s] - len(slots[s]), len(free[h]))
         if take > 0:
             slots[s].extend(free[h][:take])
             del free[h][:take]
-    return tuple(tuple(slots[s][d] for s in range(pp)) for d in range(dp))
+    return tuple(tuple(slots[s][d] if d < len(slots[s]) else None for s in range(pp)) for d in range(dp))
 
 
 def greedy_layout(units: Units, dp: int, pp: int, microbatches: int, memory: int, gpus: Sequence[int],
@@ -295,10 +324,9 @@ def bytes_of(units: Units, ids: Iterable[int]) -> int:
 def received_bytes(units: Units, layout: Layout, held: Mapping[int, frozenset[int]]) -> dict[int, int]:
     """Physical GPU -> bytes of state it must receive to run its stage of `layout`."""
     out = {}
-    for row in layout.ranks:
-        for s, r in enumerate(row):
-            need = frozenset(range(*layout.slices[s])) - held.get(r, frozenset())
-            out[r] = bytes_of(units, need)
+    for _, s, r in layout.slots():
+        need = frozenset(range(*layout.slices[s])) - held.get(r, frozenset())
+        out[r] = bytes_of(units, need)
     return out
 
 
@@ -306,8 +334,8 @@ def layout_bottleneck(units: Units, layout: Layout, speed: Mapping[int, float] |
     """Microseconds of the slowest slot of `layout`: the largest F + B + W of a stage's slice on
     the GPU that runs it, ``ceil(work / speed)`` (`scaled_duration`)."""
     speed = speed or {}
-    return max(scaled_duration(work(units.slice_costs(a, b, layout.dp, layout.pp, s)), speed.get(r, 1.0))
-               for row in layout.ranks for s, (r, (a, b)) in enumerate(zip(row, layout.slices)))
+    return max(scaled_duration(work(units.slice_costs(*layout.slices[s], layout.dp, layout.pp, s)), speed.get(r, 1.0))
+               for _, s, r in layout.slots())
 
 
 def transition_us(units: Units, layout: Layout, held: Mapping[int, frozenset[int]], bandwidth: int) -> int:
@@ -321,8 +349,9 @@ def layout_optimizer(units: Units, layout: Layout, speed: Mapping[int, float] | 
     """Microseconds of the slowest optimizer step of `layout` (its all-reduce included), on the GPU
     that runs it: ``ceil(optimizer / speed)``, as every op of a slow GPU (`Instance.duration`)."""
     speed = speed or {}
-    return max(scaled_duration(units.slice_costs(a, b, layout.dp, layout.pp, s).optimizer, speed.get(r, 1.0))
-               for row in layout.ranks for s, (r, (a, b)) in enumerate(zip(row, layout.slices)))
+    return max(scaled_duration(units.slice_costs(*layout.slices[s], layout.dp, layout.pp, s).optimizer,
+                               speed.get(r, 1.0))
+               for _, s, r in layout.slots())
 
 
 def layout_objective(units: Units, layout: Layout, held: Mapping[int, frozenset[int]],
@@ -354,9 +383,10 @@ def layout_spec(spec: Spec, layout: Layout) -> Spec:
     slow = []
     for d, row in enumerate(layout.ranks):
         for s, r in enumerate(row):
-            g = spec.gpus[r]
-            if g.speed < 1.0:
-                slow.append(Failure("slow_gpu", dp=d, pp=s, speed=g.speed))
+            if r is None:  # a hole: its stage's other GPUs take its work
+                slow.append(Failure("fail_gpu", dp=d, pp=s))
+            elif spec.gpus[r].speed < 1.0:
+                slow.append(Failure("slow_gpu", dp=d, pp=s, speed=spec.gpus[r].speed))
     new = replace(spec, cluster=cluster, train=replace(spec.train, microbatches=layout.microbatches),
                   failures=tuple(slow), gpus=())
     if units.kind == "layer":
@@ -365,8 +395,8 @@ def layout_spec(spec: Spec, layout: Layout) -> Spec:
         new = replace(new, stages=tuple(units.slice_costs(a, b, layout.dp, layout.pp, s)
                                          for s, (a, b) in enumerate(layout.slices)))
     header = (f"{spec.source_name} re-partitioned by schedc: {layout.describe(units.kind)}; "
-              f"pipeline d stage s runs on GPU rank {', '.join(str(r) for row in layout.ranks for r in row)} "
-              "(in order d, s)")
+              f"pipeline d stage s runs on GPU rank {', '.join('-' if r is None else str(r) for row in layout.ranks for r in row)} "
+              "(in order d, s; - a hole)")
     return load_text(print_spec(new, header=header), name=f"{spec.source_name} (re-partitioned)")
 
 
@@ -403,6 +433,11 @@ class Shape:
     microbatches: int
     slices: tuple[tuple[int, int], ...]
     estimate_us: int
+    holes: int = 0  # the first `holes` stages have one GPU fewer (re-routed)
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.pp - self.holes
 
 
 def candidate_shapes(spec: Spec, gpus: int) -> tuple[Shape, ...]:
@@ -419,13 +454,27 @@ def _shapes_of(spec: Spec, units: "Units", gpus: int) -> tuple[Shape, ...]:
     global_mb = spec.dp * spec.microbatches
     memory = spec.cluster.gpu.memory
     out = []
-    for d, p in shapes(global_mb, units.count, gpus):
+    for d, p, h in shapes_with_holes(global_mb, units.count, gpus):
         m = global_mb // d
-        slices = partition_units(units, d, p, m, memory)
+        slices = partition_units(units, d, p, m, memory, holes=h)
         if slices is not None:
-            out.append(Shape(d, p, m, slices, estimate_iteration(units, d, p, m, slices)))
-    out.sort(key=lambda sh: (sh.estimate_us, sh.dp * sh.pp, sh.dp))
+            out.append(Shape(d, p, m, slices, estimate_iteration(units, d, p, m, slices, holes=h), h))
+    out.sort(key=lambda sh: (sh.estimate_us, sh.gpus, sh.holes, sh.dp))
     return tuple(out)
+
+
+def shapes_with_holes(global_microbatches: int, units: int, gpus: int) -> list[tuple[int, int, int]]:
+    """(pipelines, stages, holes): the `shapes`, and for each number of stages P the next number
+    of pipelines D' (dividing the global batch) that needs more than `gpus` GPUs, when the
+    ``D' x P - gpus`` missing slots fit one per stage (and D' >= 2): holes in the first stages,
+    whose GPUs share their stage's work. E.g. 11 GPUs, 32 microbatches, 24 layers: 2 x 6 with one
+    hole beats 2 x 5 (no 2 x 5.5 exists)."""
+    out = [(d, p, 0) for d, p in shapes(global_microbatches, units, gpus)]
+    for p in range(1, min(units, gpus) + 1):
+        d = min((d for d in range(2, gpus + 1) if global_microbatches % d == 0 and d * p > gpus), default=0)
+        if d and d * p - gpus <= p:
+            out.append((d, p, d * p - gpus))
+    return out
 
 
 def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, frozenset[int]], *,
@@ -437,8 +486,8 @@ def place(spec: Spec, shape: Shape, live: Sequence[int], held: Mapping[int, froz
     budget of `time_limit`; never worse than greedy's on that objective; deterministic)."""
     speed = {g.rank: g.speed for g in spec.gpus}
     units = units_of(spec)
-    if partitioner == "greedy":
-        ranks = assign_gpus(units, shape.slices, shape.dp, live, held, speed)
+    if partitioner == "greedy" or shape.holes:  # (the CP-SAT layout has no holes)
+        ranks = assign_gpus(units, shape.slices, shape.dp, live, held, speed, holes=shape.holes)
         return Layout(shape.dp, shape.pp, shape.microbatches, shape.slices, ranks)
     if partitioner != "cpsat":
         raise ValueError(f"unknown partitioner {partitioner!r} (greedy or cpsat)")

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from schedc.diagnostics import SchedcError, SpecError, error, did_you_mean
-from schedc.recovery_cost import Costs, Horizon, Option, choose, grow_delay_s, transition_s
-from schedc.repartition import (Layout, Shape, bytes_of, candidate_shapes, held_units, layout_spec, place,
+from schedc.recovery_cost import Costs, Horizon, LossRate, Option, choose, grow_delay_s, restore_risk_s, transition_s
+from schedc.repartition import (Layout, Shape, bytes_of, candidate_shapes, held_units, place, plan_layout,
                                 received_bytes, units_of)
 from schedc.spec import Failure, Spec
 from schedc.trace import Trace, availability, check_fits
@@ -164,15 +164,12 @@ class Planner:
         return self._replans[key]
 
     def layout_s(self, layout: Layout) -> float | None:
-        """Iteration seconds of a layout's compiled plan (None if the solver finds it does not fit)."""
-        from schedc.plan import compile as compile_plan
-
-        speeds = tuple(self.spec.gpus[r].speed for row in layout.ranks for r in row)
+        """Iteration seconds of a layout's plan (None if the solver finds it does not fit)."""
+        speeds = tuple(None if r is None else self.spec.gpus[r].speed for row in layout.ranks for r in row)
         key = (layout.dp, layout.pp, layout.microbatches, layout.slices, speeds)
         if key not in self._layouts:
             try:
-                plan = compile_plan(layout_spec(self.spec, layout), solver=self.solver, time_limit=self.time_limit,
-                                    seed=self.seed)
+                plan = plan_layout(self.spec, layout, self.solver, time_limit=self.time_limit, seed=self.seed)
                 self._layouts[key] = plan.metrics.iteration_time / 1e6
             except SchedcError:
                 self._layouts[key] = None
@@ -194,8 +191,9 @@ class Planner:
 class _Run:
     """One policy's state while the trace is replayed."""
 
-    def __init__(self, name: str, planner: Planner, costs: Costs):
+    def __init__(self, name: str, planner: Planner, costs: Costs, loss: LossRate):
         self.name = name
+        self.loss = loss
         self.p = planner
         self.costs = costs
         self.result = PolicyReplay(name)
@@ -228,7 +226,9 @@ class _Run:
                          bandwidth=self.p.spec.cluster.link.bandwidth, previous_iteration_s=self.iteration_s,
                          restore=restore)
         detail = f"{len(failed)} GPU(s) down" + ("; lost state restored from the checkpoint" if restore else "")
-        return Option(method, it, t, 0 if restore else moved, detail, restore=restore)
+        replicas = [sum(1 for r in self.live if self.p.spec.gpus[r].pp == st) for st in range(self.p.spec.pp)]
+        return Option(method, it, t, 0 if restore else moved, detail, restore=restore,
+                      risk_s=restore_risk_s(self.costs, replicas, self.loss))
 
     def _repartition_options(self, lost_gpus: bool) -> list[Option]:
         if self.live == self.p.all:
@@ -247,9 +247,10 @@ class _Run:
             t = transition_s(self.costs, lost_gpus=lost_gpus, moved_bytes=moved,
                              bandwidth=self.p.spec.cluster.link.bandwidth, previous_iteration_s=self.iteration_s,
                              restore=restore)
+            replicas = [sum(1 for row in layout.ranks if row[st] is not None) for st in range(layout.pp)]
             out.append(Option("repartition", it, t, moved, layout.describe(self.p.units.kind)
                               + ("; lost state restored from the checkpoint" if restore else ""), restore=restore,
-                              plan=layout))
+                              risk_s=restore_risk_s(self.costs, replicas, self.loss), plan=layout))
         return out or [Option("repartition", None, 0.0, detail="no layout fits the live GPUs")]
 
     def _restart_option(self, lost_gpus: bool) -> Option:
@@ -262,7 +263,8 @@ class _Run:
         planned = not lost_gpus and self.iteration_s is not None and not self._state_lost()
         t = transition_s(self.costs, lost_gpus=False, moved_bytes=0, bandwidth=1, previous_iteration_s=None,
                          restore=True, planned=planned)
-        return Option("restart", it, t, 0, f"{shape.dp} pipeline(s) of the user's shape", restore=True, plan=layout)
+        return Option("restart", it, t, 0, f"{shape.dp} pipeline(s) of the user's shape", restore=True,
+                      risk_s=restore_risk_s(self.costs, [shape.dp] * shape.pp, self.loss), plan=layout)
 
     def options(self, lost_gpus: bool) -> list[Option]:
         if self.name == "reroute":
@@ -391,7 +393,8 @@ def replay(spec: Spec, trace: Trace, *, seed: int = 0, per_instance: int = 1,
     # Rows at one time are one event: the last of them says what the job has from then on.
     states = [st for i, st in enumerate(states) if i + 1 == len(states) or states[i + 1][0] != st[0]]
     planner = Planner(spec, solver=solver, time_limit=time_limit, seed=seed)
-    runs = [_Run(name, planner, costs) for name in policies]
+    loss = LossRate()
+    runs = [_Run(name, planner, costs, loss) for name in policies]
     horizon = Horizon(costs.horizon_s)
     start = states[0][0]
     prev_t, last = start, planner.all
@@ -402,6 +405,7 @@ def replay(spec: Spec, trace: Trace, *, seed: int = 0, per_instance: int = 1,
         prev_t = t
         if live == last:
             continue
+        loss.event(len(last - live), len(last))
         last = live
         events += 1
         horizon.event(t)
