@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from schedc.load import load  # noqa: E402
+from schedc.recovery_cost import Costs  # noqa: E402
 from schedc.replay import POLICIES, replay  # noqa: E402
 from schedc.trace import read_trace  # noqa: E402
 
@@ -42,17 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--jobs", nargs="+", default=list(JOBS))
     ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--checkpoint-every", type=float, default=Costs().checkpoint_every_s, metavar="S",
+                    help="seconds between checkpoints (a restore loses half of it; default %(default)g)")
     ap.add_argument("--json", metavar="FILE", help="also write every replay's JSON here")
     args = ap.parse_args(argv)
     trace = read_trace(ROOT / args.trace)
     everything = []
-    print(f"trace {args.trace}: {trace.duration_s / 3600:.1f} h, {len(trace.rows)} rows; seeds {args.seeds}\n")
+    print(f"trace {args.trace}: {trace.duration_s / 3600:.1f} h, {len(trace.rows)} rows; seeds {args.seeds}; "
+          f"checkpoint every {args.checkpoint_every:g} s\n")
     for job in args.jobs:
         spec = load(ROOT / job)
         runs = []
         for seed in args.seeds:
             started = time.perf_counter()
-            r = replay(spec, trace, seed=seed)
+            r = replay(spec, trace, seed=seed, costs=Costs(checkpoint_every_s=args.checkpoint_every))
             runs.append((r, time.perf_counter() - started))
             everything.append(r.to_json())
         wall = [w for _, w in runs]

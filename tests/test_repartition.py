@@ -4,6 +4,8 @@ the bytes a GPU must receive, the deadline's choice, and the choices the cost mo
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from itertools import combinations
 
 import pytest
@@ -53,15 +55,18 @@ def stage_spec(costs: list[tuple[int, int, int]], memory_mib: int, dp: int = 2, 
     return "\n".join(lines + ["}", f"train {{ microbatches = {mb} }}"])
 
 
-def brute_force(units, dp, pp, mb, memory):
-    """The smallest bottleneck over every contiguous split that fits, by enumeration."""
+def brute_force(units, dp, pp, mb, memory, holes=0):
+    """The smallest bottleneck (work per GPU) over every contiguous split that fits, by enumeration;
+    the first `holes` stages have dp - 1 GPUs sharing dp GPUs' work and activations."""
     n, best = units.count, None
+    load = [Fraction(dp, dp - 1) if s < holes else 1 for s in range(pp)]
     for cuts in combinations(range(1, n), pp - 1):
         ends = (0, *cuts, n)
         slices = [(ends[i], ends[i + 1]) for i in range(pp)]
         costs = [units.shape_free(a, b) for a, b in slices]
-        if all(c.static + in_flight(s, pp, mb) * c.activation <= memory for s, c in enumerate(costs)):
-            v = max(c.forward + c.backward_input + c.backward_weight for c in costs)
+        if all(c.static + math.ceil(in_flight(s, pp, mb) * load[s]) * c.activation <= memory
+               for s, c in enumerate(costs)):
+            v = max((c.forward + c.backward_input + c.backward_weight) * load[s] for s, c in enumerate(costs))
             best = v if best is None else min(best, v)
     return best
 
@@ -83,6 +88,35 @@ def test_partition_is_the_smallest_bottleneck_that_fits(costs, memory_mib, dp, m
         cs = [units.shape_free(a, b) for a, b in got]
         assert all(c.static + in_flight(s, pp, mb) * c.activation <= memory for s, c in enumerate(cs))
         assert max(c.forward + c.backward_input + c.backward_weight for c in cs) == want
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(1, 8), st.integers(0, 8)), min_size=2, max_size=6),
+       st.integers(12, 60), st.integers(2, 4), st.integers(1, 6), st.integers(1, 6))
+def test_partition_with_holes_is_the_smallest_work_per_gpu(costs, memory_mib, dp, mb, holes):
+    units = units_of(load_text(stage_spec(costs, 200, dp=dp, mb=mb)))
+    memory = memory_mib * 2**20
+    for pp in range(max(1, holes), units.count + 1):
+        got = partition_units(units, dp, pp, mb, memory, holes=holes)
+        want = brute_force(units, dp, pp, mb, memory, holes=holes)
+        if want is None:
+            assert got is None
+            continue
+        load = [Fraction(dp, dp - 1) if s < holes else 1 for s in range(pp)]
+        cs = [units.shape_free(a, b) for a, b in got]
+        assert max((c.forward + c.backward_input + c.backward_weight) * load[s] for s, c in enumerate(cs)) == want
+
+
+def test_a_layout_with_a_hole_reaches_a_gpu_count_equal_pipelines_cannot():
+    spec = load_text(gpt())
+    live = list(range(11))  # 11 GPUs: no D x P of equal pipelines with D dividing 32 uses them all
+    rep = repartition(spec, live, deadline=5.0)
+    lay = rep.layout
+    assert lay.holes == 1 and len(lay.gpus) == 11 and lay.ranks[-1][0] is None
+    assert rep.plan.spec.gpus[(lay.dp - 1) * lay.pp].live is False  # the hole is a failed GPU of the layout
+    verify_schedule(rep.plan.schedule)
+    equal = min(sh.estimate_us for sh in candidate_shapes(spec, 11) if not sh.holes)
+    assert min(sh.estimate_us for sh in candidate_shapes(spec, 11) if sh.holes) < equal
 
 
 def test_shapes_keep_the_global_batch_and_fit_the_gpus():

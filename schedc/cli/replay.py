@@ -30,12 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="the job's spec file, or - to read standard input")
     parser.add_argument("trace", metavar="TRACE.csv",
                         help="availability trace: `seconds,available` rows, one per change (docs/replay.md)")
-    parser.add_argument("--seed", type=_seed, default=0,
+    parser.add_argument("--seed", type=_whole(0, "a seed is"), default=0,
                         help="seed of the random picks of lost and returning GPUs, and of the planner (default 0)")
     parser.add_argument("--policy", dest="policies", action="extend", type=_names, metavar="NAME",
                         help=f"a recovery policy to replay: {', '.join(POLICIES)} (repeatable or a comma "
                              "list; default all)")
-    parser.add_argument("--gpus-per-instance", type=_whole, default=1, metavar="K",
+    parser.add_argument("--gpus-per-instance", type=_whole(1, "must be"), default=1, metavar="K",
                         help="GPUs an instance of the trace holds (default 1)")
     parser.add_argument("--checkpoint-every", type=_seconds(0), default=d.checkpoint_every_s, metavar="SECONDS",
                         help="checkpoint interval; a restore loses half of it on average "
@@ -54,24 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable output")
 
 
-def _seed(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a seed is a whole number >= 0, not {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"a seed is a whole number >= 0, not {text!r}")
-    return n
-
-
-def _whole(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
-    return n
+def _whole(low: int, what: str):
+    """An argparse type: a whole number >= `low`."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{what} a whole number >= {low}, not {text!r}")
+        return n
+    return parse
 
 
 def _seconds(low: float, strict: bool = False):
