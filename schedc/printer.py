@@ -45,6 +45,12 @@ def print_spec(spec: Spec, *, header: str | None = None) -> str:
     out += ["schedule {", f"    decouple_backward = {_bool(o.decouple_backward)}",
             f"    stagger_optimizer = {_bool(o.stagger_optimizer)}", f"    solver = {_name(o.solver)}",
             f"    time_limit = {_seconds(o.time_limit)}", "}"]
+    if spec.recovery is not None:
+        r = spec.recovery
+        out += ["", "recovery {", f"    policy = {_name(r.policy)}", f"    horizon = {_seconds(r.horizon)}",
+                f"    checkpoint_every = {_seconds(r.checkpoint_every)}",
+                f"    restart_cost = {_seconds(r.restart_cost)}",
+                f"    reconfigure_cost = {_seconds(r.reconfigure_cost)}", "}"]
     return "\n".join(out) + "\n"
 
 

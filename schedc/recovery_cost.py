@@ -47,7 +47,7 @@ loses at most twice what the best choice in hindsight would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 #: Methods, in the order ties are broken (the least disruptive first).
@@ -72,6 +72,15 @@ class Costs:
     restart_s: float = 30.0
     checkpoint_every_s: float = 1800.0
     horizon_s: float = 900.0
+
+    @classmethod
+    def of(cls, recovery=None, **overrides: float | None) -> "Costs":
+        """The costs of a spec's `recovery` block (`RecoveryOptions`; None: the defaults), with the
+        `overrides` that are not None (command-line options) on top."""
+        base = cls() if recovery is None else cls(
+            reconfigure_s=recovery.reconfigure_cost, restart_s=recovery.restart_cost,
+            checkpoint_every_s=recovery.checkpoint_every, horizon_s=recovery.horizon)
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     @property
     def lost_work_s(self) -> float:

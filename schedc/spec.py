@@ -196,6 +196,23 @@ class ScheduleOptions:
     time_limit: float = 5.0  # seconds
 
 
+#: The recovery policies a `recovery` block may name (`schedc replay` replays each; `schedc
+#: train` runs all but repartition).
+RECOVERY_POLICIES = ("auto", "reroute", "drop-pipeline", "repartition", "restart")
+
+
+@dataclass(frozen=True)
+class RecoveryOptions:
+    """A `recovery { ... }` block: how the job goes on after GPUs are lost or come back, and the
+    costs the cost model (`schedc.recovery_cost`) prices transitions with. Seconds."""
+
+    policy: str = "auto"
+    horizon: float = 900.0  # expected time to the next event before two were seen
+    checkpoint_every: float = 1800.0  # a restore loses half of it
+    restart_cost: float = 30.0  # a restart's fixed part
+    reconfigure_cost: float = 1.0  # a switch's fixed part
+
+
 @dataclass(frozen=True)
 class Spec:
     """A validated spec. `stages` is always resolved (explicit or derived from `model`)."""
@@ -209,6 +226,7 @@ class Spec:
     model: ModelSpec | None = None
     partition: tuple[tuple[int, int], ...] | None = None  # per stage: layers[a:b]
     costs: Literal["explicit", "derived"] = "explicit"
+    recovery: RecoveryOptions | None = None  # None: no `recovery` block (the defaults)
     source_name: str = field(default="<spec>", compare=False)
     # The text the spec was read from, so that diagnostics raised after parsing
     # (a solver's E3xx, an unknown solver name) can still show the source line.

@@ -75,6 +75,10 @@ def summarize(spec: Spec) -> str:
                f"stagger_optimizer {str(o.stagger_optimizer).lower()}")
     if spec.model is not None and (spec.model.source or spec.model.data):
         out.append(f"model code: source {spec.model.source or '-'}, data {spec.model.data or '-'}")
+    if spec.recovery is not None:
+        r = spec.recovery
+        out.append(f"recovery: policy {r.policy}, horizon {r.horizon:g}s, checkpoint_every {r.checkpoint_every:g}s, "
+                   f"restart_cost {r.restart_cost:g}s, reconfigure_cost {r.reconfigure_cost:g}s")
     return "\n".join(out) + "\n"
 
 
@@ -101,4 +105,5 @@ def spec_to_dict(spec: Spec) -> dict[str, Any]:
         "schedule": asdict(spec.schedule),
         "model": None if spec.model is None else asdict(spec.model),
         "partition": None if spec.partition is None else [list(p) for p in spec.partition],
+        "recovery": None if spec.recovery is None else asdict(spec.recovery),
     }

@@ -31,6 +31,7 @@ from schedc.spec import (
     GpuSpec,
     LinkSpec,
     ModelSpec,
+    RecoveryOptions,
     ScheduleOptions,
     Spec,
     StageCosts,
@@ -52,7 +53,9 @@ SCHEDULE_KEYS: dict[str, Kind] = {"decouple_backward": "bool", "stagger_optimize
 MODEL_KEYS: dict[str, Kind] = {"layers": "int", "hidden": "int", "heads": "int", "seq_len": "int",
                                "vocab": "int", "microbatch_size": "int", "precision": "word",
                                "source": "string", "data": "string"}
-TOP_BLOCKS = ("cluster", "stages", "model", "partition", "train", "failures", "schedule")
+RECOVERY_KEYS: dict[str, Kind] = {"policy": "name", "horizon": "seconds", "checkpoint_every": "seconds",
+                                  "restart_cost": "seconds", "reconfigure_cost": "seconds"}
+TOP_BLOCKS = ("cluster", "stages", "model", "partition", "train", "failures", "schedule", "recovery")
 MODEL_REQUIRED = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 #: Defaults that are not in the dataclasses (documented in docs/spec-language.md).
@@ -121,6 +124,14 @@ class _Schedule(_Strict):
     time_limit: float = Field(5.0, gt=0, le=1e6)
 
 
+class _Recovery(_Strict):
+    policy: str = "auto"
+    horizon: float = Field(900.0, gt=0, le=1e9)
+    checkpoint_every: float = Field(1800.0, gt=0, le=1e9)
+    restart_cost: float = Field(30.0, ge=0, le=1e9)
+    reconfigure_cost: float = Field(1.0, ge=0, le=1e9)
+
+
 class _Model(_Strict):
     layers: int | None = Field(None, ge=1, le=100_000)
     hidden: int | None = Field(None, ge=1, le=10**6)
@@ -145,6 +156,7 @@ def validate(doc: Document, *, name: str | None = None) -> Spec:
     cluster = _cluster(ctx, blocks.get("cluster"), doc)
     train = _train(ctx, blocks.get("train"), doc)
     schedule = _schedule(ctx, blocks.get("schedule"))
+    recovery = _recovery(ctx, blocks.get("recovery"))
     model = _model(ctx, blocks.get("model"))
     partition = _partition(ctx, blocks.get("partition"), cluster, model)
     failures = _failures(ctx, blocks.get("failures"))
@@ -178,7 +190,8 @@ def validate(doc: Document, *, name: str | None = None) -> Spec:
         raise spec_error(ctx.diags, {doc.file: display_text(doc.text)})
     assert cluster is not None and train is not None and schedule is not None and stages is not None
     return Spec(cluster=cluster, stages=stages, train=train, schedule=schedule, failures=failures or (),
-                gpus=gpus, model=model, partition=partition, costs=costs, source_name=name or doc.file,
+                gpus=gpus, model=model, partition=partition, costs=costs, recovery=recovery,
+                source_name=name or doc.file,
                 source_text=display_text(doc.text), spans=MappingProxyType(dict(ctx.spans)))
 
 
@@ -268,6 +281,16 @@ def _schedule(ctx: Collector, block: Block | None) -> ScheduleOptions | None:
     return None if s is None else ScheduleOptions(decouple_backward=s.decouple_backward,
                                                   stagger_optimizer=s.stagger_optimizer, solver=s.solver,
                                                   time_limit=s.time_limit)
+
+
+def _recovery(ctx: Collector, block: Block | None) -> RecoveryOptions | None:
+    if block is None:
+        return None
+    data = converted(ctx, read_block(ctx, block, "recovery", RECOVERY_KEYS), RECOVERY_KEYS, "recovery")
+    r = check_model(ctx, _Recovery, data, "recovery", block.name_span)
+    return None if r is None else RecoveryOptions(policy=r.policy, horizon=r.horizon,
+                                                  checkpoint_every=r.checkpoint_every,
+                                                  restart_cost=r.restart_cost, reconfigure_cost=r.reconfigure_cost)
 
 
 def _model(ctx: Collector, block: Block | None) -> ModelSpec | None:

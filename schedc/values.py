@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from schedc.diagnostics import Diagnostic, Label, Span, did_you_mean, error
 from schedc.parse import FLOPS_UNITS, RATE_UNITS, SIZE_UNITS, TIME_UNITS, Assign, Block, Statement, Value
+from schedc.spec import RECOVERY_POLICIES
 
 #: What a key's value must be.
 Kind = Literal["int", "float", "time", "seconds", "size", "rate", "flops", "bool", "word", "name", "string"]
@@ -46,6 +47,7 @@ _CHOICES: dict[str, Callable[[], Sequence[str]]] = {
     "train.optimizer": lambda: ("sgd", "adam", "adamw"),
     "model.precision": lambda: ("bf16", "fp16", "fp32"),
     "schedule.solver": _solver_names,
+    "recovery.policy": lambda: RECOVERY_POLICIES,
 }
 
 #: What a missing required key could look like (E203's hint).

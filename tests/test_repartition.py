@@ -234,3 +234,39 @@ def test_horizon_is_the_mean_gap_after_the_default():
     h.event(100.0)
     h.event(400.0)
     assert h.seconds == pytest.approx(200.0)
+
+
+# -- the spec's `recovery` block ---------------------------------------------------------------------
+
+RECOVERY_SPEC = """
+cluster { dp = 2  pp = 2  gpu { memory = 8GiB } }
+stages { all { forward = 1ms  backward_input = 1ms  backward_weight = 0.5ms  optimizer = 0.2ms
+               activation = 512MiB  stash = 128MiB  static = 1GiB  send = 8MiB } }
+train { microbatches = 4 }
+recovery { policy = POLICY  horizon = 600s  checkpoint_every = 60s  restart_cost = 0.5s }
+"""
+
+
+def test_the_recovery_block_sets_the_costs_and_options_override_it():
+    spec = load_text(RECOVERY_SPEC.replace("POLICY", "drop-pipeline"))
+    assert load_text(print_spec(spec)) == spec
+    c = Costs.of(spec.recovery)
+    assert (c.horizon_s, c.checkpoint_every_s, c.restart_s, c.reconfigure_s) == (600.0, 60.0, 0.5, 1.0)
+    assert Costs.of(spec.recovery, horizon_s=30.0, restart_s=None).horizon_s == 30.0
+    assert Costs.of(None) == Costs()
+
+
+def test_train_takes_the_spec_policy_unless_told_otherwise():
+    from schedc.diagnostics import RunError
+    from schedc.live.options import TrainOptions
+
+    spec = load_text(RECOVERY_SPEC.replace("POLICY", "drop-pipeline"))
+    assert (TrainOptions().with_spec(spec).recovery, TrainOptions().with_spec(spec).horizon) == ("drop-pipeline", 600.0)
+    assert TrainOptions(recovery="reroute", horizon=5.0).with_spec(spec).recovery == "reroute"
+    plain = load_text(RECOVERY_SPEC.split("recovery {")[0])
+    assert (TrainOptions().with_spec(plain).recovery, TrainOptions().with_spec(plain).horizon) == ("auto", 900.0)
+    with pytest.raises(RunError) as info:  # a policy the live runtime does not run yet
+        TrainOptions().with_spec(load_text(RECOVERY_SPEC.replace("POLICY", "repartition")))
+    assert info.value.codes == ["E555"] and "not available in `schedc train`" in info.value.diagnostics[0].message
+    with pytest.raises(RunError):  # restart needs checkpoints
+        TrainOptions().with_spec(load_text(RECOVERY_SPEC.replace("POLICY", "restart")))

@@ -37,16 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "list; default all)")
     parser.add_argument("--gpus-per-instance", type=_whole(1, "must be"), default=1, metavar="K",
                         help="GPUs an instance of the trace holds (default 1)")
-    parser.add_argument("--checkpoint-every", type=_seconds(0), default=d.checkpoint_every_s, metavar="SECONDS",
+    spec_or = "default: the spec's `recovery` block, else"
+    parser.add_argument("--checkpoint-every", type=_seconds(0), default=None, metavar="SECONDS",
                         help="checkpoint interval; a restore loses half of it on average "
-                             f"(default {d.checkpoint_every_s:g})")
-    parser.add_argument("--restart-cost", type=_seconds(0), default=d.restart_s, metavar="SECONDS",
-                        help=f"fixed cost of a restart from a checkpoint (default {d.restart_s:g})")
-    parser.add_argument("--reconfigure-cost", type=_seconds(0), default=d.reconfigure_s, metavar="SECONDS",
-                        help=f"cost of every switch of plan: detect, agree, new groups (default {d.reconfigure_s:g})")
-    parser.add_argument("--horizon", type=_seconds(0, strict=True), default=d.horizon_s, metavar="SECONDS",
+                             f"({spec_or} {d.checkpoint_every_s:g})")
+    parser.add_argument("--restart-cost", type=_seconds(0), default=None, metavar="SECONDS",
+                        help=f"fixed cost of a restart from a checkpoint ({spec_or} {d.restart_s:g})")
+    parser.add_argument("--reconfigure-cost", type=_seconds(0), default=None, metavar="SECONDS",
+                        help=f"cost of every switch of plan: detect, agree, new groups ({spec_or} {d.reconfigure_s:g})")
+    parser.add_argument("--horizon", type=_seconds(0, strict=True), default=None, metavar="SECONDS",
                         help="expected time to the next event until two events give a mean gap "
-                             f"(default {d.horizon_s:g})")
+                             f"({spec_or} {d.horizon_s:g})")
     parser.add_argument("--plot", metavar="FILE.svg",
                         help="draw each policy's throughput and the live GPUs over time as SVG")
     parser.add_argument("--decisions", action="store_true",
@@ -103,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     spec, _ = load_argument(args.spec)
     trace = read_trace(args.trace)
     check_fits(trace, spec.dp * spec.pp, args.gpus_per_instance, spec.source_name)
-    costs = Costs(reconfigure_s=args.reconfigure_cost, restart_s=args.restart_cost,
-                  checkpoint_every_s=args.checkpoint_every, horizon_s=args.horizon)
+    costs = Costs.of(spec.recovery, reconfigure_s=args.reconfigure_cost, restart_s=args.restart_cost,
+                     checkpoint_every_s=args.checkpoint_every, horizon_s=args.horizon)
     with status(f"replaying {len(trace.rows):,} rows of {trace.name} under {len(policies)} policies"):
         result = replay(spec, trace, seed=args.seed, per_instance=args.gpus_per_instance, policies=policies,
                         costs=costs)

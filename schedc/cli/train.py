@@ -37,15 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-checkpoints", type=int, default=D.keep_checkpoints, metavar="N",
                         help=f"complete checkpoints to keep (default {D.keep_checkpoints})")
     parser.add_argument("--resume", action="store_true", help="start from the latest complete checkpoint")
-    parser.add_argument("--recovery", choices=RECOVERY_METHODS, default=D.recovery,
-                        help="how to go on after a failure: auto (default: the cheaper of reroute and "
+    parser.add_argument("--recovery", choices=RECOVERY_METHODS, default=None,
+                        help="how to go on after a failure (default: the spec's `recovery.policy`, else auto): "
+                             "auto (the cheaper of reroute and "
                              "drop-pipeline by predicted iteration time and transition cost, each decision "
                              "printed with its numbers), reroute (survivors take the failed GPU's work), "
                              "drop-pipeline (its pipeline leaves), restart (everything restarts from the latest "
                              "checkpoint, the GPU replaced)")
-    parser.add_argument("--horizon", type=float, default=D.horizon, metavar="S",
+    parser.add_argument("--horizon", type=float, default=None, metavar="S",
                         help="recovery auto: seconds to the next failure assumed until two have been seen, "
-                             f"then their mean gap (default {D.horizon:g})")
+                             "then their mean gap (default: the spec's `recovery.horizon`, else 900)")
     parser.add_argument("--fail-slow", choices=FAIL_SLOW_MODES, default=D.fail_slow,
                         help="slow GPUs: act (default: find them from their ops' times and rebalance or "
                              "exclude them when that pays, take them back when healthy), detect (only say "

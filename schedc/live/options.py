@@ -4,7 +4,7 @@ both the CLI and the library read them from."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from schedc.diagnostics import RunError, error
@@ -25,8 +25,8 @@ class TrainOptions:
     checkpoint_dir: str | None = None  # default OUT/checkpoints
     keep_checkpoints: int = 2
     resume: bool = False
-    recovery: RecoveryMethod = "auto"  # the cheapest by schedc.recovery_cost
-    horizon: float = 900.0  # seconds to the next event assumed before two events were seen (recovery auto)
+    recovery: RecoveryMethod | None = None  # None: the spec's `recovery.policy`, else auto (the cheapest)
+    horizon: float | None = None  # seconds to the next event assumed before two were seen (None: the spec's, else 900)
     fail_slow: str = "act"  # act: detect slow GPUs and switch plans by cost; detect: only say so; off
     detect_timeout: float = 3.0  # seconds of heartbeat silence before a rank is declared hung
     heartbeat_interval: float = 0.05
@@ -41,12 +41,24 @@ class TrainOptions:
     store_port: int = 0
     agent_timeout: float = 60.0
 
+    def with_spec(self, spec) -> "TrainOptions":
+        """These options with the spec's `recovery` block filling what was not given (policy,
+        horizon), checked again (E555): a spec may say `policy = restart`, which needs
+        checkpoints, or `repartition`, which `schedc train` does not run yet."""
+        rec = spec.recovery
+        out = replace(self, recovery=self.recovery or (rec.policy if rec else "auto"),
+                      horizon=self.horizon if self.horizon is not None else (rec.horizon if rec else 900.0))
+        out.check()
+        return out
+
     def check(self) -> None:
         """E555 for option values that make no sense."""
         problems = []
         for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
                      "agent_timeout", "horizon"):
             value = getattr(self, name)
+            if value is None and name == "horizon":
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
         if self.stall_timeout is not None and not (math.isfinite(self.stall_timeout) and self.stall_timeout > 0):
@@ -62,7 +74,10 @@ class TrainOptions:
             problems.append(f"hosts must be at least 1, got {self.hosts}")
         if self.heartbeat_interval * 3 > self.detect_timeout:
             problems.append("detect-timeout must be at least three heartbeat intervals")
-        if self.recovery not in RECOVERY_METHODS:
+        if self.recovery == "repartition":
+            problems.append("recovery `repartition` is not available in `schedc train` yet (it is in `schedc replay`): "
+                            "use auto, reroute, drop-pipeline or restart")
+        elif self.recovery is not None and self.recovery not in RECOVERY_METHODS:
             problems.append(f"unknown recovery `{self.recovery}` (auto, reroute, drop-pipeline or restart)")
         if self.fail_slow not in FAIL_SLOW_MODES:
             problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")

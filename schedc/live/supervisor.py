@@ -64,9 +64,10 @@ class Supervisor(Transitions):
         options.check()
         self.t0 = time.time()
         self.out = Path(out)
-        self.options = options
         self.on_line = on_line or (lambda line: None)
         self.plan: Plan = read_plan(self.out)
+        options = options.with_spec(self.plan.spec)  # the spec's `recovery` block where no option was given
+        self.options = options
         self.base_plan: Plan = self.plan  # the plan of the last generation that became ready
         spec = self.plan.spec
         from schedc.runtime.manifest import refuse_tensor_parallel
@@ -112,7 +113,7 @@ class Supervisor(Transitions):
         self.slowness = Slowness(control, mode=options.fail_slow)
         self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
                                        initial_plan=self.plan, latest_checkpoint=self.checkpoints.latest_own,
-                                       out=self.out, costs=Costs(horizon_s=options.horizon))
+                                       out=self.out, costs=Costs.of(self.plan.spec.recovery, horizon_s=options.horizon))
         self._handlers = {
             WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
             Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
