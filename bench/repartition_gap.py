@@ -42,13 +42,10 @@ if __package__ in (None, ""):
 import schedc
 from schedc.plan import compile as compile_plan
 from schedc.costmodel import balanced_partition
-from schedc.repartition import (
-    LAYOUT_TIME_LIMIT,
+from schedc.layout import (
     Layout,
     Units,
-    candidate_shapes,
     fits,
-    greedy_layout,
     held_units,
     layout_bottleneck,
     layout_optimizer,
@@ -56,6 +53,7 @@ from schedc.repartition import (
     transition_us,
     units_of,
 )
+from schedc.repartition import LAYOUT_TIME_LIMIT, candidate_shapes, greedy_layout
 from schedc.solvers.cpsat import warm_up
 from schedc.solvers.partition_cpsat import solve_layout
 

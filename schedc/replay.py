@@ -34,8 +34,8 @@ from typing import Mapping, Sequence
 
 from schedc.diagnostics import SchedcError, SpecError, error, did_you_mean
 from schedc.recovery_cost import Costs, Horizon, LossRate, Option, choose, grow_delay_s, restore_risk_s, transition_s
-from schedc.repartition import (Layout, Shape, bytes_of, candidate_shapes, held_units, place, plan_layout,
-                                received_bytes, units_of)
+from schedc.layout import Layout, bytes_of, held_units, received_bytes, units_of
+from schedc.repartition import Shape, candidate_shapes, place, plan_layout
 from schedc.spec import Failure, Spec
 from schedc.trace import Trace, availability, check_fits
 

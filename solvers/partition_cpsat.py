@@ -39,15 +39,8 @@ import math
 from math import gcd
 from typing import Mapping, NamedTuple, Sequence
 
-from schedc.repartition import (
-    HORIZON_ITERATIONS,
-    Layout,
-    Units,
-    fits,
-    greedy_layout,
-    layout_objective,
-    work,
-)
+from schedc.layout import HORIZON_ITERATIONS, Layout, Units, fits, layout_objective, work
+from schedc.repartition import greedy_layout
 from schedc.spec import scaled_duration
 
 #: Seconds of wall per unit of CP-SAT's deterministic time on these models (one worker, 2 shared

@@ -11,22 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedc.load import load_text
-from schedc.repartition import (
+from schedc.layout import (
     Layout,
-    Shape,
-    candidate_shapes,
     fits,
-    greedy_layout,
     held_units,
     in_flight,
     layout_bottleneck,
     layout_objective,
     layout_optimizer,
-    place,
     transition_us,
     units_of,
     work,
 )
+from schedc.repartition import Shape, candidate_shapes, greedy_layout, place
 from schedc.solvers.partition_cpsat import solve_layout
 
 GPT_350M = """

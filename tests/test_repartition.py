@@ -16,18 +16,8 @@ from schedc.diagnostics import InfeasibleError
 from schedc.load import load_text
 from schedc.printer import print_spec
 from schedc.recovery_cost import Costs, Horizon, Option, choose, grow_delay_s, transition_s
-from schedc.repartition import (
-    candidate_shapes,
-    held_units,
-    in_flight,
-    layout_spec,
-    partition_units,
-    place,
-    received_bytes,
-    repartition,
-    shapes,
-    units_of,
-)
+from schedc.layout import held_units, in_flight, layout_spec, received_bytes, units_of
+from schedc.repartition import candidate_shapes, partition_units, place, repartition, shapes
 from schedc.verify import verify_schedule
 
 GPT = """
