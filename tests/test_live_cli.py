@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -212,7 +213,11 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
     stdout, stderr = stdout.read_text(), stderr.read_text()
     assert agent.returncode == 0, agent.stderr
     assert sup.returncode == 0, stderr
-    assert "replan: fail node 1 -> generation 1, 2 ranks" in stdout
+    # The node is named once all its ranks are seen dead; under heavy load their deaths may reach the
+    # supervisor in two batches (a GPU of node 1 first, then the node, one generation later), as in
+    # test_live_exactness's node case: the run must end on the 2 ranks of host 0 either way.
+    replans = re.findall(r"replan: (.*) -> generation (\d+), (\d+) ranks", stdout)
+    assert replans and "fail node 1" in replans[-1][0] and replans[-1][2] == "2", stdout
     import torch
 
     from schedc.runtime import load_manifest, reference_train
