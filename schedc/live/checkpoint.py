@@ -178,7 +178,7 @@ class RunCheckpoints:
         self.stages = stages
         self.keep = keep
         self.paths: list[str] = []  # this run's complete checkpoints (and the one it resumed from)
-        self.written: dict[int, set[int]] = {}  # steps -> stages written
+        self.written: dict[int, dict[int, tuple]] = {}  # steps -> stage -> (its layers [a, b), model layers)
         self.starts: dict[int, int] = {}  # generation -> the steps it resumed from
 
     def prepare(self, *, resume: bool, every: int, **plan) -> tuple[Checkpoint | None, list[Path]]:
@@ -207,17 +207,24 @@ class RunCheckpoints:
         self.starts[generation] = steps
         self.written = {k: v for k, v in self.written.items() if k <= steps}
 
-    def stage_written(self, generation: int, steps: int, stage: int, meta: dict) -> Checkpoint | None:
-        """Stage `stage` of the checkpoint after `steps` steps is written; the sealed
-        checkpoint when it was the last stage missing."""
+    def stage_written(self, generation: int, steps: int, stage: int, meta: dict, *,
+                      layers: tuple[int, int] | None = None, model_layers: int | None = None) -> Checkpoint | None:
+        """Stage `stage` of the checkpoint after `steps` steps is written (holding the model's
+        layers [a, b) = `layers` of `model_layers`, as its writer resolved the split; None when
+        emulated); the sealed checkpoint when it was the last stage missing. Its meta.json is
+        `meta` and the split the stages reported (`partition`, `model_layers`)."""
         if any(start < steps for g, start in self.starts.items() if g > generation):
             return None  # written before a rollback undid step `steps`: it is written again
-        stages = self.written.setdefault(steps, set())
-        stages.add(stage)
+        stages = self.written.setdefault(steps, {})
+        stages[stage] = (layers, model_layers)
         if len(stages) < self.stages:
             return None
         del self.written[steps]
-        done = complete(self.root, steps, self.stages, meta, keep=self.keep)
+        ranges = [stages[s][0] for s in range(self.stages)]
+        counts = {stages[s][1] for s in range(self.stages)}
+        split = {"partition": [list(r) for r in ranges] if None not in ranges else None,
+                 "model_layers": counts.pop() if len(counts) == 1 else None}
+        done = complete(self.root, steps, self.stages, {**meta, **split}, keep=self.keep)
         self.paths.append(str(done.path))
         return done
 

@@ -415,6 +415,8 @@ class LiveWorker:
         state = self.rt.stage_state()  # copies: training goes on while a thread saves them
         root = Path(self.config.checkpoint_dir)
         where = dict(rank=self.rank, stage=self.rt.stage, iteration=steps, gen=gen.number)
+        split = dict(layers=None if self.rt.partition is None else self.rt.partition[self.rt.stage],
+                     model_layers=self.rt.model_layers)
 
         def save() -> None:
             try:
@@ -422,7 +424,7 @@ class LiveWorker:
             except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
                 self._side_job.report(CheckpointFailed(reason=_reason(exc), **where))
                 return
-            self._side_job.report(CheckpointWritten(**where))
+            self._side_job.report(CheckpointWritten(**where, **split))
 
         self._side().submit(save)
 

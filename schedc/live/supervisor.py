@@ -285,10 +285,13 @@ class Supervisor(Transitions):
             self._done.add(msg.rank)
 
     def _on_checkpoint(self, msg: CheckpointWritten, now: float) -> None:
-        meta = {"spec": self.plan.spec.source_name, "optimizer": self.plan.spec.train.optimizer,
+        spec = self.plan.spec
+        meta = {"spec": spec.source_name, "optimizer": spec.train.optimizer,
                 "emulate": self.options.emulate, "model": self.gen.manifest["source"] if self.gen else None,
+                "dp": spec.dp, "microbatches": spec.microbatches,
                 "generation": self.gen.number, "time": time.time()}
-        done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta)
+        done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta, layers=msg.layers,
+                                              model_layers=msg.model_layers)
         if done is not None:
             self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {done.iteration} steps)",
                        path=str(done.path), iteration=done.iteration)
