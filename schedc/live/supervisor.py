@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from schedc.diagnostics import Diagnostic, RunError, SchedcError, error
-from schedc.live import checkpoint
+from schedc.live import checkpoint, reshard
 from schedc.live.agent import Fleet
 from schedc.live.control import SupervisorControl
 from schedc.live.detect import Detector, Suspect
@@ -168,9 +168,10 @@ class Supervisor(Transitions):
 
     def _setup(self) -> None:
         opts, spec = self.options, self.plan.spec
-        found, removed = self.checkpoints.prepare(resume=opts.resume, every=opts.checkpoint_every,
-                                                  emulate=opts.emulate, optimizer=spec.train.optimizer,
-                                                  iterations=self.iterations)
+        found, removed = self.checkpoints.prepare(
+            resume=opts.resume, every=opts.checkpoint_every, emulate=opts.emulate, optimizer=spec.train.optimizer,
+            iterations=self.iterations, dp=spec.dp, microbatches=spec.microbatches, partition=spec.partition,
+            model_layers=lambda: reshard.plan_model_layers(self.plan, self.out))
         restore = str(found.path) if found else None
         try:
             self.job = JobStore.serve(opts.store_host, opts.store_port)
