@@ -35,7 +35,6 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Callable
 
 from schedc.diagnostics import RunError, error
