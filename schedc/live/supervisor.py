@@ -189,6 +189,10 @@ class Supervisor(Transitions):
         self.fleet = Fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
+        if found and checkpoint.split_differs(found.meta, spec.pp, spec.partition):
+            self._note("checkpoint", f"{found.path.name} was written by {found.meta['stages']} stages; each of the "
+                                     f"plan's {spec.pp} re-shards it from the stage files holding its layers",
+                       path=str(found.path))
         self.fleet.wait_for_agents(opts.agent_timeout, lambda kind, message: self._note(kind, message))
         self._announce(self.plan, restore=restore, reason=f"resume from {Path(restore).name}" if restore else "start")
         self._start_workers(self.gen.members)
