@@ -247,3 +247,13 @@ def test_the_cli_resumes_another_runs_checkpoints_and_refuses_another_width(tmp_
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "iteration    2" in proc.stdout and "iteration    1 " not in proc.stdout, proc.stdout
+
+
+@pytest.mark.e2e
+def test_an_emulated_run_resumes_onto_another_stage_count(tmp_path):
+    old = _compiled(tmp_path / "pp3", dp=2, pp=3)
+    train(old, iterations=2, checkpoint_every=2, emulate=True)
+    assert checkpoint.latest(old / "checkpoints").meta["partition"] is None  # no tensors, no layers
+    new = _compiled(tmp_path / "pp2", dp=2, pp=2)
+    result = train(new, iterations=3, resume=True, checkpoint_dir=str(old / "checkpoints"), emulate=True)
+    assert [r.iteration for r in result.iterations] == [2]
