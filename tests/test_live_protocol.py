@@ -23,16 +23,21 @@ _VALUES = {
 
 
 def _strategy(annotation: str):
-    hint = eval(annotation, vars(protocol) | {"typing": typing})  # the field's annotation, as written
+    return _values(eval(annotation, vars(protocol) | {"typing": typing}))  # the field's annotation, as written
+
+
+def _values(hint):
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is tuple:
         if args[0] is dict:
             return st.lists(st.fixed_dictionaries({"code": st.text(max_size=4), "message": st.text(max_size=9)}),
                             max_size=3).map(tuple)
+        if len(args) > 1 and args[1] is not Ellipsis:  # a fixed-length tuple: (a, b)
+            return st.tuples(*map(_values, args))
         return st.lists(_VALUES[args[0]], max_size=4).map(tuple)
     if origin is typing.Union or type(hint).__name__ == "UnionType":
         (inner,) = [a for a in args if a is not type(None)]
-        return st.none() | _VALUES[inner]
+        return st.none() | _values(inner)
     return _VALUES[hint]
 
 

@@ -20,6 +20,11 @@ file system all of them see.
 
 Every GPU of a stage holds the same weights, so any one of them can write
 it, and any checkpoint restores any plan of the same model and stage count.
+``meta.json`` also records the run's split of the model (``partition``: layers
+[a, b) of each stage, ``model_layers``), ``dp`` and ``microbatches``: with
+those, a checkpoint restores a plan of the same model, data-parallel width
+and microbatches split into another number of stages, re-sharded by
+`schedc.live.reshard` (`check_resumable` says when it cannot).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from schedc.diagnostics import RunError, error
 
@@ -178,7 +184,7 @@ class RunCheckpoints:
         self.stages = stages
         self.keep = keep
         self.paths: list[str] = []  # this run's complete checkpoints (and the one it resumed from)
-        self.written: dict[int, set[int]] = {}  # steps -> stages written
+        self.written: dict[int, dict[int, tuple]] = {}  # steps -> stage -> (its layers [a, b), model layers)
         self.starts: dict[int, int] = {}  # generation -> the steps it resumed from
 
     def prepare(self, *, resume: bool, every: int, **plan) -> tuple[Checkpoint | None, list[Path]]:
@@ -207,17 +213,24 @@ class RunCheckpoints:
         self.starts[generation] = steps
         self.written = {k: v for k, v in self.written.items() if k <= steps}
 
-    def stage_written(self, generation: int, steps: int, stage: int, meta: dict) -> Checkpoint | None:
-        """Stage `stage` of the checkpoint after `steps` steps is written; the sealed
-        checkpoint when it was the last stage missing."""
+    def stage_written(self, generation: int, steps: int, stage: int, meta: dict, *,
+                      layers: tuple[int, int] | None = None, model_layers: int | None = None) -> Checkpoint | None:
+        """Stage `stage` of the checkpoint after `steps` steps is written (holding the model's
+        layers [a, b) = `layers` of `model_layers`, as its writer resolved the split; None when
+        emulated); the sealed checkpoint when it was the last stage missing. Its meta.json is
+        `meta` and the split the stages reported (`partition`, `model_layers`)."""
         if any(start < steps for g, start in self.starts.items() if g > generation):
             return None  # written before a rollback undid step `steps`: it is written again
-        stages = self.written.setdefault(steps, set())
-        stages.add(stage)
+        stages = self.written.setdefault(steps, {})
+        stages[stage] = (layers, model_layers)
         if len(stages) < self.stages:
             return None
         del self.written[steps]
-        done = complete(self.root, steps, self.stages, meta, keep=self.keep)
+        ranges = [stages[s][0] for s in range(self.stages)]
+        counts = {stages[s][1] for s in range(self.stages)}
+        split = {"partition": [list(r) for r in ranges] if None not in ranges else None,
+                 "model_layers": counts.pop() if len(counts) == 1 else None}
+        done = complete(self.root, steps, self.stages, {**meta, **split}, keep=self.keep)
         self.paths.append(str(done.path))
         return done
 
@@ -229,21 +242,85 @@ class RunCheckpoints:
         return None
 
 
-def check_resumable(found: Checkpoint, *, stages: int, emulate: bool, optimizer: str, iterations: int) -> None:
-    """E570/E556 when a run of this plan cannot resume from `found`."""
-    have = found.meta.get("stages")
-    if have != stages:
-        raise RunError([error("E570", f"checkpoint `{found.path}` has {have} stages but the plan has {stages}",
-                              hint="resume with a plan of the same model split")])
+def check_resumable(found: Checkpoint, *, stages: int, emulate: bool, optimizer: str, iterations: int,
+                    dp: int | None = None, microbatches: int | None = None,
+                    partition: tuple[tuple[int, int], ...] | None = None,
+                    model_layers: Callable[[], int | None] | None = None) -> None:
+    """E570/E556 when a run of this plan cannot resume from `found`.
+
+    `partition` is the plan's own split when its spec gives one (else the even split is
+    assumed). When that split differs from the checkpoint's, the checkpoint must record its
+    split and match the plan's `dp`, `microbatches` and model layer count (`model_layers()`,
+    called only then: it may build the model); workers then re-shard it (`schedc.live.reshard`).
+    """
     for key, mine, what in (("emulate", emulate, "--emulate"), ("optimizer", optimizer, "the optimizer")):
         if key in found.meta and found.meta[key] != mine:
             raise RunError([error("E570", f"checkpoint `{found.path}` was written with {key} = "
                                           f"{found.meta[key]!r}, this run has {mine!r}",
                                   hint=f"resume with the same {what} as the run that wrote it")])
+    if split_differs(found.meta, stages, partition):
+        _check_reshardable(found, stages=stages, emulate=emulate, dp=dp, microbatches=microbatches,
+                           model_layers=model_layers)
     if found.iteration >= iterations:
         raise RunError([error("E556", f"checkpoint `{found.path}` is after iteration {found.iteration - 1}: "
                                       f"nothing is left of the {iterations} iterations to run",
                               hint="run more iterations (--iterations)")])
+
+
+def split_differs(meta: dict, stages: int, partition) -> bool:
+    """Whether a plan of `stages` stages split as `partition` (None: the even split) holds other
+    layers per stage than the checkpoint of `meta`: then its stage files must be re-sharded."""
+    if meta.get("stages") != stages:
+        return True
+    recorded = meta.get("partition")
+    if recorded is None:  # emulated, or written before checkpoints recorded their split
+        return False
+    if partition is None:
+        from schedc.runtime.manifest import even_partition
+
+        n = meta.get("model_layers")
+        if not isinstance(n, int) or n < stages:
+            return False  # no even split to compare with: the plan cannot run this model anyway
+        partition = even_partition(n, stages)
+    return [list(p) for p in partition] != [list(p) for p in recorded]
+
+
+def _check_reshardable(found: Checkpoint, *, stages: int, emulate: bool, dp: int | None, microbatches: int | None,
+                       model_layers: Callable[[], int | None] | None) -> None:
+    """E570 unless `found` can be re-sharded onto a plan of `stages` stages: it records its split,
+    and the plan trains the same model on the same data (dp, microbatches)."""
+    meta, where = found.meta, f"checkpoint `{found.path}`"
+    have = meta.get("stages")
+    if "dp" not in meta or (not emulate and meta.get("partition") is None):
+        raise RunError([error("E570", f"{where} has {have} stages but the plan has {stages}, and it does not "
+                                      "record how its model was split into stages (written by an older schedc)",
+                              hint=f"resume it with a plan of {have} stages, write a checkpoint there "
+                                   f"(--checkpoint-every), then resume that one onto {stages} stages")])
+    wrong = []
+    if dp is not None and meta["dp"] != dp:
+        wrong.append(error("E570", f"{where} has dp {meta['dp']}, the plan dp {dp}",
+                           hint=f"resume onto the same data-parallel width: compile the new plan with "
+                                f"cluster.dp = {meta['dp']} (only the number of stages may change)"))
+    if microbatches is not None and meta.get("microbatches") != microbatches:
+        wrong.append(error("E570", f"{where} has {meta.get('microbatches')} microbatches per pipeline, "
+                                   f"the plan {microbatches}",
+                           hint=f"compile the new plan with train.microbatches = {meta.get('microbatches')}: "
+                                "the same global batch, so the same training"))
+    if wrong:
+        raise RunError(wrong)
+    if emulate:
+        return  # nothing but step counts to carry over
+    recorded = meta["partition"]
+    n = meta.get("model_layers")
+    if not isinstance(n, int) or recorded[0][0] != 0 or recorded[-1][1] != n or any(
+            a[1] != b[0] for a, b in zip(recorded, recorded[1:])):
+        raise RunError([error("E570", f"{where} records a split {recorded} that does not cover its model's "
+                                      f"{n} layers in order", hint="resume from another checkpoint")])
+    mine = model_layers() if model_layers is not None else None
+    if mine is not None and mine != n:
+        raise RunError([error("E570", f"{where} holds a model of {n} layers, the plan's model has {mine}",
+                              hint="resume with the same model (model.source and the model block's sizes); "
+                                   "only the number of stages may change")])
 
 
 def check_writable(root: Path) -> None:

@@ -39,7 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from schedc.diagnostics import RunError, SchedcError, error, exception_site
-from schedc.live import checkpoint
+from schedc.live import checkpoint, reshard
 from schedc.live.catchup import Donor, Joiner
 from schedc.live.inject import Injection, Trigger
 from schedc.live.membership import Generation, Heartbeat, JobStore
@@ -396,7 +396,12 @@ class LiveWorker:
         if restore == "initial":
             state = self.rt.initial_stage_state()
         else:
-            state = checkpoint.load_stage(checkpoint.read(Path(restore)), self.rt.stage)
+            found = checkpoint.read(Path(restore))
+            if checkpoint.split_differs(found.meta, self.rt.manifest.pp, self.rt.partition):
+                layers = None if self.rt.partition is None else self.rt.partition[self.rt.stage]
+                state = reshard.reshard_stage(found, layers, self.rt.module)
+            else:
+                state = checkpoint.load_stage(found, self.rt.stage)
         self.rt.load_stage_state(state)
         self.snapshot.steps = None
 
@@ -415,6 +420,8 @@ class LiveWorker:
         state = self.rt.stage_state()  # copies: training goes on while a thread saves them
         root = Path(self.config.checkpoint_dir)
         where = dict(rank=self.rank, stage=self.rt.stage, iteration=steps, gen=gen.number)
+        split = dict(layers=None if self.rt.partition is None else self.rt.partition[self.rt.stage],
+                     model_layers=self.rt.model_layers)
 
         def save() -> None:
             try:
@@ -422,7 +429,7 @@ class LiveWorker:
             except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
                 self._side_job.report(CheckpointFailed(reason=_reason(exc), **where))
                 return
-            self._side_job.report(CheckpointWritten(**where))
+            self._side_job.report(CheckpointWritten(**where, **split))
 
         self._side().submit(save)
 

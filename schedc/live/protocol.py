@@ -161,6 +161,8 @@ class CheckpointWritten:
     stage: int
     iteration: int  # the steps the stage's state has applied
     gen: int
+    layers: tuple[int, int] | None = None  # the model's layers [a, b) the stage holds (None: emulated)
+    model_layers: int | None = None  # how many layers the whole model has (None: emulated)
 
 
 @message("ckpt_error")

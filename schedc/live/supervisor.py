@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from schedc.diagnostics import Diagnostic, RunError, SchedcError, error
-from schedc.live import checkpoint
+from schedc.live import checkpoint, reshard
 from schedc.live.agent import Fleet
 from schedc.live.control import SupervisorControl
 from schedc.live.detect import Detector, Suspect
@@ -168,9 +168,10 @@ class Supervisor(Transitions):
 
     def _setup(self) -> None:
         opts, spec = self.options, self.plan.spec
-        found, removed = self.checkpoints.prepare(resume=opts.resume, every=opts.checkpoint_every,
-                                                  emulate=opts.emulate, optimizer=spec.train.optimizer,
-                                                  iterations=self.iterations)
+        found, removed = self.checkpoints.prepare(
+            resume=opts.resume, every=opts.checkpoint_every, emulate=opts.emulate, optimizer=spec.train.optimizer,
+            iterations=self.iterations, dp=spec.dp, microbatches=spec.microbatches, partition=spec.partition,
+            model_layers=lambda: reshard.plan_model_layers(self.plan, self.out))
         restore = str(found.path) if found else None
         try:
             self.job = JobStore.serve(opts.store_host, opts.store_port)
@@ -188,6 +189,10 @@ class Supervisor(Transitions):
         self.fleet = Fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
+        if found and checkpoint.split_differs(found.meta, spec.pp, spec.partition):
+            self._note("checkpoint", f"{found.path.name} was written by {found.meta['stages']} stages; each of the "
+                                     f"plan's {spec.pp} re-shards it from the stage files holding its layers",
+                       path=str(found.path))
         self.fleet.wait_for_agents(opts.agent_timeout, lambda kind, message: self._note(kind, message))
         self._announce(self.plan, restore=restore, reason=f"resume from {Path(restore).name}" if restore else "start")
         self._start_workers(self.gen.members)
@@ -285,10 +290,13 @@ class Supervisor(Transitions):
             self._done.add(msg.rank)
 
     def _on_checkpoint(self, msg: CheckpointWritten, now: float) -> None:
-        meta = {"spec": self.plan.spec.source_name, "optimizer": self.plan.spec.train.optimizer,
+        spec = self.plan.spec
+        meta = {"spec": spec.source_name, "optimizer": spec.train.optimizer,
                 "emulate": self.options.emulate, "model": self.gen.manifest["source"] if self.gen else None,
+                "dp": spec.dp, "microbatches": spec.microbatches,
                 "generation": self.gen.number, "time": time.time()}
-        done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta)
+        done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta, layers=msg.layers,
+                                              model_layers=msg.model_layers)
         if done is not None:
             self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {done.iteration} steps)",
                        path=str(done.path), iteration=done.iteration)

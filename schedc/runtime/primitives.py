@@ -107,11 +107,17 @@ class Runtime:
     def __post_init__(self):
         self.stage = self.manifest.coords[self.rank][1]
         self.last = self.stage == self.manifest.pp - 1
+        # The split of the model into stages as this run resolves it (the even split when the
+        # spec gives none), and the number of layers: what a checkpoint records to be re-sharded.
+        self.partition: tuple[tuple[int, int], ...] | None = None
+        self.model_layers: int | None = None
         if self.emulate:
             self.module = None
             self.shapes = [((EMULATED_MESSAGE,), torch.float32)] * self.manifest.pp
             return
         layers, loss_fn, partition = build_model(self.manifest)
+        self.partition = tuple(tuple(p) for p in partition)
+        self.model_layers = len(layers)
         data = load_callable(data_ref(self.manifest), "model.data", (self.manifest.spec_dir,))
         self.data = lambda it, d, mb: call_with_model_args(data, self.manifest.model_args, it, d, mb)
         self.shapes = _boundary_shapes(layers, partition, self.data(0, 0, 0)[0])
@@ -315,15 +321,18 @@ class Runtime:
         self.transport = transport
 
     def stage_state(self) -> dict:
-        """Everything needed to resume this stage elsewhere: weights, optimizer state, steps.
-        Tensors are copies (safe to save from another thread while training goes on)."""
+        """Everything needed to resume this stage elsewhere: weights, optimizer state, steps, and
+        `params`, the module's key of each parameter the optimizer state indexes, in its order
+        (what re-sharding onto another split needs, `schedc.live.reshard`). Tensors are copies
+        (safe to save from another thread while training goes on)."""
         if self.emulate:
-            return {"steps": self.steps_done, "model": {}, "optimizer": None}
+            return {"steps": self.steps_done, "model": {}, "optimizer": None, "params": []}
         import copy
 
         optimizer = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
         model = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        return {"steps": self.steps_done, "model": model, "optimizer": optimizer}
+        return {"steps": self.steps_done, "model": model, "optimizer": optimizer,
+                "params": optimized_names(self.module)}
 
     def load_stage_state(self, state: dict) -> None:
         """Make this stage's weights, optimizer state and step count those of `state`."""
@@ -395,6 +404,13 @@ class Runtime:
             grad_in = torch.zeros(shape, dtype=dtype, device=self.device)
         self.transport.send(grad_in.detach(), send_to, self._message(GRADIENT, d, mb, stage - 1),
                             f"the input gradient of d{d}:{stage}{kind}{mb}")
+
+
+def optimized_names(module: nn.Module) -> list[str]:
+    """The key of each parameter a stage's optimizer steps, in the optimizer's order: entry i
+    names the parameter that its state_dict's ``state[i]`` belongs to (the order of `params`
+    in `Runtime` and `initial_stage_state`)."""
+    return [name for name, p in module.named_parameters() if p.requires_grad]
 
 
 def _make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
