@@ -9,8 +9,8 @@ from typing import Literal
 
 from schedc.diagnostics import RunError, error
 
-RecoveryMethod = Literal["auto", "reroute", "drop-pipeline", "restart"]
-RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "restart")
+RecoveryMethod = Literal["auto", "reroute", "drop-pipeline", "repartition", "restart"]
+RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "repartition", "restart")
 FAIL_SLOW_MODES = ("act", "detect", "off")
 
 
@@ -74,11 +74,12 @@ class TrainOptions:
             problems.append(f"hosts must be at least 1, got {self.hosts}")
         if self.heartbeat_interval * 3 > self.detect_timeout:
             problems.append("detect-timeout must be at least three heartbeat intervals")
-        if self.recovery == "repartition":
-            problems.append("recovery `repartition` is not available in `schedc train` yet (it is in `schedc replay`): "
-                            "use auto, reroute, drop-pipeline or restart")
-        elif self.recovery is not None and self.recovery not in RECOVERY_METHODS:
-            problems.append(f"unknown recovery `{self.recovery}` (auto, reroute, drop-pipeline or restart)")
+        if self.recovery is not None and self.recovery not in RECOVERY_METHODS:
+            problems.append(f"unknown recovery `{self.recovery}` (auto, reroute, drop-pipeline, repartition or "
+                            "restart)")
+        if self.recovery == "repartition" and self.hosts > 1:
+            problems.append("recovery `repartition` restarts every process on the survivors of one host: "
+                            "it does not run with --hosts > 1 yet (use auto or reroute)")
         if self.fail_slow not in FAIL_SLOW_MODES:
             problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")
         if self.recovery == "restart" and not self.checkpoint_every:

@@ -13,6 +13,13 @@ for the supervisor to carry out:
 * ``checkpoint``: a stage lost every GPU, so re-routing is impossible: the
   latest complete checkpoint (or the initial weights) is restored with
   replacement processes for that stage's GPUs, at most `max_restarts` times;
+* ``repartition``: as ``auto`` while a stage keeps a live GPU; when a stage
+  lost every GPU, no replacement process is started: the survivors are laid
+  out anew with the same data-parallel width and fewer stages
+  (`schedc.repartition.partition_units`), every process restarts on that plan
+  and restores the latest checkpoint (or the initial weights) re-sharded onto
+  its new split (`schedc.live.reshard`). Exact; the state comes from disk,
+  not over torch.distributed (at most `max_restarts` times);
 * ``restart`` (torchelastic): every process restarts from the latest
   checkpoint, the failed GPUs replaced.
 
@@ -99,7 +106,7 @@ class RecoveryPolicy:
             return Change(self.initial_plan, (f"restart from {found.path.name if found else 'the initial weights'}",),
                           "restart", restore=restore, restart_all=True)
         events = failure_events(plan.spec, failed)
-        if self.method == "auto":
+        if self.method in ("auto", "repartition"):
             return self._cheapest(plan, events, lost)
         solver = "drop-pipeline" if self.method == "drop-pipeline" else None
         try:
@@ -121,6 +128,8 @@ class RecoveryPolicy:
             try:
                 new = self.ctl.replan(plan, events, solver=solver)
             except LostStageError as exc:
+                if self.method == "repartition":
+                    return self._repartitioned(plan, events, lost, exc)
                 return self._from_checkpoint(plan, events, lost, exc)
             except SchedcError as exc:
                 problems.append(exc)
@@ -142,6 +151,41 @@ class RecoveryPolicy:
                       options=[{"method": o.method, "iteration_s": o.iteration_s,
                                 "transition_s": round(o.transition_s, 4)} for o in options])
         return Change(best.plan, tuple(describe(events)), best.method)  # type: ignore[arg-type]
+
+    def _repartitioned(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
+        """A stage lost every GPU: the survivors as `dp` pipelines of fewer stages, every process
+        restarted on that plan from the latest checkpoint (re-sharded), no replacement process."""
+        from schedc.layout import Layout, units_of
+        from schedc.repartition import assign_gpus, partition_units, plan_layout
+
+        spec = plan.spec
+        survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in lost)
+        found = self.latest_checkpoint()
+        units = units_of(spec)
+        stages = min(len(survivors) // spec.dp, units.count)
+        slices = (partition_units(units, spec.dp, stages, spec.microbatches, spec.cluster.gpu.memory)
+                  if stages >= 1 else None)
+        if self.restarts >= self.max_restarts or slices is None:
+            why = (f"no restart is left (--max-restarts {self.max_restarts})" if slices is not None else
+                   f"the {len(survivors)} surviving GPU(s) cannot hold {spec.dp} pipeline(s) of the model")
+            where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
+                     f"need be, docs/live.md) with `schedc train OUT --resume`" if found else
+                     "no checkpoint was written (train with --checkpoint-every K)")
+            raise RunError([error("E553", f"a stage lost every GPU and the survivors cannot be re-partitioned: "
+                                          f"{why}", hint=where)] + list(exc.diagnostics))
+        self.restarts += 1
+        held = {g.rank: frozenset() for g in spec.gpus}
+        ranks = assign_gpus(units, slices, spec.dp, survivors, held)
+        layout = Layout(spec.dp, stages, spec.microbatches, slices, ranks)
+        new = plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
+        restore = str(found.path) if found else "initial"
+        self.ctl.note("restart", f"a stage lost every GPU: re-partitioning the {len(survivors)} survivors as "
+                                 f"{layout.describe(units.kind)} and restarting every process from "
+                                 f"{found.path.name if found else 'the initial weights'}, re-sharded "
+                                 f"(restart {self.restarts} of {self.max_restarts})", restore=restore,
+                      layout={"dp": layout.dp, "pp": layout.pp, "slices": [list(s) for s in slices],
+                              "gpus": [list(row) for row in ranks]})
+        return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True)
 
     def _from_checkpoint(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""

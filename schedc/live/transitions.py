@@ -226,8 +226,10 @@ class Transitions:
         rec.t_plan = self._now()
         if change.restart_all:
             self.dead.clear()
-            self._note("restart", f"restarting every process from {restored_name(change.restore)} with the failed "
-                                  "GPU(s) replaced", restore=change.restore)
+            self.checkpoints.stages = change.plan.spec.pp  # (a re-partitioned plan has fewer stages)
+            if change.method != "repartition":  # (the policy said what it re-partitioned)
+                self._note("restart", f"restarting every process from {restored_name(change.restore)} with the "
+                                      "failed GPU(s) replaced", restore=change.restore)
         else:
             self._note_replan(rec, change, old.number)
         self.dead.difference_update(change.replacements)

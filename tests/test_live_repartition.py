@@ -1,0 +1,35 @@
+"""`schedc train --recovery repartition`: when every GPU of a stage is killed, no replacement
+process is started; the survivors are laid out as the same number of pipelines with fewer stages,
+every process restarts on that plan and restores the latest checkpoint re-sharded onto the new
+split, and training ends exactly where single-process training does."""
+
+from __future__ import annotations
+
+import pytest
+
+from live_support import check_exact, compiled
+from schedc.live import train
+
+LOSE_STAGE_1 = ["at iteration 2 during B: fail gpu(dp=0, pp=1)", "at iteration 2 during B: fail gpu(dp=1, pp=1)"]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_killed_stage_is_re_partitioned_onto_the_survivors_exactly(tmp_path, optimizer):
+    out = compiled(tmp_path, dp=2, pp=3, optimizer=optimizer)
+    result = train(out, iterations=5, want_weights=True, recovery="repartition", checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1)
+    check_exact(out, result, 5)
+    (rec,) = result.recoveries
+    assert rec.method == "repartition" and sorted(rec.failed) == [1, 4]
+    note = next(e for e in result.events if e["kind"] == "restart")
+    assert "re-partitioning the 4 survivors as 2 x 2" in note["message"], note
+    assert note["restore"].endswith(("iter-000001", "iter-000002")), note  # the latest complete checkpoint
+    last = result.generations[-1]
+    assert len(last.members) == 4 and last.restore == note["restore"]  # 2 x 2: no replacement process
+
+
+def test_without_a_checkpoint_the_survivors_restart_from_the_initial_weights(tmp_path):
+    out = compiled(tmp_path, dp=2, pp=3)
+    result = train(out, iterations=4, want_weights=True, recovery="repartition", inject=LOSE_STAGE_1)
+    check_exact(out, result, 4)
+    assert result.generations[-1].restore == "initial" and len(result.generations[-1].members) == 4
