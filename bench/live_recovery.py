@@ -81,6 +81,7 @@ def measure(out: Path, method: str, inject: list[str], iterations: int) -> dict:
            "predicted_before_s": gens[0].predicted_iteration_time_us / 1e6,
            "predicted_after_s": gens[-1].predicted_iteration_time_us / 1e6,
            "redone": sum(r.runs - 1 for r in result.iterations), "wall_s": result.wall_s,
+           "gpus_after": len(gens[-1].members),
            "series": [(r.end, r.iteration) for r in result.history]}
     recs = result.recoveries
     row["recoveries"] = len(recs)
