@@ -33,3 +33,25 @@ def test_without_a_checkpoint_the_survivors_restart_from_the_initial_weights(tmp
     result = train(out, iterations=4, want_weights=True, recovery="repartition", inject=LOSE_STAGE_1)
     check_exact(out, result, 4)
     assert result.generations[-1].restore == "initial" and len(result.generations[-1].members) == 4
+
+
+def test_a_failure_after_the_re_partition_is_routed_around_in_the_new_plan(tmp_path):
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    # Rank 3 is GPU (dp=1, pp=0) of the first plan and GPU (dp=1, pp=1) of the re-partitioned 2 x 2.
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=LOSE_STAGE_1 + ["at iteration 4 during B: fail rank 3"])
+    check_exact(out, result, 6)
+    first, second = result.recoveries
+    assert first.method == "repartition" and second.method in ("reroute", "drop-pipeline")
+    assert len(result.generations[-1].members) == 3  # 2 x 2 with one GPU routed around
+
+
+def test_a_failure_while_the_survivors_restart_is_survived_exactly(tmp_path):
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + ["at recovery 1: fail rank 2"])
+    check_exact(out, result, 6)
+    assert any(e["kind"] == "restart" and "re-partitioning the 4 survivors" in e["message"] for e in result.events)
+    assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events)
+    assert len(result.generations[-1].members) == 3  # the 2 x 2 with the GPU killed while it formed routed around
