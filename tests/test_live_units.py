@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,6 +312,33 @@ def test_older_checkpoints_are_pruned_and_leftovers_cleaned(tmp_path):
     assert checkpoint.latest(root).iteration == 6
     removed = checkpoint.clean_partials(root)
     assert sorted(p.name for p in removed) == [".latest.tmp", ".partial-000008"]
+    assert sorted(p.name for p in root.iterdir()) == ["iter-000004", "iter-000006", "latest"]
+
+
+def test_a_prune_cut_short_leaves_no_checkpoint_without_its_meta(tmp_path, monkeypatch):
+    """A run killed while it removes an old checkpoint: the old one is renamed away first, so
+    every `iter-` folder left is whole, and the next start removes the rest."""
+    root = tmp_path / "ckpt"
+    for k in (2, 4):
+        checkpoint.write_stage(root, k, 0, {"steps": k, "model": {}, "optimizer": None})
+        checkpoint.complete(root, k, 1, {}, keep=2)
+    real = checkpoint.shutil.rmtree
+
+    def dies_half_way(path, ignore_errors=False):
+        path = Path(path)
+        if (path.name.startswith(".replaced-") or path.name.startswith("iter-")) and (path / "meta.json").exists():
+            (path / "meta.json").unlink()  # what rmtree removed before the kill
+            raise KeyboardInterrupt
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", dies_half_way)
+    checkpoint.write_stage(root, 6, 0, {"steps": 6, "model": {}, "optimizer": None})
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.complete(root, 6, 1, {}, keep=2)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real)
+    assert all((p / "meta.json").is_file() for p in root.iterdir() if p.name.startswith("iter-"))
+    assert [c.iteration for c in checkpoint.complete_checkpoints(root)] == [4, 6]
+    checkpoint.clean_partials(root)
     assert sorted(p.name for p in root.iterdir()) == ["iter-000004", "iter-000006", "latest"]
 
 

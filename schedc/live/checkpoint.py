@@ -29,10 +29,13 @@ and microbatches split into another number of stages, re-sharded by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -77,8 +80,29 @@ def write_stage(root: Path, iteration: int, stage: int, state: dict) -> Path:
 
 def complete(root: Path, iteration: int, stages: int, meta: dict, keep: int = 2) -> Checkpoint:
     """Seal the staged checkpoint after `iteration` steps (every stage file present), make it
-    `latest`, and keep the newest `keep` complete checkpoints."""
-    root = Path(root)
+    `latest`, and keep the newest `keep` complete checkpoints. Ctrl-C (or SIGTERM) waits until
+    this is done (`_interrupts_deferred`), so it never leaves a checkpoint half sealed or half
+    pruned."""
+    with _interrupts_deferred():
+        return _complete(Path(root), iteration, stages, meta, keep)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT and SIGTERM held back while the block runs (in the main thread, where Python
+    delivers them), then delivered."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _complete(root: Path, iteration: int, stages: int, meta: dict, keep: int) -> Checkpoint:
     folder = staging_dir(root, iteration)
     missing = [s for s in range(stages) if not (folder / f"stage-{s}.pt").exists()]
     if missing:
@@ -98,7 +122,12 @@ def complete(root: Path, iteration: int, stages: int, meta: dict, keep: int = 2)
     tmp.write_text(final.name + "\n")
     os.replace(tmp, root / LATEST)
     for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old.path, ignore_errors=True)
+        # Renamed first (one atomic step), then removed: a run killed meanwhile leaves a
+        # `.replaced-` folder the next start removes, never an `iter-` folder without its meta.json.
+        gone = root / f".replaced-{old.iteration:06d}"
+        shutil.rmtree(gone, ignore_errors=True)
+        os.replace(old.path, gone)
+        shutil.rmtree(gone, ignore_errors=True)
     return Checkpoint(final, iteration, meta)
 
 
