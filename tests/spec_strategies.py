@@ -59,7 +59,21 @@ def spec_texts(draw) -> tuple[str, dict]:
     q = (lambda x: f'"{x}"') if solver[0].isdigit() else (lambda x: x)
     lines.append(f"schedule {{ decouple_backward = {str(decouple).lower()}  "
                  f"stagger_optimizer = {str(stagger).lower()}  solver = {q(solver)}  time_limit = {time_limit} }}")
+    recovery = None
+    if draw(st.booleans()):  # a recovery block, its keys in any order and any subset
+        keys = draw(st.lists(st.sampled_from(["policy", "horizon", "checkpoint_every", "restart_cost",
+                                              "reconfigure_cost"]), unique=True))
+        recovery = {"policy": draw(st.sampled_from(["auto", "reroute", "drop-pipeline", "repartition", "restart"])),
+                    "horizon": draw(st.sampled_from([900.0, 60.0, 0.5])),
+                    "checkpoint_every": draw(st.sampled_from([1800.0, 60.0, 1.5])),
+                    "restart_cost": draw(st.sampled_from([30.0, 0.0, 2.25])),
+                    "reconfigure_cost": draw(st.sampled_from([1.0, 0.0, 0.125]))}
+        shown = {k: recovery[k] for k in keys}
+        recovery = {**{"policy": "auto", "horizon": 900.0, "checkpoint_every": 1800.0, "restart_cost": 30.0,
+                       "reconfigure_cost": 1.0}, **shown}
+        lines.append("recovery { " + "  ".join(f"{k} = {v if k == 'policy' else f'{v:g}s'}"
+                                               for k, v in shown.items()) + " }")
     values = dict(dp=dp, pp=pp, gpus_per_node=gpn, placement=placement, microbatches=mbs, stages=stages,
                   memory=memory, latency=latency, bandwidth=bandwidth, failed=failed, slow=slow, solver=solver,
-                  decouple=decouple, stagger=stagger)
+                  decouple=decouple, stagger=stagger, recovery=recovery)
     return "\n".join(lines) + "\n", values

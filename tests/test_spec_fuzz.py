@@ -53,6 +53,7 @@ def test_generated_specs_load_to_their_values(case):
     assert {((g.dp, g.pp), g.speed) for g in spec.gpus if g.live and (g.dp, g.pp) in dict(v["slow"])} == \
         {(c, s) for c, s in v["slow"]}
     assert spec.schedule.solver == v["solver"]
+    assert (None if spec.recovery is None else vars(spec.recovery)) == v["recovery"]
     for g in spec.gpus:
         assert spec.cluster.rank_of(g.dp, g.pp) == g.rank
     assert schedc.load(print_spec(spec)) == spec
