@@ -35,13 +35,11 @@ from typing import Mapping, Sequence
 from schedc.diagnostics import SchedcError, SpecError, error, did_you_mean
 from schedc.recovery_cost import Costs, Horizon, LossRate, Option, choose, grow_delay_s, restore_risk_s, transition_s
 from schedc.layout import Layout, bytes_of, held_units, received_bytes, units_of
-from schedc.repartition import Shape, candidate_shapes, place, plan_layout
+from schedc.repartition import PLANNED_SHAPES, Shape, candidate_shapes, place, plan_layout
 from schedc.spec import Failure, Spec
 from schedc.trace import Trace, availability, check_fits
 
 POLICIES = ("auto", "reroute", "drop-pipeline", "repartition", "restart")
-#: Re-partitioned shapes priced per state (best estimates first); see `repartition.PLANNED_SHAPES`.
-SHAPES_PRICED = 3
 
 
 @dataclass(frozen=True)
@@ -236,7 +234,7 @@ class _Run:
                             detail="every GPU up: the user's layout")]
         out = []
         live = sorted(self.live)
-        for shape in self.p.shapes(len(live))[:SHAPES_PRICED]:
+        for shape in self.p.shapes(len(live))[:PLANNED_SHAPES]:
             layout = place(self.p.spec, shape, live, self.held)
             it = self.p.layout_s(layout)
             if it is None:
