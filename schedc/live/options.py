@@ -55,14 +55,14 @@ class TrainOptions:
         """E555 for option values that make no sense."""
         problems = []
         for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
-                     "agent_timeout", "horizon"):
+                     "agent_timeout"):
             value = getattr(self, name)
-            if value is None and name == "horizon":
-                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
-        if self.stall_timeout is not None and not (math.isfinite(self.stall_timeout) and self.stall_timeout > 0):
-            problems.append(f"stall-timeout must be a positive number of seconds, got {self.stall_timeout}")
+        for name in ("stall_timeout", "horizon"):  # None: a default decided later
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
         if self.iterations is not None and self.iterations < 1:
             problems.append(f"iterations must be at least 1, got {self.iterations}")
         for name in ("checkpoint_every", "max_restarts", "store_port"):
