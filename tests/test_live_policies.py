@@ -30,6 +30,10 @@ class FakeController:
         self.revived: list[int] = []
         self.rejoin_requests: list[int] = []
         self.refuse_switch = refuse_switch
+        self.clock = 0.0
+
+    def now(self):
+        return self.clock
 
     @property
     def members(self):
@@ -171,6 +175,23 @@ def test_a_refused_rejoin_switch_gives_up_and_says_why(plan):
     rejoins.caught_up(CaughtUp(rank=2, session=1, steps=ctl.completed, bytes=1, t=0.0))
     rejoins.switch_if_ready(ctl.completed)
     assert rejoins.wanted == {} and ("rejoin", "rank 2 stays out: the run ends first") in ctl.notes
+
+
+def test_a_catch_up_that_does_not_move_ends_and_the_gpu_stays_out(plan):
+    gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    ctl = FakeController(gone)
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    ctl.clock = 5.0
+    rejoins.caught_up(CaughtUp(rank=2, session=1, steps=1, bytes=10, t=0.0))  # it moves: the clock restarts
+    ctl.clock = 14.0
+    rejoins.check_progress(10.0)
+    assert 2 in rejoins.sessions
+    ctl.clock = 15.5
+    rejoins.check_progress(10.0)
+    assert rejoins.sessions == {} and rejoins.wanted == {}
+    assert ("rejoin", "rank 2 stays out: its catch-up made no progress in 10 s") in ctl.notes
+    assert ctl.directives[0] is None and ctl.directives[2] is None
 
 
 def test_rejoin_of_a_running_member_is_a_no_op(plan):

@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                         help="seconds without any op finishing before a busy rank counts as stuck "
                              "(default: max(10, 10 x the plan's iteration time))")
+    parser.add_argument("--transition-timeout", type=float, default=D.transition_timeout, metavar="S",
+                        help="seconds a new generation may take to become ready once its processes run; then "
+                             "it is tried again, then every process restarts from the latest checkpoint, then "
+                             f"the run stops with E554 (default {D.transition_timeout:g})")
     parser.add_argument("--replan-deadline", type=float, default=D.replan_deadline, metavar="S",
                         help=f"seconds the planner may take per failure (default {D.replan_deadline:g})")
     parser.add_argument("--max-restarts", type=int, default=D.max_restarts, metavar="N",
@@ -82,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery,
         horizon=args.horizon, fail_slow=args.fail_slow,
         detect_timeout=args.detect_timeout, stall_timeout=args.stall_timeout, replan_deadline=args.replan_deadline,
+        transition_timeout=args.transition_timeout,
         max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
         store_host=args.store_host, store_port=args.store_port)
 

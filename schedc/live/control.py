@@ -47,6 +47,9 @@ class Controller(Protocol):
     def is_running(self, rank: int) -> bool:
         """Whether a worker process runs for `rank` (started, its exit not seen)."""
 
+    def now(self) -> float:
+        """Seconds since the run started, on the run's clock."""
+
     # -- what it asks -----------------------------------------------------------------------
 
     def note(self, kind: str, message: str, **details) -> None:
@@ -105,6 +108,9 @@ class SupervisorControl:
 
     def is_running(self, rank: int) -> bool:
         return rank in self._sup.alive
+
+    def now(self) -> float:
+        return self._sup._now()
 
     def note(self, kind: str, message: str, **details) -> None:
         self._sup._note(kind, message, **details)

@@ -355,26 +355,42 @@ class LiveWorker:
             time.sleep(_POLL)
 
     def _connect(self, gen: Generation, manifest: Manifest):
+        """Generation `gen`'s gloo groups. They form on a thread of their own while this one
+        watches the abort flag: gloo's full-mesh connect retries a member that died after it
+        published its address until the group's timeout (`wait_timeout`, minutes), and a
+        generation aborted meanwhile must not hold its survivors that long. An abandoned
+        connect ends on its own (its own store connection, its generation's own keys)."""
         import torch.distributed as dist
 
-        from schedc.runtime.transport import Transport
+        from schedc.runtime.transport import Interrupted, Transport
 
-        # The main thread's own store connection: no new connection for the server to accept.
-        store = self.job.store
         timeout = timedelta(seconds=self.config.wait_timeout)
         n = gen.number
         mine = [r for r in gen.members if manifest.coords[r][1] == self.rt.stage]
-        try:
-            world = dist.ProcessGroupGloo(dist.PrefixStore(f"g{n}/world/", store), gen.members.index(self.rank),
-                                          len(gen.members), timeout)
-            stage = None
-            if len(mine) > 1:
-                stage = dist.ProcessGroupGloo(dist.PrefixStore(f"g{n}/stage{self.rt.stage}/", store),
-                                              mine.index(self.rank), len(mine), timeout)
-        except RuntimeError as exc:  # a member died while the groups formed (or the store timed out)
+        store = self.job.store.clone()  # (the abandoned thread may still use it: not the main connection)
+        formed: dict = {}
+
+        def form() -> None:
+            try:
+                formed["world"] = dist.ProcessGroupGloo(dist.PrefixStore(f"g{n}/world/", store),
+                                                        gen.members.index(self.rank), len(gen.members), timeout)
+                formed["stage"] = None
+                if len(mine) > 1:
+                    formed["stage"] = dist.ProcessGroupGloo(dist.PrefixStore(f"g{n}/stage{self.rt.stage}/", store),
+                                                            mine.index(self.rank), len(mine), timeout)
+            except BaseException as exc:  # a member died while the groups formed (or the store timed out)
+                formed["error"] = exc
+
+        thread = threading.Thread(target=form, name=f"schedc-connect-g{n}", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(_POLL * 4)
+            if thread.is_alive() and (self.aborted() or self.heartbeat.stopped):
+                raise Interrupted(f"generation {n} was aborted while its groups formed")
+        if "error" in formed:
             raise RunError([error("E530", f"rank {self.rank} could not connect generation {n}: "
-                                          f"{_reason(exc)}")]) from None
-        return Transport(manifest, self.rank, self.config.wait_timeout, world=world, stage=stage,
+                                          f"{_reason(formed['error'])}")]) from None
+        return Transport(manifest, self.rank, self.config.wait_timeout, world=formed["world"], stage=formed["stage"],
                          interrupted=self.aborted)
 
     def _resume(self, gen: Generation, transport) -> tuple[int, bool]:

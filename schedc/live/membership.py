@@ -99,7 +99,12 @@ class JobStore:
     def serve(cls, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> "JobStore":
         """Host the store (the supervisor); port 0 picks a free one."""
         store = serve_store(host, port, timeout)  # (see schedc.runtime.rendezvous: why not torch's default)
-        job = cls(store, host, store.port)
+        return cls.hosting(store, host, store.port)
+
+    @classmethod
+    def hosting(cls, store, host: str, port: int) -> "JobStore":
+        """The job's keys over `store`, which this process serves: no generation announced or aborted yet."""
+        job = cls(store, host, port)
         job.store.set("abort", "-1")
         job.store.set("gen", "-1")
         return job

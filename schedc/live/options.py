@@ -32,6 +32,7 @@ class TrainOptions:
     heartbeat_interval: float = 0.05
     stall_timeout: float | None = None  # default: max(10 s, 10 x the plan's iteration time)
     startup_timeout: float = 120.0
+    transition_timeout: float = 60.0  # seconds a new generation may take to become ready once its members are up
     replan_deadline: float = 0.5
     max_restarts: int = 3
     want_weights: bool = False
@@ -55,7 +56,7 @@ class TrainOptions:
         """E555 for option values that make no sense."""
         problems = []
         for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
-                     "agent_timeout"):
+                     "agent_timeout", "transition_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")

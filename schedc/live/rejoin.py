@@ -18,8 +18,6 @@ session starts again, with a fresh state, once the run has recovered.
 
 from __future__ import annotations
 
-import time
-
 from schedc.live.control import Controller
 from schedc.live.protocol import CaughtUp, Phase
 from schedc.spec import Failure
@@ -68,7 +66,8 @@ class Rejoins:
         n = self._next
         ctl.direct(donor, {"role": "donate", "session": n, "joiner": rank})
         ctl.direct(rank, {"role": "join", "session": n, "donor": donor})
-        self.sessions[rank] = {"session": n, "donor": donor, "started": time.time(), "steps": None, "bytes": 0,
+        now = ctl.now()
+        self.sessions[rank] = {"session": n, "donor": donor, "started": now, "moved": now, "steps": None, "bytes": 0,
                                "caught": None}
         ctl.note("catch-up", f"rank {rank} catches up from rank {donor} (session {n}) while training goes on",
                  rank=rank, donor=donor, session=n)
@@ -77,7 +76,17 @@ class Rejoins:
         s = self.sessions.get(rep.rank)
         if s is None or rep.session != s["session"]:
             return
+        if rep.steps != s["steps"]:
+            s["moved"] = self.ctl.now()
         s["steps"], s["bytes"] = rep.steps, rep.bytes
+
+    def check_progress(self, bound: float) -> None:
+        """A catch-up that has not moved for `bound` seconds (no first state, no new step: the
+        joiner or its donor is stuck) ends; the GPU stays out, said once, instead of waiting forever."""
+        now = self.ctl.now()
+        stuck = [r for r, s in self.sessions.items() if s["caught"] is None and now - s["moved"] > bound]
+        if stuck:
+            self._give_up(sorted(stuck), f"its catch-up made no progress in {bound:g} s")
 
     def ready(self, completed: int) -> list[int]:
         """Joiners at most one step behind `completed` iterations: ready for the switch."""
@@ -99,7 +108,7 @@ class Rejoins:
             self._give_up(ready, f"no plan takes it back: {exc.diagnostics[0].message}")
             return
         for r in ready:
-            self.sessions[r]["caught"] = time.time()
+            self.sessions[r]["caught"] = ctl.now()
         reason = "; ".join(f"{describe_events([e])}: {self.wanted.get(r, 'asked for')}" for e, r in zip(events, ready))
         refused = ctl.switch(plan, kind="rejoin", reason=reason, ranks=ready)
         if refused is not None:

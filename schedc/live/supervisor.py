@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import math
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +45,7 @@ from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
 from schedc.live.slowness import Slowness
+from schedc.live.world import LocalWorld, World
 from schedc.live.transitions import TICK, Transitions
 from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
@@ -60,9 +60,10 @@ class Supervisor(Transitions):
     """Runs the compiled plan in `out` on live workers and keeps it training through failures."""
 
     def __init__(self, out: str | Path, options: TrainOptions = TrainOptions(), *,
-                 on_line: Callable[[str], None] | None = None):
+                 on_line: Callable[[str], None] | None = None, world: World | None = None):
         options.check()
-        self.t0 = time.time()
+        self.world = world or LocalWorld()
+        self.t0 = self.world.time()
         self.out = Path(out)
         self.on_line = on_line or (lambda line: None)
         self.plan: Plan = read_plan(self.out)
@@ -108,12 +109,21 @@ class Supervisor(Transitions):
         self._failure: list[Diagnostic] | None = None
         self._unexplained: float | None = None  # an abort no failure explains, since when
         self._retries = 0
+        # The deadline of a transition (a generation that must become ready): when it was announced,
+        # when every member's process was up (had beaten), when a switch's old generation ended,
+        # whether the wait was said, and how many transitions in a row missed their deadline.
+        self._announced_at = 0.0
+        self._up_at: float | None = None
+        self._old_done_at: float | None = None
+        self._wait_noted = False
+        self._late = 0
         control = SupervisorControl(self)
         self.rejoins = Rejoins(control)
         self.slowness = Slowness(control, mode=options.fail_slow)
         self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
                                        initial_plan=self.plan, latest_checkpoint=self.checkpoints.latest_own,
-                                       out=self.out, costs=Costs.of(self.plan.spec.recovery, horizon_s=options.horizon))
+                                       out=self.out, costs=Costs.of(self.plan.spec.recovery, horizon_s=options.horizon),
+                                       clock=self._now)
         self._handlers = {
             WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
             Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
@@ -154,7 +164,7 @@ class Supervisor(Transitions):
             ok=self.phase == Phase.DONE and not self._failure, out=str(self.out),
             iterations=[self.ledger.records[i] for i in sorted(self.ledger.records)],
             events=self.events, recoveries=self.recoveries, generations=self.generation_records,
-            wall_s=time.time() - self.t0, options=opts, state_dict=self.state_dict,
+            wall_s=self.world.time() - self.t0, options=opts, state_dict=self.state_dict,
             error=[d.to_json() for d in self._failure] if self._failure else None,
             checkpoints=list(self.checkpoints.paths), history=list(self.ledger.history), switches=self.switches,
             decisions=self.slowness.decisions)
@@ -174,7 +184,7 @@ class Supervisor(Transitions):
             model_layers=lambda: reshard.plan_model_layers(self.plan, self.out))
         restore = str(found.path) if found else None
         try:
-            self.job = JobStore.serve(opts.store_host, opts.store_port)
+            self.job = self.world.serve(opts.store_host, opts.store_port)
         except (RuntimeError, OSError) as exc:  # a busy port, an address not of this machine
             raise RunError([error("E557", f"cannot serve the run's store on {opts.store_host}:{opts.store_port}: "
                                           f"{str(exc).strip().splitlines()[0]}",
@@ -186,7 +196,7 @@ class Supervisor(Transitions):
             injections=tuple(i.to_json() for i in self.injections.all),
             coords={str(g.rank): (g.dp, g.pp) for g in spec.gpus}, probe=opts.fail_slow == "act",
             cluster=(spec.cluster.dp, spec.cluster.pp)))
-        self.fleet = Fleet(self.job, spec, opts.hosts)
+        self.fleet = self.world.fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
         if found and checkpoint.split_differs(found.meta, spec.pp, spec.partition):
@@ -219,6 +229,10 @@ class Supervisor(Transitions):
                                        "and report it")])
                 return
         self._fire_timed_injections(now)
+        if self.phase == Phase.RUNNING:
+            self.rejoins.check_progress(self.options.transition_timeout)
+        else:
+            self._check_transition(now)
         for rank, at in list(self._error_exits.items()):
             if now - at > ERROR_REPORT_WAIT:  # exited with EXIT_ERROR but no report came: a crash
                 del self._error_exits[rank]
@@ -250,7 +264,7 @@ class Supervisor(Transitions):
             handler(msg, now)
 
     def _now(self) -> float:
-        return time.time() - self.t0
+        return self.world.time() - self.t0
 
     # -- what workers report ----------------------------------------------------------------------
 
@@ -294,7 +308,7 @@ class Supervisor(Transitions):
         meta = {"spec": spec.source_name, "optimizer": spec.train.optimizer,
                 "emulate": self.options.emulate, "model": self.gen.manifest["source"] if self.gen else None,
                 "dp": spec.dp, "microbatches": spec.microbatches,
-                "generation": self.gen.number, "time": time.time()}
+                "generation": self.gen.number, "time": self.world.time()}
         done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta, layers=msg.layers,
                                               model_layers=msg.model_layers)
         if done is not None:
@@ -370,7 +384,8 @@ class Supervisor(Transitions):
         it, gen = record.iteration, record.generation
         self._after_iteration(record)
         rec = self._recovery
-        if rec is not None and rec.t_first is None and rec.to_generation == gen == self.gen.number:
+        # (the recovery's generation, or a planned switch's after it, if one came before its first iteration)
+        if rec is not None and rec.t_first is None and rec.t_ready is not None and gen >= rec.to_generation:
             rec.t_first = now
             t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
             self._note("recovered", f"first iteration under generation {gen} done {now - t0:.2f} s after the "
@@ -386,6 +401,7 @@ class Supervisor(Transitions):
         if sw is not None:
             if gen == sw.from_generation and it == sw.start_at - 1:
                 sw.t_last_old = record.end
+                self._old_done_at = self._now()  # the new generation's deadline counts from here
             elif gen == sw.to_generation and sw.t_first is None:
                 sw.t_first = record.end
                 self._switch_rec = None
@@ -479,15 +495,15 @@ class Supervisor(Transitions):
         if self.fleet is not None:
             self.fleet.stop(grace=2.0)
         if self.options.hosts > 1:  # remote agents report their workers' exits: wait a little for them
-            deadline = time.monotonic() + 5.0
-            while self.alive - self.dead and time.monotonic() < deadline:
+            deadline = self._now() + 5.0
+            while self.alive - self.dead and self._now() < deadline:
                 try:
                     for ev in self.job.events():
                         if isinstance(ev, Exited):
                             self.alive.discard(ev.rank)
+                    self.fleet.step(0.05)
                 except Exception:
                     break
-                time.sleep(0.05)
         if self._pending_write is not None and self.phase == Phase.DONE:
             self._write_generation(*self._pending_write)
             self._pending_write = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import time
 from typing import Sequence
 
 from schedc.diagnostics import RunError, error
@@ -58,6 +57,7 @@ class Transitions:
         self._ready, self._done = {}, set()
         self._unexplained = None
         now = self._now()
+        self._announced_at, self._up_at, self._old_done_at, self._wait_noted = now, None, None, False
         for r in members:
             if r not in self.detector.watching():
                 self.detector.watch(r, now)
@@ -99,6 +99,7 @@ class Transitions:
         self._leaving = set()
         self.detector.restart_progress(now)
         self._unexplained = None
+        self._late = 0
         for rank in self.rejoins.wanted.keys() & set(self.gen.members):
             self.slowness.joined(rank)
         self.rejoins.joined(self.gen.members)
@@ -180,8 +181,8 @@ class Transitions:
 
     def _recover(self) -> None:
         # Failures that come together (a node) are planned together.
-        settle = time.monotonic() + SETTLE
-        while time.monotonic() < settle:
+        settle = self._now() + SETTLE
+        while self._now() < settle:
             self.fleet.step(TICK)
             now = self._now()
             for ev in self.job.events():
@@ -233,7 +234,8 @@ class Transitions:
         else:
             self._note_replan(rec, change, old.number)
         self.dead.difference_update(change.replacements)
-        self._announce(change.plan, restore=change.restore, reason="; ".join(change.events))
+        self._announce(change.plan, restore=change.restore or self._unfinished_restore(),
+                       reason="; ".join(change.events))
         rec.to_generation = self.gen.number
         rec.t_announce = self._now()
         if change.restart_all:
@@ -255,17 +257,117 @@ class Transitions:
                                                     else ""),
                    events=events, solver=rec.solver, predicted_us=plan.metrics.iteration_time)
 
+    def _unfinished_restore(self) -> str | None:
+        """The restore of the newest generation if it never became ready: the generation that
+        replaces it must restore the same state, since some members may not have loaded it yet (a
+        replacement process that never restored holds the initial weights, not the survivors'
+        state). Called before the next generation is announced."""
+        if self.gen is None or self.generation_records[-1].t_ready is not None:
+            return None
+        return self.gen.restore
+
     def _stop_survivors(self) -> None:
         """recovery="restart": every survivor is killed before all restart (their exits are ours)."""
-        survivors = [r for r in self.gen.members if r not in self.dead]
-        for r in survivors:
+        self._kill_and_wait([r for r in self.gen.members if r not in self.dead])
+
+    def _kill_and_wait(self, ranks: Sequence[int]) -> None:
+        """SIGKILL `ranks`' processes and wait (10 s at most) until their exits are seen; those
+        exits are expected (the ranks are no longer watched), not failures."""
+        for r in ranks:
             self.detector.forget(r)
-        self._signal(survivors, "kill")
-        deadline = time.monotonic() + 10
-        while self.alive & set(survivors) and time.monotonic() < deadline:
+        self._signal(ranks, "kill")
+        deadline = self._now() + 10
+        while self.alive & set(ranks) and self._now() < deadline:
             self.fleet.step(TICK)
             for ev in self.job.events():
                 self._dispatch(ev, self._now())
+
+    # -- deadlines: a transition that does not end is tried again, then restarted, then reported -----
+
+    def _check_transition(self, now: float) -> None:
+        """A generation being started, recovered or switched to must become ready within
+        `transition_timeout` seconds, counted from when every member's process is up (start-up
+        itself is the detector's) and, for a planned switch, the old generation has ended (until
+        then it runs, and the stall rule watches it). Escalates when it does not."""
+        if self.gen is None or self.phase not in (Phase.STARTING, Phase.RECOVERING, Phase.SWITCHING):
+            return
+        if self._up_at is None:
+            if any(self.detector.last_beat(r) is None for r in self.gen.members if r not in self.dead):
+                return
+            self._up_at = now
+        begin = self._up_at
+        if self.phase == Phase.SWITCHING:
+            if self._old_done_at is None:
+                return
+            begin = max(begin, self._old_done_at)
+        bound = self.options.transition_timeout
+        late = sorted(set(self.gen.members) - set(self._ready) - self.dead)
+        if not self._wait_noted and now - begin > bound / 2:
+            self._wait_noted = True
+            self._note("waiting", f"generation {self.gen.number}: waiting {now - begin:.1f} s for rank(s) {late} "
+                                  f"to become ready (at most {bound:g} s, then it is tried again)",
+                       generation=self.gen.number, ranks=late)
+        if now - begin > bound:
+            self._escalate(late, now)
+
+    def _escalate(self, late: list[int], now: float) -> None:
+        """The generation missed its deadline: the first time, try it again (a fresh generation,
+        rolled back in memory; a planned switch is abandoned for the plan that ran); the second
+        time in a row, restart every process from the latest checkpoint; then stop with E554."""
+        gen, bound = self.gen, self.options.transition_timeout
+        self._late += 1
+        what = (f"generation {gen.number} did not become ready within {bound:g} s of its members running "
+                f"(rank(s) {late} never reported ready)")
+        rec = self._recovery if (self._recovery and self._recovery.t_ready is None) else None
+        if rec is None and self._training_started is not None:
+            rec = Recovery(from_generation=gen.number, t_detect=now, method="retry",
+                           t_last_complete=max((r.end for r in self.ledger.records.values()), default=None),
+                           predicted_before_us=self.base_plan.metrics.iteration_time)
+            self.recoveries.append(rec)
+            self._recovery = rec
+        if rec is not None:
+            rec.causes[f"generation {gen.number}"] = what
+        if self.phase == Phase.SWITCHING:
+            self._note("switch", f"the switch to generation {gen.number} is abandoned: it did not complete in time")
+            self.plan = self.base_plan
+            self._switch_rec = None
+            self.rejoins.cancel_all()
+        phase = Phase.STARTING if self._training_started is None else Phase.RECOVERING
+        self.job.abort(gen.number)
+        if self._late == 1:
+            self._note("deadline", f"{what}: trying it again as generation {gen.number + 1}", generation=gen.number,
+                       ranks=late)
+            self._announce(self.plan, restore=self._unfinished_restore(), reason=f"retry: {what}")
+        elif self._late == 2 and self.recovery.restarts < self.options.max_restarts:
+            self.recovery.restarts += 1
+            found = self.checkpoints.latest_own()
+            restore = str(found.path) if found else "initial"
+            self._note("deadline", f"{what} again: restarting every process from {restored_name(restore)} "
+                                   f"(restart {self.recovery.restarts} of {self.options.max_restarts})",
+                       generation=gen.number, ranks=late, restore=restore)
+            self.rejoins.cancel_all()
+            self._kill_and_wait(sorted(self.alive - self.dead))
+            self._announce(self.plan, restore=restore, reason=f"restart: {what}")
+            self._start_workers(self.gen.members)
+        else:
+            self._fail([error("E554", f"the job is stuck: {what}, after it was tried again"
+                                      + (" and every process restarted" if self._late > 2 else ""),
+                              hint=self._resume_hint())])
+            return
+        if rec is not None:
+            rec.to_generation = self.gen.number
+            rec.t_announce = self._now()
+        self.phase = phase
+
+    def _resume_hint(self) -> str:
+        """How to go on from the latest complete checkpoint (what a user types), and where the run's record is."""
+        found = self.checkpoints.latest_own()
+        if found is None:
+            return "no complete checkpoint was written (train with --checkpoint-every K to have one to resume)"
+        opts = " --resume" + (f" --checkpoint-dir {self.options.checkpoint_dir}" if self.options.checkpoint_dir
+                              else "")
+        return (f"the latest complete checkpoint is `{found.path}` (after {found.iteration} steps): resume with "
+                f"`schedc train {self.out}{opts}`; the --log file holds the run's events")
 
     def _retry(self) -> None:
         """Ranks lost a peer but no failure was detected: run the same plan again as a new generation."""
@@ -278,5 +380,5 @@ class Transitions:
         self.job.abort(self.gen.number)
         self._note("retry", f"ranks lost a connection but no rank failed: running generation {self.gen.number} "
                             "again")
-        self._announce(self.plan, restore=None, reason="retry after a lost connection")
+        self._announce(self.plan, restore=self._unfinished_restore(), reason="retry after a lost connection")
         self.phase = Phase.RECOVERING

@@ -1,0 +1,352 @@
+"""One simulated run from a seed: its fault schedule, the invariants checked at every step, its outcome.
+
+`simulate(seed)` compiles (once per process) a 3x3 plan, draws a fault
+schedule from the seed, and runs the real `Supervisor` against a `SimWorld`
+until the run ends or a bound passes. Checked as it goes:
+
+- **bounded**: the run ends (finished, or stopped with a diagnostic) within
+  `BOUND_S` simulated seconds; never silent;
+- **exact**: every rank's stage state holds each iteration's update once,
+  in order, at every step (`SimWorld.applied`); a finished run's final
+  members hold all of them; every complete checkpoint holds exactly the
+  steps it names;
+- **one generation at a time**: ranks running iterations of two
+  generations at once only across a planned switch (the old one before its
+  start, the new one from it);
+- **no healthy GPU declared failed**: every rank the supervisor declares
+  failed was killed, stopped or hung shortly before; no rank the world never
+  slowed is reported slow;
+- **diagnostics that are not bugs**: a run that stops does so with a
+  diagnostic, and not with one that says schedc broke its own rules (E551,
+  E552, E590, "every rank finished, yet ...").
+
+``python -m schedc.live.sim --schedules N [--first S]`` runs N seeds and
+prints every violation with the seed that replays it.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schedc.diagnostics import SchedcError
+from schedc.live.options import TrainOptions
+from schedc.live.protocol import Phase, RejoinAsked
+from schedc.live.sim.world import SimWorld
+
+#: Simulated seconds a run may take before it counts as hung. A fault-free run takes ~3 s; the
+#: worst legitimate path (a transition tried again, then every process restarted, each waiting
+#: out `TRANSITION_S`, plus stall and start-up limits) stays well inside this.
+BOUND_S = 400.0
+TRANSITION_S = 20.0
+ITERATIONS = 40
+#: The options of every simulated run besides these (tests change them).
+OPTIONS = dict(transition_timeout=TRANSITION_S, replan_deadline=0.5, checkpoint_every=5)
+
+SPEC = """
+model "m" { source = "schedc.models.mlp:build" }
+cluster { dp = 3  pp = 3  gpus_per_node = 3
+          gpu { memory = 1GiB }  link { latency = 50us  bandwidth = 1GB/s } }
+stages { all { forward = 2ms  backward_input = 2ms  backward_weight = 1ms  optimizer = 0.5ms
+               activation = 4MiB  stash = 1MiB  static = 16MiB  send = 64KiB } }
+train { microbatches = 3  optimizer = sgd  lr = 0.05  iterations = 40 }
+schedule { solver = greedy }
+"""
+
+_COMPILED: dict[str, Path] = {}
+
+
+def compiled_plan() -> Path:
+    """The simulation's plan, compiled once per process into a temporary folder."""
+    if "plan" not in _COMPILED:
+        import schedc
+
+        root = Path(tempfile.mkdtemp(prefix="schedc-sim-"))
+        schedc.compile(SPEC).write(root / "plan")
+        _COMPILED["plan"] = root / "plan"
+    return _COMPILED["plan"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: `action` on `ranks`, `delay` seconds after its trigger (`when`: ``training``, the
+    first iteration; ``switching`` / ``recovering``: the first such phase after the previous fault)."""
+
+    when: str
+    delay: float
+    action: str  # kill, stop, hang, slow, pause, forkserver, rejoin
+    ranks: tuple[int, ...] = ()
+    duration: float = 0.0
+    factor: float = 1.0
+
+    def __str__(self) -> str:
+        extra = f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "pause") else ""
+        extra += f" x{self.factor:.1f}" if self.factor != 1.0 else ""
+        return f"{self.delay:.2f} s after {self.when}: {self.action} {list(self.ranks)}{extra}"
+
+
+def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
+    """The faults of run `seed`, in order: half the seeds draw 0-3 faults at random, the others
+    follow a scenario that aims a fault at a transition (a planned switch, a recovery, a
+    checkpoint restore, a rejoin), where protocols break."""
+    rng = random.Random(seed)
+    phase_delay = lambda: rng.choice([0.0, 0.005, 0.02, 0.05, 0.1])  # noqa: E731
+    rank = lambda: rng.randrange(world)  # noqa: E731
+    scenario = rng.choice(["random", "random", "random", "switch", "recovery", "rejoin", "stage"])
+    if scenario == "switch":  # a slow GPU makes the run switch plans; a failure lands in the switch
+        return [Fault("training", round(rng.uniform(0.6, 1.0), 3), "slow", (rank(),), duration=3.0,
+                      factor=rng.choice([3.0, 4.0])),
+                Fault("switching", phase_delay(), rng.choice(["kill", "kill", "stop", "hang"]), (rank(),),
+                      duration=5.0)]
+    if scenario == "recovery":  # a second failure while the first is recovered
+        return [Fault("training", round(rng.uniform(0, 1.0), 3), "kill", (rank(),)),
+                Fault("recovering", phase_delay(), rng.choice(["kill", "kill", "stop", "forkserver"]), (rank(),),
+                      duration=5.0)]
+    if scenario == "rejoin":  # a GPU is lost, comes back, and something fails while it rejoins
+        r = rank()
+        return [Fault("training", round(rng.uniform(0, 0.5), 3), "kill", (r,)),
+                Fault("training", round(rng.uniform(0.2, 0.6), 3), "rejoin", (r,)),
+                Fault(rng.choice(["training", "switching"]), phase_delay(), rng.choice(["kill", "stop"]),
+                      (rng.choice([r, rank()]),), duration=5.0)]
+    if scenario == "stage":  # a burst takes a whole stage: a checkpoint restore, then another fault
+        stage = rng.randrange(pp)
+        return [Fault("training", round(rng.uniform(0, 1.0), 3), "kill", tuple(range(stage, world, pp))),
+                Fault("recovering", phase_delay(), rng.choice(["kill", "stop", "pause", "forkserver"]), (rank(),),
+                      duration=rng.choice([1.0, 5.0]))]
+    faults = []
+    for i in range(rng.choice([0, 1, 1, 2, 2, 3])):
+        when = "training" if i == 0 else rng.choice(["training", "switching", "recovering", "recovering"])
+        action = rng.choice(["kill", "kill", "kill", "stop", "stop", "hang", "slow", "slow", "pause", "forkserver",
+                             "rejoin", "stage"])
+        delay = round(rng.uniform(0.0, 1.5), 3) if when == "training" else phase_delay()
+        if action == "stage":
+            stage = rng.randrange(pp)
+            faults.append(Fault(when, delay, "kill", tuple(range(stage, world, pp))))
+        elif action == "stop":
+            faults.append(Fault(when, delay, "stop", (rank(),), duration=rng.choice([0.5, 1.5, 5.0, 8.0])))
+        elif action == "slow":
+            faults.append(Fault(when, delay, "slow", (rank(),), duration=round(rng.uniform(0.5, 3.0), 2),
+                                factor=rng.choice([2.0, 3.0, 4.0])))
+        elif action == "pause":
+            faults.append(Fault(when, delay, "pause", duration=round(rng.uniform(1.0, 6.0), 2)))
+        elif action in ("kill", "hang", "rejoin"):
+            faults.append(Fault(when, delay, action, (rank(),)))
+        else:
+            faults.append(Fault(when, delay, action))
+    return faults
+
+
+@dataclass
+class Outcome:
+    seed: int
+    faults: list[Fault]
+    result: str = ""  # finished, stopped (with a diagnostic), hung
+    code: str | None = None  # the diagnostic's code, when stopped
+    hint: str = ""  # and its hint
+    sim_s: float = 0.0
+    violations: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # the supervisor's notes, for the replay
+    world_log: list[tuple[float, str]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [f"seed {self.seed}: {self.result}" + (f" ({self.code})" if self.code else "")
+                 + f" after {self.sim_s:.2f} simulated s; faults: " + ("; ".join(map(str, self.faults)) or "none")]
+        lines += [f"  VIOLATION: {v}" for v in self.violations]
+        if self.violations:
+            lines += ["  supervisor:"] + [f"    {e}" for e in self.events[-25:]]
+            lines += ["  world:"] + [f"    [{t:8.3f}] {w}" for t, w in self.world_log[-25:]]
+        return "\n".join(lines)
+
+
+class _Checker:
+    """Fires the faults at their triggers and checks the invariants after every step."""
+
+    def __init__(self, sup, world: SimWorld, faults: list[Fault], options: TrainOptions):
+        self.sup, self.world, self.options = sup, world, options
+        self.pending = list(faults)
+        self.armed_at: float | None = None  # when the next fault's trigger was met
+        self.trouble: dict[int, list[list[float]]] = {}  # rank -> [start, end] windows it was stopped/hung/dead
+        self.slowed: set[int] = set()
+        self.timers: list[tuple[float, str, tuple[int, ...]]] = []  # (at, what, ranks): ends of faults
+        self.seen_events = 0
+        self.phases: set[Phase] = set()
+
+    def __call__(self) -> None:
+        sup, world = self.sup, self.world
+        now = world.now
+        self.phases.add(sup.phase)
+        for at, what, ranks in [t for t in self.timers if t[0] <= now]:
+            self.timers.remove((at, what, ranks))
+            if what == "cont":
+                world.signal(ranks, "cont")
+                self._trouble_ends(ranks, now)
+            elif what == "fast":
+                for r in ranks:
+                    world.slow.pop(r, None)
+        self._fire(now)
+        self._check_events(now)
+        self._check_generations()
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def _fire(self, now: float) -> None:
+        if not self.pending or self.sup._training_started is None:
+            return
+        f = self.pending[0]
+        if self.armed_at is None:
+            trigger = {"training": True, "switching": self.sup.phase == Phase.SWITCHING,
+                       "recovering": self.sup.phase == Phase.RECOVERING}[f.when]
+            if not trigger:
+                return
+            self.armed_at = now
+        if now < self.armed_at + f.delay:
+            return
+        self.pending.pop(0)
+        self.armed_at = None
+        world = self.world
+        world.note(f"fault: {f}")
+        if f.action == "kill":
+            for r in world.signal(f.ranks, "kill"):
+                self.trouble.setdefault(r, []).append([now, float("inf")])
+        elif f.action == "stop":
+            for r in world.signal(f.ranks, "stop"):  # (descheduled, SIGSTOP, a VM paused)
+                self.trouble.setdefault(r, []).append([now, float("inf")])
+            self.timers.append((now + f.duration, "cont", f.ranks))
+        elif f.action == "hang":
+            for r in f.ranks:
+                w = world.workers.get(r)
+                if w is not None and w.alive:
+                    w.hung = True
+                    self.trouble.setdefault(r, []).append([now, float("inf")])
+        elif f.action == "slow":
+            for r in f.ranks:
+                world.slow[r] = f.factor
+                self.slowed.add(r)
+            self.timers.append((now + f.duration, "fast", f.ranks))
+        elif f.action == "pause":
+            world.pause_s = f.duration
+        elif f.action == "forkserver":
+            world.forkserver_down_until = now + 2.0
+        elif f.action == "rejoin":  # `schedc rejoin "recover gpu(...)"` for a rank (lost or not)
+            g = self.sup.plan.spec.gpus[f.ranks[0]]
+            world.job.report(RejoinAsked(event=f"recover gpu(dp={g.dp}, pp={g.pp})", t=world.time()))
+
+    def _trouble_ends(self, ranks, now: float) -> None:
+        for r in ranks:
+            for window in self.trouble.get(r, []):
+                if window[1] == float("inf"):
+                    window[1] = now
+
+    # -- invariants ---------------------------------------------------------------------------------
+
+    def _check_events(self, now: float) -> None:
+        events = self.sup.events
+        for e in events[self.seen_events:]:
+            if e["kind"] == "failure":
+                self._check_failure(e["rank"], e["t"], e["message"])
+            elif e["kind"] == "slow" and e.get("speed", 1.0) < 0.9 and e["rank"] not in self.slowed:
+                self.world.violations.append(f"t={now:.3f}: rank {e['rank']} reported slow but the world never "
+                                             f"slowed it: {e['message']}")
+        self.seen_events = len(events)
+
+    def _check_failure(self, rank: int, t: float, message: str) -> None:
+        slack = self.options.detect_timeout + 1.0
+        if any(start <= t + 1e-3 and end >= t - slack for start, end in self.trouble.get(rank, [])):  # (t is rounded)
+            return
+        self.world.violations.append(f"t={t:.3f}: healthy rank {rank} declared failed: {message}")
+
+    def _check_generations(self) -> None:
+        running: dict[int, list[int]] = {}
+        for w in self.world.workers.values():
+            if w.alive and w.state == "run":
+                running.setdefault(w.generation, []).append(w.iteration)
+        if len(running) < 2:
+            return
+        newest = max(running)
+        start_at = self.world.job.generation(newest).start_at
+        old_its = [it for g, its in running.items() if g != newest for it in its]
+        if start_at is None or max(old_its) >= start_at or min(running[newest]) < start_at:
+            self.world.violations.append(f"t={self.world.now:.3f}: generations {sorted(running)} run at once "
+                                         f"(iterations {running}, switch at {start_at})")
+
+
+def simulate(seed: int, *, faults: list[Fault] | None = None) -> Outcome:
+    """Run seed `seed` (or `faults`, if given) to its end or the bound; see the module docstring."""
+    faults = fault_schedule(seed) if faults is None else faults
+    out = compiled_plan()
+    ckpt = Path(tempfile.mkdtemp(prefix=f"schedc-sim-{seed}-"))
+    options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt), **OPTIONS)
+    world = SimWorld(seed)
+    outcome = Outcome(seed, faults)
+    try:
+        sup = _supervisor_class()(out, options, world=world)
+        checker = _Checker(sup, world, faults, options)
+        world.on_step.append(checker)
+        try:
+            sup._setup()
+            while sup.phase not in (Phase.DONE, Phase.FAILED) and world.now < BOUND_S:
+                sup._tick()
+        except SchedcError as exc:
+            sup._fail(list(exc.diagnostics))
+        sup._teardown("finished" if sup.phase == Phase.DONE else "failed")
+        outcome.sim_s = world.now
+        outcome.events = [f"[{e['t']:8.3f}] {e['message']}" for e in sup.events]
+        outcome.world_log = world.log
+        _judge(outcome, sup, world, ckpt)
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return outcome
+
+
+def _judge(outcome: Outcome, sup, world: SimWorld, ckpt: Path) -> None:
+    from schedc.live import checkpoint
+
+    v = world.violations
+    if sup.phase == Phase.DONE and not sup._failure:
+        outcome.result = "finished"
+        for r in sup.gen.members:
+            w = world.workers[r]
+            if w.history != list(range(ITERATIONS)):
+                v.append(f"rank {r} finished holding iterations {_runs(w.history)}, not 0..{ITERATIONS - 1}")
+    elif sup._failure:
+        outcome.result = "stopped"
+        d = sup._failure[0]
+        outcome.code, outcome.hint = d.code, d.hint
+        if d.code in ("E551", "E552", "E590") or "yet iterations" in d.message:
+            v.append(f"stopped with a diagnostic that reports a bug: {d.code} {d.message}")
+    else:
+        outcome.result = "hung"
+        v.append(f"no end and no diagnostic after {BOUND_S:g} simulated s (phase {sup.phase})")
+    for found in checkpoint.complete_checkpoints(ckpt):
+        for stage in range(found.meta.get("stages", 3)):
+            held = list(checkpoint.load_stage(found, stage)["history"])
+            if held != list(range(found.iteration)):
+                v.append(f"checkpoint {found.path.name} stage {stage} holds {_runs(held)}")
+    outcome.violations = list(v)
+
+
+def _runs(history: list[int]) -> str:
+    return f"{len(history)} updates " + (f"{history[:3]}..{history[-3:]}" if len(history) > 6 else str(history))
+
+
+@functools.cache
+def _supervisor_class():
+    """`Supervisor` with its replans memoised by (plan's spec, events, solver): the same failure
+    sets recur across seeds, and planning is what a simulated run would spend most of its time on
+    (a replan is a pure function of those; the real one is tested elsewhere)."""
+    from schedc.live.supervisor import Supervisor
+
+    class SimSupervisor(Supervisor):
+        _memo: dict = {}
+
+        def _replan(self, base, events, solver=None):
+            key = (base.spec, tuple(events), solver)
+            if key not in self._memo:
+                self._memo[key] = super()._replan(base, events, solver)
+            return self._memo[key]
+
+    return SimSupervisor

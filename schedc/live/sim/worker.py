@@ -1,0 +1,329 @@
+"""A simulated rank's process: the worker protocol of `schedc.live.member`, as a coroutine.
+
+`SimWorker` follows `LiveWorker` step by step (wait for a generation that
+names it, join, connect, agree where to resume and roll back one step if it
+is ahead, run iterations, leave at a planned switch, stop at an abort, catch
+up on standby, write its stage's checkpoint), talking to the supervisor
+through the same `JobStore` and typed messages. What it computes is
+replaced by bookkeeping: its stage's state is `history`, the iterations
+whose update it holds, in order, so exactness is checkable at every step
+(an update applied twice, or skipped, shows at once).
+
+`Network` stands for the process groups: a barrier per collective, and per
+pipeline iteration an amount of work that advances only while every member
+runs (a dead, stopped or hung member blocks the others, as a real
+pipeline's receives would). A rank finishes an iteration when the progress
+reaches its own share (members end a little apart, so a failure can land
+after some have applied the step and before others have).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from schedc.live import checkpoint
+from schedc.live.member import CONNECT_TIMEOUT, EXIT_ERROR
+from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, IterationDone, Left,
+                                  Ready, Started, WorkerError)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from schedc.live.membership import Generation
+    from schedc.live.sim.world import SimWorld
+
+#: Simulated seconds between two polls of a waiting worker (a real one sleeps 5-10 ms).
+POLL = 0.01
+#: Simulated seconds a joiner needs to copy its donor's state before it follows its steps.
+CATCH_UP_S = 0.3
+
+Wait = Callable[[], bool]
+
+
+class Interrupted(Exception):
+    """The generation was aborted, or a peer was lost: report `Aborted`, wait for the next."""
+
+
+class Exit(Exception):
+    def __init__(self, code: int):
+        self.code = code
+
+
+class Network:
+    """Collectives and pipeline iterations among simulated ranks (see the module docstring)."""
+
+    def __init__(self, world: "SimWorld"):
+        self.world = world
+        self.arrived: dict[tuple, dict[int, object]] = {}  # barrier -> rank -> its value
+        self.iterations: dict[tuple[int, int], dict] = {}  # (generation, iteration) -> its progress
+
+    def arrive(self, key: tuple, rank: int, value: object = None) -> None:
+        self.arrived.setdefault(key, {})[rank] = value
+
+    def complete(self, key: tuple, members) -> bool:
+        return set(members) <= set(self.arrived.get(key, {}))
+
+    def values(self, key: tuple) -> list:
+        return list(self.arrived[key].values())
+
+    def enter_iteration(self, gen: int, it: int, rank: int, members: tuple[int, ...]) -> None:
+        state = self.iterations.setdefault((gen, it), {"members": members, "in": set(), "work": None,
+                                                       "progress": 0.0, "need": {}})
+        state["in"].add(rank)
+        if state["work"] is None and state["in"] >= set(members):
+            work = self.world.iteration_s * max(self.world.slowdown(r) for r in members)
+            rng = random.Random(f"{self.world.seed}/{gen}/{it}")
+            state["work"] = work
+            state["need"] = {r: work * (1 + 0.1 * rng.random()) for r in members}
+
+    def progressing(self, gen: int, it: int) -> bool:
+        state = self.iterations.get((gen, it))
+        if state is None or state["work"] is None:
+            return False
+        return all(self.world.runs(r) for r in state["members"])
+
+    def done(self, gen: int, it: int, rank: int) -> bool:
+        state = self.iterations.get((gen, it))
+        return bool(state and state["work"] is not None and state["progress"] >= state["need"][rank])
+
+    def advance(self, dt: float) -> None:
+        for (gen, it), state in self.iterations.items():
+            if state["work"] is not None and state["progress"] < max(state["need"].values()) \
+                    and self.progressing(gen, it):
+                state["progress"] += dt
+                for r in state["members"]:
+                    w = self.world.workers.get(r)
+                    if w is not None and (w.generation, w.iteration) == (gen, it):
+                        w.ops += 1
+
+
+class SimWorker:
+    """One simulated worker process (see the module docstring)."""
+
+    def __init__(self, world: "SimWorld", rank: int, startup_s: float):
+        self.world = world
+        self.job = world.job
+        self.net = world.net
+        self.rank = rank
+        self.config = self.job.config()
+        self.generation = -1
+        self.iteration = -1
+        self.ops = 0
+        self.state = "starting"
+        self.steps = 0
+        self.history: list[int] = []  # the iterations whose update this rank's stage state holds
+        self.alive = True
+        self.stopped = False  # SIGSTOP
+        self.hung = False  # stuck (in an op, a connect, a wait): alive, beating, no progress
+        self.exit_code: int | None = None
+        self.exit_reported = False  # (its agent reported the exit)
+        self.beating = False
+        self.next_beat = 0.0
+        self._seq = 0
+        self._session: int | None = None
+        self._session_at = 0.0
+        self._co = self._main(startup_s)
+        self._wait: Wait | None = None
+
+    # -- the scheduler's side ------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Run until the coroutine waits for something that does not hold yet (a stopped or hung
+        process runs nothing; a hung one still beats: its heartbeat thread is alive)."""
+        while self.alive and not self.stopped and not self.hung:
+            if self._wait is not None and not self._wait():
+                return
+            try:
+                self._wait = next(self._co)
+            except StopIteration:
+                self.exit(0)
+            except Exit as exc:
+                self.exit(exc.code)
+
+    def exit(self, code: int) -> None:
+        if self.alive:
+            self.alive = False
+            self.exit_code = code
+
+    def payload(self) -> str:
+        self._seq += 1
+        state = self.state
+        if state == "run" and not self.hung and not self.net.progressing(self.generation, self.iteration):
+            state = "wait"
+        return f"{self._seq} {self.generation} {self.iteration} {self.ops} {state}"
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        return self.world.now
+
+    def _sleep(self, seconds: float) -> Iterator[Wait]:
+        until = self.now + seconds
+        yield lambda: self.now >= until
+
+    def aborted(self) -> bool:
+        return self.job.aborted() >= self.generation >= 0
+
+    def _stage(self, gen: "Generation") -> int:
+        coords = gen.manifest["coords"]
+        return coords[str(self.rank)][1] if str(self.rank) in coords else self.config.coords[str(self.rank)][1]
+
+    # -- the process -----------------------------------------------------------------------------
+
+    def _main(self, startup_s: float) -> Iterator[Wait]:
+        yield from self._sleep(startup_s)  # interpreter, imports, the model
+        self.beating, self.state = True, "idle"
+        self.next_beat = self.now
+        self.job.report(Started(rank=self.rank, pid=100000 + self.rank, host=0))
+        after = -1
+        while True:
+            yield lambda: self.job.stopped() or self.job.latest_generation() > after
+            if self.job.stopped():
+                return
+            gen = self.job.generation(self.job.latest_generation())
+            if self.rank in gen.members:
+                yield from self._serve(gen)
+            else:
+                yield from self._standby(gen)
+            after = gen.number
+
+    def _serve(self, gen: "Generation") -> Iterator[Wait]:
+        n, members = gen.number, gen.members
+        self.generation, self.state = n, "join"
+        stage = self._stage(gen)
+        try:
+            directive = self.job.directive(self.rank)
+            if gen.start_at is not None and directive and directive.get("role") == "join" \
+                    and self.steps < gen.start_at:
+                yield from self._catch_up_to(gen)
+            self.job.join(n, self.rank)
+            yield lambda: self.job.all_joined(n, members) or self.aborted()
+            if not self.job.all_joined(n, members):
+                raise Interrupted(f"generation {n} was aborted while its members joined")
+            self.net.arrive(("connect", n), self.rank)
+            since = self.now
+            yield lambda: (self.net.complete(("connect", n), members) or self.aborted()
+                           or self.now - since > CONNECT_TIMEOUT)
+            if not self.net.complete(("connect", n), members):
+                raise Interrupted(f"generation {n} was aborted while its groups formed" if self.aborted()
+                                  else f"rank {self.rank} could not connect generation {n}")
+            if gen.restore is not None:
+                self._restore(gen.restore, stage)
+                start, undone = self.steps, False
+            else:
+                self.net.arrive(("resume", n), self.rank, self.steps)
+                yield lambda: self.net.complete(("resume", n), members) or self.aborted()
+                if not self.net.complete(("resume", n), members):
+                    raise Interrupted("aborted while the members agreed where to resume")
+                values = self.net.values(("resume", n))
+                if max(values) - min(values) > 1:
+                    self._error("E552", f"survivors are more than one step apart ({min(values)}..{max(values)})")
+                start = min(values)
+                undone = self.steps > start
+                if undone:
+                    self.history.pop()
+                    self.steps = start
+            self.job.report(Ready(rank=self.rank, gen=n, start=start, undone=undone, t=self.world.time()))
+            self.state = "run"
+            for it in range(start, self.config.iterations):
+                if self.aborted():
+                    raise Interrupted("aborted between iterations")
+                if self._switch_at(gen, it):
+                    self.job.report(Left(rank=self.rank, gen=n, steps=self.steps, t=self.world.time()))
+                    return
+                self.iteration = it
+                self.net.enter_iteration(n, it, self.rank, members)
+                t0 = self.world.time()
+                since = self.now
+                yield lambda: (self.net.done(n, it, self.rank) or self.aborted()
+                               or self.now - since > self.config.wait_timeout)
+                if not self.net.done(n, it, self.rank):
+                    raise Interrupted("aborted during an iteration" if self.aborted() else "a wait for a peer ran out")
+                self.steps += 1
+                self.history.append(it)
+                self.world.applied(self, it)
+                planned = self.world.iteration_s * 0.6
+                compute = planned * self.world.slowdown(self.rank) * self.world.noise()
+                self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=self.world.time(), gen=n,
+                                              steps=self.steps, compute=compute, planned=planned))
+                self._maybe_checkpoint(gen, stage)
+            self.job.report(Done(rank=self.rank, gen=n, steps=self.steps, t=self.world.time()))
+        except Interrupted as exc:
+            self.job.report(Aborted(rank=self.rank, gen=n, steps=self.steps, reason=str(exc), t=self.world.time()))
+        finally:
+            self.state = "idle"
+
+    def _switch_at(self, gen: "Generation", it: int) -> bool:
+        latest = self.job.latest_generation()
+        if latest <= gen.number:
+            return False
+        start_at = self.job.generation(latest).start_at
+        return start_at is not None and it >= start_at
+
+    def _standby(self, gen: "Generation") -> Iterator[Wait]:
+        self.generation, self.state = gen.number, "standby"
+        reported = None
+        while not self.job.stopped() and self.job.latest_generation() <= gen.number:
+            if self._follow() and self.steps != reported:
+                reported = self.steps
+                self.job.report(CaughtUp(rank=self.rank, session=self._session, steps=self.steps, bytes=1,
+                                         t=self.world.time()))
+            yield from self._sleep(POLL)
+
+    def _follow(self) -> bool:
+        """A joiner copies its donor's state once the session has run CATCH_UP_S, then keeps up
+        with its steps; whether it holds a copy now."""
+        d = self.job.directive(self.rank)
+        if not d or d.get("role") != "join":
+            self._session = None
+            return False
+        if d["session"] != self._session:
+            self._session, self._session_at = d["session"], self.now
+        donor = self.world.workers.get(d["donor"])
+        if donor is None or not donor.runs() or self.now - self._session_at < CATCH_UP_S:
+            return False
+        self.steps, self.history = donor.steps, list(donor.history)
+        return True
+
+    def _catch_up_to(self, gen: "Generation") -> Iterator[Wait]:
+        while self.steps < gen.start_at:
+            if self.aborted() or self.job.stopped():
+                raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} caught up")
+            self._follow()
+            yield from self._sleep(POLL)
+        self.job.report(CaughtUp(rank=self.rank, session=self._session, steps=self.steps, bytes=1,
+                                 t=self.world.time()))
+
+    def runs(self) -> bool:
+        return self.alive and not self.stopped and not self.hung
+
+    # -- state on disk ---------------------------------------------------------------------------
+
+    def _restore(self, restore: str, stage: int) -> None:
+        if restore == "initial":
+            self.steps, self.history = 0, []
+            return
+        found = checkpoint.read(Path(restore))
+        history = list(checkpoint.load_stage(found, stage)["history"])
+        self.steps, self.history = found.iteration, history
+        self.world.restored(self, found.iteration)
+
+    def _maybe_checkpoint(self, gen: "Generation", stage: int) -> None:
+        every = self.config.checkpoint_every
+        coords = gen.manifest["coords"]
+        writers = [r for r in gen.members if coords[str(r)][1] == stage]
+        if not every or self.steps % every or self.rank != min(writers):
+            return
+        where = dict(rank=self.rank, stage=stage, iteration=self.steps, gen=gen.number)
+        try:
+            checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, stage,
+                                   {"history": list(self.history)})
+        except OSError as exc:
+            self.job.report(CheckpointFailed(reason=str(exc), **where))
+            return
+        self.job.report(CheckpointWritten(**where))
+
+    def _error(self, code: str, message: str) -> None:
+        self.job.report(WorkerError(rank=self.rank, diagnostics=({"code": code, "message": message},)))
+        raise Exit(EXIT_ERROR)

@@ -1,0 +1,168 @@
+"""The simulated world a supervisor runs against: a fake clock, the store, the processes.
+
+`SimWorld` is a `schedc.live.world.World`. Its clock moves only in
+`SimFleet.step` (the one place the supervisor waits): each step advances it,
+lets the network progress, resumes every runnable worker in rank order,
+sends the heartbeats that are due and reports the processes that ended, as
+a host's agent would. Faults are signals to processes (`signal`: kill, stop,
+cont) and states of the world (`hang`, `slow`, `pause`, a forkserver that
+must be restarted); `schedc.live.sim.run` decides when they happen.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from schedc.live.membership import JobStore
+from schedc.live.protocol import Exited
+from schedc.live.sim.store import MemoryStore
+from schedc.live.sim.worker import Network, SimWorker
+
+#: The simulated clock's epoch (any fixed number: runs must not depend on the real time).
+EPOCH = 1_800_000_000.0
+#: The least simulated time one wait of the supervisor lasts: 10 ms (a real loop turn, `TICK`, is
+#: 5 ms; heartbeats come every 50 ms and iterations take 50 ms, so nothing the protocol does
+#: falls between two steps, and a run needs half the steps).
+QUANTUM = 0.01
+#: Simulated seconds a forkserver takes to start again after it died (a worker start waits for it).
+FORKSERVER_RESTART_S = 2.0
+
+
+class SimWorld:
+    def __init__(self, seed: int, *, iteration_s: float = 0.05, startup_s: tuple[float, float] = (0.2, 1.5),
+                 queue_delay_s: float = 0.0, beat_jitter: float = 0.0):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.now = 0.0  # simulated seconds since the world began
+        self.iteration_s = iteration_s
+        self.startup_s = startup_s
+        self.beat_jitter = beat_jitter
+        delays = random.Random(f"{seed}/delays")
+        self.job = JobStore.hosting(MemoryStore(lambda: self.now, lambda key: delays.uniform(0, queue_delay_s)), "sim", 0)
+        self.net = Network(self)
+        self.workers: dict[int, SimWorker] = {}
+        self.slow: dict[int, float] = {}  # rank -> slowdown factor now
+        self.forkserver_down_until = -1.0
+        self.pause_s = 0.0  # a pause of the whole machine, to happen at the next step
+        self.on_step: list[Callable[[], None]] = []
+        self.log: list[tuple[float, str]] = []  # what the world did, for a failure's replay
+        self.violations: list[str] = []
+
+    # -- World --------------------------------------------------------------------------------
+
+    def time(self) -> float:
+        return EPOCH + self.now
+
+    def serve(self, host: str, port: int) -> JobStore:
+        return self.job
+
+    def fleet(self, job: JobStore, spec, hosts: int) -> "SimFleet":
+        return SimFleet(self)
+
+    # -- what the workers see -------------------------------------------------------------------
+
+    def slowdown(self, rank: int) -> float:
+        return self.slow.get(rank, 1.0)
+
+    def noise(self) -> float:
+        """A measured op time's spread around its true length (timers, caches, the OS): +-3%."""
+        return 1.0 + 0.03 * (2 * self.rng.random() - 1)
+
+    def runs(self, rank: int) -> bool:
+        w = self.workers.get(rank)
+        return w is not None and w.runs()
+
+    def applied(self, worker: SimWorker, it: int) -> None:
+        """A worker applied iteration `it`'s update: its state must hold every earlier one, once."""
+        if worker.history != list(range(len(worker.history))):
+            self.violations.append(f"t={self.now:.3f}: rank {worker.rank} applied iteration {it} onto a state "
+                                   f"holding {worker.history[:-1][-5:]} (an update skipped or applied twice)")
+
+    def restored(self, worker: SimWorker, iteration: int) -> None:
+        if worker.history != list(range(iteration)):
+            self.violations.append(f"t={self.now:.3f}: rank {worker.rank} restored a checkpoint of {iteration} steps "
+                                   "that does not hold exactly iterations 0..{iteration - 1}")
+
+    # -- processes and faults -------------------------------------------------------------------
+
+    def start(self, rank: int) -> None:
+        old = self.workers.get(rank)
+        if old is not None and old.alive:
+            return  # one process per rank, as LocalProcesses
+        startup = self.rng.uniform(*self.startup_s) + max(0.0, self.forkserver_down_until - self.now)
+        self.workers[rank] = SimWorker(self, rank, startup)
+        self.note(f"start rank {rank} (up in {startup:.2f} s)")
+
+    def signal(self, ranks, name: str) -> list[int]:
+        done = []
+        for r in ranks:
+            w = self.workers.get(r)
+            if w is None or not w.alive:
+                continue
+            done.append(r)
+            if name == "kill":
+                w.exit(-9)
+            elif name == "stop":
+                w.stopped = True
+            elif name == "cont":
+                w.stopped = False
+        if done:
+            self.note(f"{name} rank(s) {done}")
+        return done
+
+    def note(self, what: str) -> None:
+        self.log.append((round(self.now, 4), what))
+
+    def advance(self, dt: float) -> None:
+        if self.pause_s:  # the whole machine stood still (load, a VM paused): nobody ran, nothing was seen
+            self.note(f"pause of the whole machine for {self.pause_s:.2f} s")
+            self.now += self.pause_s
+            self.pause_s = 0.0
+        self.now += dt
+        for hook in self.on_step:
+            hook()
+        self.net.advance(dt)
+        for r in sorted(self.workers):
+            self.workers[r].step()
+        for r in sorted(self.workers):
+            w = self.workers[r]
+            if w.alive and not w.stopped and w.beating and self.now >= w.next_beat:
+                self.job.beat(r, w.payload())
+                w.next_beat = self.now + w.config.heartbeat_interval * (1 + self.beat_jitter * self.rng.random())
+        for r in sorted(self.workers):
+            w = self.workers[r]
+            if not w.alive and not w.exit_reported:
+                w.exit_reported = True
+                self.job.event(Exited(rank=r, code=w.exit_code, host=0, t=self.time()))
+
+
+class SimFleet:
+    """`schedc.live.agent.Fleet` over simulated processes (one host)."""
+
+    def __init__(self, world: SimWorld):
+        self.world = world
+
+    def wait_for_agents(self, timeout: float, note) -> None:
+        pass
+
+    def by_host(self, ranks) -> dict[int, list[int]]:
+        return {0: sorted(ranks)}
+
+    def step(self, timeout: float) -> None:
+        self.world.advance(max(timeout, QUANTUM))
+
+    def start(self, ranks) -> None:
+        for r in ranks:
+            self.world.job.forget_heartbeat(r)
+            self.world.start(r)
+
+    def signal(self, ranks, name: str) -> None:
+        self.world.signal(ranks, name)
+
+    def fire(self, injection: int, ranks) -> None:
+        pass
+
+    def stop(self, grace: float) -> None:
+        for w in self.world.workers.values():
+            w.exit(0 if w.runs() else -9)
