@@ -54,6 +54,40 @@ def test_a_failure_during_a_planned_switch_recovers_exactly():
     assert "is abandoned: a failure came first" in story and out.result == "finished"
 
 
+def test_a_switch_before_a_recoverys_first_iteration_still_times_that_iteration():
+    # A planned switch announced as soon as the recovery's generation is ready (before its first
+    # iteration): the recovery's first iteration is still found and timed.
+    switched = []
+
+    def switch_at_once(sup, world):
+        rec = sup._recovery
+        if not switched and rec is not None and rec.t_ready is not None and sup.phase.value == "running":
+            switched.append(sup._switch(sup.plan, kind="rebalance", reason="a test", ranks=[]))
+
+    out = simulate(5, faults=[Fault("training", 0.5, "kill", (0,))], hook=switch_at_once)
+    assert switched == [None] and not out.violations, out.describe()
+    (rec,) = out.recoveries
+    assert rec.t_first is not None and rec.t_first >= rec.t_ready
+    assert any("first iteration under generation 1 done" in e for e in out.events)
+
+
+def test_a_rank_declared_failed_for_its_silence_is_fenced_then_taken_back_once():
+    # Stopped for 8 s (descheduled, a VM paused): declared failed, killed, and, since silence is
+    # what load looks like too, given one fresh process that catches up and switches back in.
+    out = simulate(4, faults=[Fault("training", 0.3, "stop", (6,), duration=8.0)])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "rank 6 GPU (dp=2, pp=0) failed: no heartbeat" in story
+    assert "taking GPU (dp=2, pp=0) (rank 6) back: declared failed by its silence" in story
+    assert "(rejoin): 9 ranks switched" in story and out.result == "finished"
+
+
+def test_a_pause_of_the_whole_machine_blames_no_rank():
+    out = simulate(6, faults=[Fault("training", 0.5, "pause", duration=6.0)])
+    assert not out.violations, out.describe()
+    assert not any("failed" in e for e in out.events) and out.result == "finished"
+
+
 # -- regressions: schedules the simulation found broken, kept with their fix ---------------------
 
 #: Seed 214 of the first campaign: a burst takes stage 2 (restored from a checkpoint with

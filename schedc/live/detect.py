@@ -39,6 +39,7 @@ class Suspect:
     cause: str  # "killed by SIGKILL", "no heartbeat for 3.0 s", ...
     fence: bool  # still alive: kill it before the run goes on
     at: float  # supervisor clock (seconds) when it was declared
+    silent: bool = False  # declared for its silence (no heartbeat), which load can cause too
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,10 @@ class Detector:
             if last is None:
                 if now - since > self.startup_timeout:
                     out.append(Suspect(rank, f"sent no heartbeat in {now - since:.1f} s since it started",
-                                       fence=True, at=now))
+                                       fence=True, at=now, silent=True))
             elif now - last > self.heartbeat_timeout:
-                out.append(Suspect(rank, f"no heartbeat for {now - last:.1f} s (stopped or hung)", fence=True, at=now))
+                out.append(Suspect(rank, f"no heartbeat for {now - last:.1f} s (stopped or hung)", fence=True, at=now,
+                                   silent=True))
         if running and not out:
             out.extend(self._stalled(now))
         for s in out:

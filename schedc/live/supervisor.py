@@ -117,6 +117,7 @@ class Supervisor(Transitions):
         self._old_done_at: float | None = None
         self._wait_noted = False
         self._late = 0
+        self._taken_back: set[int] = set()  # ranks declared failed by silence and given a fresh process once
         control = SupervisorControl(self)
         self.rejoins = Rejoins(control)
         self.slowness = Slowness(control, mode=options.fail_slow)

@@ -32,6 +32,9 @@ SETTLE = 0.02
 SWITCH_MARGIN = 2
 #: Seconds between two turns of a wait inside a transition (an exit wakes it at once).
 TICK = 0.005
+#: Seconds to wait for the exit of a fenced (SIGKILLed) rank before the survivors go on: a local
+#: kill is seen in milliseconds; this bounds a remote host whose agent does not answer.
+FENCE_WAIT = 5.0
 
 
 class Transitions:
@@ -193,6 +196,7 @@ class Transitions:
             self.detector.forget(r)
             self.rejoins.lost(r)  # a joiner that died is no longer wanted back (a new request can ask)
         self.dead.update(failed)
+        self._fence([r for r, s in suspects.items() if s.fence])
         if self.phase == Phase.SWITCHING:  # the switch is off: plan from the last plan that ran
             self._note("switch", f"the switch to generation {self.gen.number} is abandoned: a failure came first")
             self.plan = self.base_plan
@@ -243,6 +247,13 @@ class Transitions:
         elif change.replacements:
             self._start_workers(change.replacements)
         self.phase = Phase.RECOVERING
+        for r, s in sorted(suspects.items()):
+            if s.silent and r not in self.gen.members and r not in self._taken_back:
+                # Silence is what load looks like too: the GPU may be healthy. It gets one fresh
+                # process through the rejoin path (catch-up, then a switch); silent again, it stays out.
+                self._taken_back.add(r)
+                self.rejoins.request(r, "declared failed by its silence; the GPU may be healthy: one fresh "
+                                        "process takes it back")
 
     def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
         plan, s = change.plan, change.plan.schedule.solver
@@ -265,6 +276,22 @@ class Transitions:
         if self.gen is None or self.generation_records[-1].t_ready is not None:
             return None
         return self.gen.restore
+
+    def _fence(self, ranks: Sequence[int]) -> None:
+        """Ranks declared failed while their processes may still run (silent, stuck) are killed
+        for sure before the survivors move on: their exits are awaited (FENCE_WAIT at most; a
+        process that outlives a SIGKILL that long is on a host that does not answer: said so)."""
+        if not ranks:
+            return
+        self._signal(ranks, "kill")
+        deadline = self._now() + FENCE_WAIT
+        while self.alive & set(ranks) and self._now() < deadline:
+            self.fleet.step(TICK)
+            for ev in self.job.events():
+                self._dispatch(ev, self._now())
+        for r in sorted(self.alive & set(ranks)):
+            self._note("warning", f"warning: rank {r}'s process was killed but its exit is not seen after "
+                                  f"{FENCE_WAIT:g} s (its host's agent does not answer): going on without it")
 
     def _stop_survivors(self) -> None:
         """recovery="restart": every survivor is killed before all restart (their exits are ours)."""

@@ -151,6 +151,7 @@ class Outcome:
     violations: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # the supervisor's notes, for the replay
     world_log: list[tuple[float, str]] = field(default_factory=list)
+    recoveries: list = field(default_factory=list)  # the supervisor's `Recovery` records
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: {self.result}" + (f" ({self.code})" if self.code else "")
@@ -274,18 +275,23 @@ class _Checker:
                                          f"(iterations {running}, switch at {start_at})")
 
 
-def simulate(seed: int, *, faults: list[Fault] | None = None) -> Outcome:
-    """Run seed `seed` (or `faults`, if given) to its end or the bound; see the module docstring."""
+def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outcome:
+    """Run seed `seed` (or `faults`, if given) to its end or the bound; see the module docstring.
+    `hook(supervisor, world)`, if given, runs after every step (a test's way to act at a moment)."""
     faults = fault_schedule(seed) if faults is None else faults
     out = compiled_plan()
     ckpt = Path(tempfile.mkdtemp(prefix=f"schedc-sim-{seed}-"))
     options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt), **OPTIONS)
-    world = SimWorld(seed)
+    weather = random.Random(f"{seed}/weather")  # the store's delays and the heartbeats' jitter of this run
+    world = SimWorld(seed, queue_delay_s=weather.choice([0.0, 0.0, 0.02, 0.2]),
+                     beat_jitter=weather.choice([0.0, 0.0, 0.5, 3.0]))
     outcome = Outcome(seed, faults)
     try:
         sup = _supervisor_class()(out, options, world=world)
         checker = _Checker(sup, world, faults, options)
         world.on_step.append(checker)
+        if hook is not None:
+            world.on_step.append(lambda: hook(sup, world))
         try:
             sup._setup()
             while sup.phase not in (Phase.DONE, Phase.FAILED) and world.now < BOUND_S:
@@ -296,6 +302,7 @@ def simulate(seed: int, *, faults: list[Fault] | None = None) -> Outcome:
         outcome.sim_s = world.now
         outcome.events = [f"[{e['t']:8.3f}] {e['message']}" for e in sup.events]
         outcome.world_log = world.log
+        outcome.recoveries = sup.recoveries
         _judge(outcome, sup, world, ckpt)
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
