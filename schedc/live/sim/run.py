@@ -45,7 +45,7 @@ BOUND_S = 400.0
 TRANSITION_S = 20.0
 ITERATIONS = 40
 #: The options of every simulated run besides these (tests change them).
-OPTIONS = dict(transition_timeout=TRANSITION_S, replan_deadline=0.5, checkpoint_every=5)
+OPTIONS = dict(transition_timeout=TRANSITION_S, replan_deadline=0.5, checkpoint_every=8)
 
 SPEC = """
 model "m" { source = "schedc.models.mlp:build" }

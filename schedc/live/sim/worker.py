@@ -56,6 +56,7 @@ class Network:
         self.world = world
         self.arrived: dict[tuple, dict[int, object]] = {}  # barrier -> rank -> its value
         self.iterations: dict[tuple[int, int], dict] = {}  # (generation, iteration) -> its progress
+        self.active: list[tuple[int, int]] = []  # the iterations started and not finished by every member
 
     def arrive(self, key: tuple, rank: int, value: object = None) -> None:
         self.arrived.setdefault(key, {})[rank] = value
@@ -75,6 +76,8 @@ class Network:
             rng = random.Random(f"{self.world.seed}/{gen}/{it}")
             state["work"] = work
             state["need"] = {r: work * (1 + 0.1 * rng.random()) for r in members}
+            state["end"] = max(state["need"].values())
+            self.active.append((gen, it))
 
     def progressing(self, gen: int, it: int) -> bool:
         state = self.iterations.get((gen, it))
@@ -87,13 +90,15 @@ class Network:
         return bool(state and state["work"] is not None and state["progress"] >= state["need"][rank])
 
     def advance(self, dt: float) -> None:
-        for (gen, it), state in self.iterations.items():
-            if state["work"] is not None and state["progress"] < max(state["need"].values()) \
-                    and self.progressing(gen, it):
+        for key in list(self.active):
+            state = self.iterations[key]
+            if state["progress"] >= state["end"]:
+                self.active.remove(key)
+            elif self.progressing(*key):
                 state["progress"] += dt
                 for r in state["members"]:
                     w = self.world.workers.get(r)
-                    if w is not None and (w.generation, w.iteration) == (gen, it):
+                    if w is not None and (w.generation, w.iteration) == key:
                         w.ops += 1
 
 
