@@ -4,6 +4,10 @@ The modules, from the job down to a rank (docs/live.md):
 
 - `schedc.live.supervisor`: one per job: a loop over typed messages that
   moves the run through its phases and carries out what the policies decide.
+- `schedc.live.transitions`: how it changes generation (announce, ready,
+  switches, recoveries, deadlines and their escalation, fencing).
+- `schedc.live.world`: what it runs against (clock, store, processes): the
+  real `LocalWorld`, or `schedc.live.sim`'s deterministic simulation.
 - `schedc.live.options`: `TrainOptions`, the options' defaults and checks.
 - `schedc.live.protocol`: the typed messages between supervisor, agents and
   workers (and `schedc run`'s ranks), the `Phase` enum, their encoding.
