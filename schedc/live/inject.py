@@ -253,6 +253,7 @@ class Injections:
     def __init__(self, injections: Sequence[Injection]):
         self.all = tuple(injections)
         self.fired: dict[int, tuple[float, tuple[int, ...]]] = {}  # index -> (when, ranks)
+        self.begun: set[int] = set()  # slowdowns whose window the run has reached (each worker applies its own)
 
     def armed(self) -> list[dict]:
         """Those not fired yet, as a generation carries them to its members."""
@@ -271,6 +272,18 @@ class Injections:
         """`at iteration I: recover gpu(...)` once iteration I-1 is done (`done`): fired now."""
         return self._fire([i for i in self.all if i.action == "rejoin" and i.moment.kind == "iteration"
                            and i.moment.iteration <= done + 1])
+
+    def slowdowns_begun(self, starting: int) -> list[Injection]:
+        """Slowdowns (slow, slow link) whose window begins by iteration `starting`, each once:
+        to say so. (They stay armed: every generation's workers apply them by the iteration.)"""
+        due = [i for i in self.all if i.action in ("slow", "slow_link") and i.moment.kind == "iteration"
+               and i.moment.iteration <= starting and i.index not in self.begun]
+        self.begun.update(i.index for i in due)
+        return due
+
+    def never_fired(self) -> list[Injection]:
+        """The injections that did nothing in this run (none fired, no slowdown window reached)."""
+        return [i for i in self.all if i.index not in self.fired and i.index not in self.begun]
 
     def fault_time(self, ranks) -> float | None:
         """When the earliest injection that hit any of `ranks` fired (None: none did)."""

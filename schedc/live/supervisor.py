@@ -413,6 +413,7 @@ class Supervisor(Transitions):
         self.job.set_progress(it)
         for inj in self.injections.due_rejoins(it):  # `at iteration I: recover gpu(...)` as iteration I starts
             self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
+        self._note_slowdowns(it + 1)
         if self.phase == Phase.RUNNING:
             self.slowness.tick(it)
             self.rejoins.switch_if_ready(self.completed)
@@ -450,6 +451,31 @@ class Supervisor(Transitions):
     def _signal(self, ranks, name: str) -> None:
         self.fleet.signal(ranks, name)
 
+    def _note_slowdowns(self, starting: int) -> None:
+        """Say when an injected slowdown begins (its workers apply it themselves, by the iteration)."""
+        for inj in self.injections.slowdowns_begun(starting):
+            what = (f"runs at speed {inj.speed:g}" if inj.action == "slow" else
+                    f"sends every message {inj.delay * 1e3:g} ms late")
+            until = f" until iteration {inj.until}" if inj.until is not None else ""
+            self._note("injected", f"injected `{inj}`: rank(s) {list(inj.ranks)} {what} from iteration "
+                                   f"{inj.moment.iteration}{until}", injection=str(inj), ranks=list(inj.ranks))
+
+    def _note_never_fired(self) -> None:
+        """At the end: every injection that did nothing, and why (a user asked for it)."""
+        for inj in self.injections.never_fired():
+            m = inj.moment
+            if m.kind == "time":
+                elapsed = self._now() - (self._training_started or self._now())
+                why = f"training ended {elapsed:.2f} s after it started, before {m.seconds:g} s"
+            elif m.kind == "recovery":
+                why = (f"there was no generation {m.generation} (the run had {self.gen.number} replan(s))"
+                       if self.gen.number < m.generation else
+                       f"rank(s) {list(inj.ranks)} did not run in generation {m.generation}")
+            else:
+                why = (f"rank(s) {list(inj.ranks)} never reached that moment (they had left the run, or "
+                       "their plan no longer had that op)")
+            self._note("warning", f"warning: injection `{inj}` never fired: {why}", injection=str(inj))
+
     def _fire_timed_injections(self, now: float) -> None:
         if self._training_started is None:
             return
@@ -477,6 +503,7 @@ class Supervisor(Transitions):
         self._finish_deadline = self._now() + FINISH_WAIT
         self.job.stop("finished")
         self._note("finished", f"{self.iterations} iterations done")
+        self._note_never_fired()
 
     def _fail(self, diagnostics: list[Diagnostic]) -> None:
         if self._failure is None:

@@ -117,6 +117,7 @@ class Transitions:
             self.slowness.after_plan_change()
         if first:
             self._training_started = now
+            self._note_slowdowns(start)
             self._note("running", f"generation {self.gen.number}: {len(self.gen.members)} ranks running from "
                                   f"iteration {start}; store {self.job.host}:{self.job.port}",
                        generation=self.gen.number, start=start, store=f"{self.job.host}:{self.job.port}")
