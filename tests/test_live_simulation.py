@@ -36,7 +36,7 @@ def test_the_schedules_aim_faults_at_every_kind_of_transition():
     whens = collections.Counter(f.when for f in faults)
     actions = collections.Counter(f.action for f in faults)
     assert whens["switching"] > 20 and whens["recovering"] > 20
-    assert {"kill", "stop", "hang", "slow", "pause", "forkserver", "rejoin"} <= set(actions)
+    assert {"kill", "stop", "hang", "slow", "slow_link", "pause", "forkserver", "rejoin"} <= set(actions)
     assert any(len(f.ranks) == 3 for f in faults)  # a whole stage at once
 
 

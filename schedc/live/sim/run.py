@@ -78,13 +78,14 @@ class Fault:
 
     when: str
     delay: float
-    action: str  # kill, stop, hang, slow, pause, forkserver, rejoin
+    action: str  # kill, stop, hang, slow, slow_link, pause, forkserver, rejoin
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
-    factor: float = 1.0
+    factor: float = 1.0  # slow: the slowdown; slow_link: seconds added to each message
 
     def __str__(self) -> str:
-        extra = f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "pause") else ""
+        extra = (f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "slow_link", "pause")
+                 else "")
         extra += f" x{self.factor:.1f}" if self.factor != 1.0 else ""
         return f"{self.delay:.2f} s after {self.when}: {self.action} {list(self.ranks)}{extra}"
 
@@ -120,8 +121,8 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
     faults = []
     for i in range(rng.choice([0, 1, 1, 2, 2, 3])):
         when = "training" if i == 0 else rng.choice(["training", "switching", "recovering", "recovering"])
-        action = rng.choice(["kill", "kill", "kill", "stop", "stop", "hang", "slow", "slow", "pause", "forkserver",
-                             "rejoin", "stage"])
+        action = rng.choice(["kill", "kill", "kill", "stop", "stop", "hang", "slow", "slow", "slow_link", "pause",
+                             "forkserver", "rejoin", "stage"])
         delay = round(rng.uniform(0.0, 1.5), 3) if when == "training" else phase_delay()
         if action == "stage":
             stage = rng.randrange(pp)
@@ -131,6 +132,9 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
         elif action == "slow":
             faults.append(Fault(when, delay, "slow", (rank(),), duration=round(rng.uniform(0.5, 3.0), 2),
                                 factor=rng.choice([2.0, 3.0, 4.0])))
+        elif action == "slow_link":
+            faults.append(Fault(when, delay, "slow_link", (rank(),), duration=round(rng.uniform(0.5, 3.0), 2),
+                                factor=rng.choice([0.005, 0.02])))
         elif action == "pause":
             faults.append(Fault(when, delay, "pause", duration=round(rng.uniform(1.0, 6.0), 2)))
         elif action in ("kill", "hang", "rejoin"):
@@ -188,6 +192,7 @@ class _Checker:
             elif what == "fast":
                 for r in ranks:
                     world.slow.pop(r, None)
+                    world.link_delay.pop(r, None)
         self._fire(now)
         self._check_events(now)
         self._check_generations()
@@ -227,6 +232,10 @@ class _Checker:
             for r in f.ranks:
                 world.slow[r] = f.factor
                 self.slowed.add(r)
+            self.timers.append((now + f.duration, "fast", f.ranks))
+        elif f.action == "slow_link":  # `factor`: seconds added to every message it sends
+            for r in f.ranks:
+                world.link_delay[r] = f.factor
             self.timers.append((now + f.duration, "fast", f.ranks))
         elif f.action == "pause":
             world.pause_s = f.duration

@@ -36,6 +36,12 @@ if TYPE_CHECKING:  # pragma: no cover
 POLL = 0.01
 #: Simulated seconds a joiner needs to copy its donor's state before it follows its steps.
 CATCH_UP_S = 0.3
+#: Messages on an iteration's critical path that a slow link delays (a 3-stage pipeline's
+#: forward and backward sends of a few microbatches).
+SENDS_PER_ITERATION = 6
+#: Simulated seconds a stage's checkpoint file takes to write (on the side: training goes on; a
+#: worker killed meanwhile leaves it unwritten, and the checkpoint incomplete).
+CHECKPOINT_WRITE_S = 0.15
 
 Wait = Callable[[], bool]
 
@@ -72,7 +78,8 @@ class Network:
                                                        "progress": 0.0, "need": {}})
         state["in"].add(rank)
         if state["work"] is None and state["in"] >= set(members):
-            work = self.world.iteration_s * max(self.world.slowdown(r) for r in members)
+            work = (self.world.iteration_s * max(self.world.slowdown(r) for r in members)
+                    + SENDS_PER_ITERATION * max(self.world.link_delay.get(r, 0.0) for r in members))
             rng = random.Random(f"{self.world.seed}/{gen}/{it}")
             state["work"] = work
             state["need"] = {r: work * (1 + 0.1 * rng.random()) for r in members}
@@ -126,6 +133,7 @@ class SimWorker:
         self.next_beat = 0.0
         self._seq = 0
         self._session: int | None = None
+        self._writing = 0  # checkpoint files being written on the side
         self._session_at = 0.0
         self._co = self._main(startup_s)
         self._wait: Wait | None = None
@@ -253,6 +261,7 @@ class SimWorker:
                 self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=self.world.time(), gen=n,
                                               steps=self.steps, compute=compute, planned=planned))
                 self._maybe_checkpoint(gen, stage)
+            yield lambda: self._writing == 0  # (a real worker waits for its side thread)
             self.job.report(Done(rank=self.rank, gen=n, steps=self.steps, t=self.world.time()))
         except Interrupted as exc:
             self.job.report(Aborted(rank=self.rank, gen=n, steps=self.steps, reason=str(exc), t=self.world.time()))
@@ -321,13 +330,21 @@ class SimWorker:
         if not every or self.steps % every or self.rank != min(writers):
             return
         where = dict(rank=self.rank, stage=stage, iteration=self.steps, gen=gen.number)
-        try:
-            checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, stage,
-                                   {"history": list(self.history)})
-        except OSError as exc:
-            self.job.report(CheckpointFailed(reason=str(exc), **where))
-            return
-        self.job.report(CheckpointWritten(**where))
+        steps, state = self.steps, {"history": list(self.history)}  # (a copy: training goes on)
+        self._writing += 1
+
+        def save() -> None:
+            self._writing -= 1
+            if not self.alive:
+                return  # killed while it wrote: no file, no report
+            try:
+                checkpoint.write_stage(Path(self.config.checkpoint_dir), steps, stage, state)
+            except OSError as exc:
+                self.job.report(CheckpointFailed(reason=str(exc), **where))
+                return
+            self.job.report(CheckpointWritten(**where))
+
+        self.world.later(CHECKPOINT_WRITE_S, save)
 
     def _error(self, code: str, message: str) -> None:
         self.job.report(WorkerError(rank=self.rank, diagnostics=({"code": code, "message": message},)))

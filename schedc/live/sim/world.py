@@ -43,6 +43,8 @@ class SimWorld:
         self.net = Network(self)
         self.workers: dict[int, SimWorker] = {}
         self.slow: dict[int, float] = {}  # rank -> slowdown factor now
+        self.link_delay: dict[int, float] = {}  # rank -> seconds added to every message it sends
+        self._later: list[tuple[float, int, Callable[[], None]]] = []  # (when, order, what): side work
         self.forkserver_down_until = -1.0
         self.pause_s = 0.0  # a pause of the whole machine, to happen at the next step
         self.on_step: list[Callable[[], None]] = []
@@ -111,6 +113,10 @@ class SimWorld:
             self.note(f"{name} rank(s) {done}")
         return done
 
+    def later(self, seconds: float, fn: Callable[[], None]) -> None:
+        """Run `fn` `seconds` from now (a side thread's work: a checkpoint write)."""
+        self._later.append((self.now + seconds, len(self._later), fn))
+
     def note(self, what: str) -> None:
         self.log.append((round(self.now, 4), what))
 
@@ -122,6 +128,10 @@ class SimWorld:
         self.now += dt
         for hook in self.on_step:
             hook()
+        due = sorted(x for x in self._later if x[0] <= self.now)
+        self._later = [x for x in self._later if x[0] > self.now]
+        for _, _, fn in due:
+            fn()
         self.net.advance(dt)
         for r in sorted(self.workers):
             self.workers[r].step()
