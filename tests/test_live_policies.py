@@ -129,6 +129,30 @@ def test_a_lost_stage_restores_with_replacements_until_no_restart_is_left(plan):
     assert info.value.codes[0] == "E553" and "no checkpoint was written" in info.value.diagnostics[0].hint
 
 
+@pytest.mark.parametrize("method", ["reroute", "repartition"])
+@pytest.mark.parametrize("own_dir, emulate", [(False, False), (True, False), (True, True)])
+def test_e553_names_the_options_that_resume_this_run(plan, tmp_path, method, own_dir, emulate):
+    """The hint's command must pass what `--resume` checks: the checkpoint folder when it is not
+    OUT/checkpoints (else E556, no checkpoint), and --emulate for an emulated run's checkpoint."""
+    from schedc.live.checkpoint import Checkpoint
+
+    out = tmp_path / "my out"
+    root = tmp_path / "ckpts" if own_dir else out / "checkpoints"
+    found = Checkpoint(root / "iter-000004", 4, {"emulate": emulate})
+    policy = RecoveryPolicy(FakeController(plan), method=method, max_restarts=0, initial_plan=plan,
+                            latest_checkpoint=lambda: found, out=out)
+    with pytest.raises(schedc.RunError) as info:
+        policy.decide(plan, [0, 2], {0, 2})  # both GPUs of stage 0, no restart allowed
+    assert info.value.codes[0] == "E553"
+    hint = info.value.diagnostics[0].hint
+    want = f"schedc train '{out}' --resume"
+    if own_dir:
+        want += f" --checkpoint-dir {root}"
+    if emulate:
+        want += " --emulate"
+    assert f"`{want}`" in hint, hint
+
+
 def test_recovery_restart_restarts_everything_from_the_initial_plan(plan):
     later = schedc.replan(plan, "fail gpu(dp=1, pp=1)", solver="greedy")
     policy = RecoveryPolicy(FakeController(later), method="restart", max_restarts=3, initial_plan=plan,

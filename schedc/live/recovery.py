@@ -29,6 +29,7 @@ and never touches processes.
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,19 @@ def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
             g = spec.gpus[r]
             out.append(Failure("fail_gpu", dp=g.dp, pp=g.pp))
     return out
+
+
+def resume_command(out: str | Path, found: "Checkpoint") -> str:
+    """The command that resumes this run from checkpoint `found` (E553's hint): its checkpoint
+    folder when it is not OUT's default one, and --emulate when the checkpoint was written so
+    (resuming checks both)."""
+    words = ["schedc", "train", str(out), "--resume"]
+    root = Path(found.path).parent
+    if root.resolve() != (Path(out) / "checkpoints").resolve():
+        words += ["--checkpoint-dir", str(root)]
+    if found.meta.get("emulate"):
+        words.append("--emulate")
+    return shlex.join(words)
 
 
 def describe(events: Sequence[Failure]) -> list[str]:
@@ -169,7 +183,7 @@ class RecoveryPolicy:
             why = (f"no restart is left (--max-restarts {self.max_restarts})" if slices is not None else
                    f"the {len(survivors)} surviving GPU(s) cannot hold {spec.dp} pipeline(s) of the model")
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
-                     f"need be, docs/live.md) with `schedc train OUT --resume`" if found else
+                     f"need be, docs/live.md) with `{resume_command(self.out, found)}`" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
             raise RunError([error("E553", f"a stage lost every GPU and the survivors cannot be re-partitioned: "
                                           f"{why}", hint=where)] + list(exc.diagnostics))
@@ -192,7 +206,7 @@ class RecoveryPolicy:
         found = self.latest_checkpoint()
         if self.restarts >= self.max_restarts:
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it with "
-                     f"`schedc train {self.out} --resume` once the GPUs are replaced" if found else
+                     f"`{resume_command(self.out, found)}` once the GPUs are replaced" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
             raise RunError([error("E553", "a stage lost every GPU, so re-routing is impossible, and no restart is "
                                           f"left (--max-restarts {self.max_restarts})", hint=where)]
