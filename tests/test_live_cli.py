@@ -45,6 +45,9 @@ def _descendants_of_session(sid: int) -> list[str]:
     (["train", "{out}", "--inject", "at iteration 1: fail gpu(dp=7, pp=0)"], "E207", "there is no GPU (dp=7, pp=0)"),
     (["train", "{out}", "--inject", "at iteration 9: fail rank 0"], "E562", "iteration 9 is never reached"),
     (["train", "{out}", "--save-weights", "{tmp}/no/such/dir/w.pt"], "E558", "which does not exist"),
+    # (as root the permissions say "writable": only creating a file there tells)
+    (["train", "{out}", "--log", "/proc/x.json"], "E558", "no file can be created in `/proc`"),
+    (["train", "{out}", "--save-weights", "/proc/w.pt"], "E558", "no file can be created in `/proc`"),
     (["train", "{out}", "--iterations", "0"], "E555", "iterations must be at least 1"),
     (["train", "{out}", "--recovery", "restart"], "E555", "give --checkpoint-every K"),
     (["train", "{out}", "--resume"], "E556", "no complete checkpoint"),
