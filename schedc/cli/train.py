@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 
+from schedc.cli import sigterm_as_interrupt
 from schedc.cli.output import check_writable, write_atomic
 from schedc.diagnostics import RunError
 from schedc.live.options import FAIL_SLOW_MODES, RECOVERY_METHODS
@@ -86,19 +86,16 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(text, flush=True)
 
-    # SIGTERM (a scheduler ending the job) takes the same way out as Ctrl-C.
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     sup = Supervisor(args.out, options, on_line=line)
-    try:
-        result = sup.run()
-    except TrainError as exc:
-        _write_log(args.log, exc.result, quiet=True)
-        raise
-    except KeyboardInterrupt:
-        _write_log(args.log, sup.result(), quiet=True)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_interrupt():  # a scheduler ending the job: the same way out as Ctrl-C
+        try:
+            result = sup.run()
+        except TrainError as exc:
+            _write_log(args.log, exc.result, quiet=True)
+            raise
+        except KeyboardInterrupt:
+            _write_log(args.log, sup.result(), quiet=True)
+            raise
     if args.save_weights:
         import torch
 
