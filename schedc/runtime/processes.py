@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver as mp_forkserver
 from multiprocessing import popen_forkserver, resource_tracker, util
@@ -111,6 +112,28 @@ def _start_server() -> None:
         mp_forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _children(word: str) -> list[int]:
+    """This process's live children whose command line contains `word` (Linux's /proc)."""
+    me, found = str(os.getpid()), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == me and fields[0] != "Z" and word in cmdline:
+            found.append(int(name))
+    return found
 
 
 def _zombie_status(pid: int) -> int | None:
@@ -229,11 +252,13 @@ class LocalProcesses:
             return False
         watched = isinstance(self.context, WatchedForkServerContext)
         broke: list[str] = []  # how each failed try ended
+        seen = [self._server]  # the forkservers this start went through
         for _ in range(START_TRIES if watched else 1):
             p = self.context.Process(target=target, name=name, args=args)
             try:
                 if watched:
-                    _start_server()
+                    self._start_server()
+                    seen.append(forkserver_pid())
                 p.start()
             except (EOFError, OSError) as exc:
                 if not watched:
@@ -241,22 +266,56 @@ class LocalProcesses:
                 broke.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
                 self._await_server_exit(forkserver_pid())
                 continue
+            except BaseException:  # Ctrl-C while the forkserver was asked for this process
+                if watched:
+                    self._abandon_start()
+                raise
             if watched:
-                self._note_server(rank, broke)
+                seen.append(forkserver_pid())
+                self._note_server(rank, seen, broke)
             self.processes[rank] = p
             return True
         raise StartError(f"could not start rank {rank}'s process: its forkserver ended at each of "
                          f"{len(broke)} tries ({'; '.join(broke)})")
 
-    def _note_server(self, rank: int, broke: list[str]) -> None:
+    def _start_server(self) -> None:
+        with warnings.catch_warnings(record=True) as caught:  # the stdlib's would be a UserWarning and its source line
+            warnings.simplefilter("always")
+            _start_server()
+        if any("resource_tracker" in str(w.message) for w in caught):
+            self.say("the multiprocessing resource tracker had ended; started a new one")
+
+    def _note_server(self, rank: int, seen: list[int | None], broke: list[str]) -> None:
+        """One line when the forkserver that started rank `rank` is not the one before it."""
+        pids = list(dict.fromkeys(pid for pid in seen if pid is not None))
+        self._server = pids[-1] if pids else None
+        if len(pids) < 2 and not broke:
+            return
+        ended = ", ".join(map(str, pids[:-1])) or "unknown"
+        how = f" (it ended while rank {rank} was being started: {broke[-1]})" if broke else ""
+        self.say(f"the forkserver (pid {ended}) had ended; started a new one (pid {self._server}) "
+                 f"to start rank {rank}{how}")
+
+    def _abandon_start(self) -> None:
+        """A start was interrupted after the forkserver was asked for a process, before it said
+        which (it may still be importing torch, and would fork the rank once done, with nobody
+        to stop it): end the forkserver, then every process it forked that is not one of ours
+        (its orphans are this process's children, as their subreaper)."""
         server = forkserver_pid()
-        if self._server is not None and server != self._server:
-            self.say(f"the forkserver (pid {self._server}) had ended; started a new one (pid {server}) "
-                     f"to start rank {rank}")
-        elif broke:
-            self.say(f"the forkserver ended while rank {rank} was being started ({broke[-1]}); "
-                     f"started a new one (pid {server})")
-        self._server = server
+        if server is None:
+            return
+        try:
+            os.kill(server, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._await_server_exit(server)
+        known = {p.pid for p in self.processes.values()} | {server}
+        for pid in _children("multiprocessing.forkserver"):
+            if pid not in known:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     @staticmethod
     def _await_server_exit(pid: int | None) -> None:
