@@ -1,8 +1,10 @@
 """Agents: one per host; they start, signal and watch the rank workers of that host.
 
 As torchrun's elastic agent does for its local workers, an agent owns the
-processes of its host and reports their deaths at once (it waits on the
-processes' sentinels, so an exit is seen within milliseconds). Unlike
+processes of its host and reports their deaths at once (it waits on each
+process's own pidfd, so an exit is seen within milliseconds, and only a
+worker's own end counts: a killed forkserver is no worker's death, and is
+replaced, said in one line on stderr, the next time a worker starts). Unlike
 torchrun it never restarts the survivors: the supervisor decides, and the
 survivors reconfigure in place. Everything an agent learns or is told goes
 through the job's store (`schedc.live.membership`):
