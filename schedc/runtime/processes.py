@@ -50,6 +50,7 @@ START_TRIES = 3
 SERVER_EXIT_WAIT = 5.0
 
 _CONTEXT = None
+_STARTED: set[int] = set()  # pids of every rank any `LocalProcesses` of this process started
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
@@ -264,7 +265,7 @@ class LocalProcesses:
                 if not watched:
                     raise
                 broke.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-                self._await_server_exit(forkserver_pid())
+                self._end_strays(forkserver_pid())  # (it may have forked the rank before it died)
                 continue
             except BaseException:  # Ctrl-C while the forkserver was asked for this process
                 if watched:
@@ -274,6 +275,7 @@ class LocalProcesses:
                 seen.append(forkserver_pid())
                 self._note_server(rank, seen, broke)
             self.processes[rank] = p
+            _STARTED.add(p.pid)
             return True
         raise StartError(f"could not start rank {rank}'s process: its forkserver ended at each of "
                          f"{len(broke)} tries ({'; '.join(broke)})")
@@ -299,17 +301,23 @@ class LocalProcesses:
     def _abandon_start(self) -> None:
         """A start was interrupted after the forkserver was asked for a process, before it said
         which (it may still be importing torch, and would fork the rank once done, with nobody
-        to stop it): end the forkserver, then every process it forked that is not one of ours
-        (its orphans are this process's children, as their subreaper)."""
+        to stop it): end the forkserver, and what it forked for the start."""
         server = forkserver_pid()
+        if server is not None:
+            try:
+                os.kill(server, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._end_strays(server)
+
+    def _end_strays(self, server: int | None) -> None:
+        """Once forkserver `server` has ended, kill every process it forked that is not one of
+        ours: a rank forked for a start that never learnt its pid. (Its orphans are this
+        process's children then, as their subreaper; elsewhere none is found.)"""
         if server is None:
             return
-        try:
-            os.kill(server, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._await_server_exit(server)
-        known = {p.pid for p in self.processes.values()} | {server}
+        known = _STARTED | {p.pid for p in self.processes.values()} | {server}
         for pid in _children("multiprocessing.forkserver"):
             if pid not in known:
                 try:
