@@ -66,8 +66,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _interruptible()
     try:
+        _interruptible()
         argv = sys.argv[1:] if argv is None else list(argv)
         parser = build_parser(_chosen_command(argv))
         args = parser.parse_args(argv)
