@@ -351,3 +351,21 @@ def test_an_unreachable_store_is_the_diagnostic_alone(args):
     lines = proc.stderr.splitlines()
     assert len(lines) == 2 and lines[0].startswith("error[E557]: cannot reach the run's store at 127.0.0.1:1")
     assert lines[1].startswith("  = hint: "), proc.stderr
+
+
+def test_the_command_e553_names_resumes_the_run(tmp_path):
+    """A stage lost with no restart left: the hint's command, run as it is, resumes from the run's
+    own checkpoint folder (it named `schedc train OUT --resume`, which found none there: E556)."""
+    import shlex
+
+    out = compiled(tmp_path)
+    with pytest.raises(TrainError) as exc:
+        train(out, iterations=8, checkpoint_every=1, checkpoint_dir=str(tmp_path / "my checkpoints"),
+              max_restarts=0, inject=["at iteration 3: fail gpu(dp=0, pp=0)", "at iteration 3: fail gpu(dp=1, pp=0)"])
+    first = exc.value.diagnostics[0]
+    assert first.code == "E553", exc.value.render()
+    words = shlex.split(re.search(r"with `(schedc train [^`]*)`", first.hint).group(1))
+    assert "--checkpoint-dir" in words, first.hint
+    proc = _schedc(*words[1:])
+    assert proc.returncode == 0, proc.stderr
+    assert "8 iterations done" in proc.stdout, proc.stdout
