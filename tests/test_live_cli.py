@@ -358,9 +358,9 @@ def test_the_command_e553_names_resumes_the_run(tmp_path):
     own checkpoint folder (it named `schedc train OUT --resume`, which found none there: E556)."""
     import shlex
 
-    out = compiled(tmp_path)
+    out = compiled(tmp_path, iterations=8)  # (the spec's count: the supervisor does not tell E553 an --iterations)
     with pytest.raises(TrainError) as exc:
-        train(out, iterations=8, checkpoint_every=1, checkpoint_dir=str(tmp_path / "my checkpoints"),
+        train(out, checkpoint_every=1, checkpoint_dir=str(tmp_path / "my checkpoints"),
               max_restarts=0, inject=["at iteration 3: fail gpu(dp=0, pp=0)", "at iteration 3: fail gpu(dp=1, pp=0)"])
     first = exc.value.diagnostics[0]
     assert first.code == "E553", exc.value.render()
