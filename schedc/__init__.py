@@ -1,5 +1,35 @@
 """schedc: a declarative schedule compiler for fault-tolerant pipeline-parallel training."""
 
+import os as _os
+import sys as _sys
+
+
+def _interrupted_while_loading(signum, frame):
+    _os.write(2, b"interrupted\n")
+    _os._exit(130)
+
+
+def _run_as_the_command() -> bool:
+    """Whether this interpreter was started as `schedc ...` or `python -m schedc ...` (its own
+    command line, not the one a multiprocessing child is handed)."""
+    words = list(getattr(_sys, "orig_argv", ()))[1:]
+    while words and words[0].startswith("-") and words[0] != "-m":  # the interpreter's options
+        words.pop(0)
+    if words[:2] == ["-m", "schedc"]:
+        return True
+    return bool(words) and _os.path.basename(words[0]) in ("schedc", "schedc.exe")
+
+
+# The `schedc` command: a Ctrl-C while the modules below load ends it with one line and exit
+# status 130, as at any later moment, not with a traceback of whatever was importing;
+# `schedc.cli.main` takes over from here. `import schedc` in a program of the user's (or in a
+# worker process) leaves that program's signal handling alone.
+if _run_as_the_command():
+    import signal as _signal
+
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _interrupted_while_loading)
+
 from schedc.diagnostics import (
     Diagnostic,
     InfeasibleError,

@@ -45,6 +45,9 @@ def _descendants_of_session(sid: int) -> list[str]:
     (["train", "{out}", "--inject", "at iteration 1: fail gpu(dp=7, pp=0)"], "E207", "there is no GPU (dp=7, pp=0)"),
     (["train", "{out}", "--inject", "at iteration 9: fail rank 0"], "E562", "iteration 9 is never reached"),
     (["train", "{out}", "--save-weights", "{tmp}/no/such/dir/w.pt"], "E558", "which does not exist"),
+    # (as root the permissions say "writable": only creating a file there tells)
+    (["train", "{out}", "--log", "/proc/x.json"], "E558", "no file can be created in `/proc`"),
+    (["train", "{out}", "--save-weights", "/proc/w.pt"], "E558", "no file can be created in `/proc`"),
     (["train", "{out}", "--iterations", "0"], "E555", "iterations must be at least 1"),
     (["train", "{out}", "--recovery", "restart"], "E555", "give --checkpoint-every K"),
     (["train", "{out}", "--resume"], "E556", "no complete checkpoint"),
@@ -254,3 +257,115 @@ def test_an_unwritable_checkpoint_directory_is_refused_before_the_run(tmp_path):
     with pytest.raises(TrainError) as exc:
         train(out, iterations=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "file" / "ckpt"))
     assert exc.value.codes == ["E558"]
+
+
+def _children(pid: int, word: str) -> list[int]:
+    """Live child processes of `pid` whose command line contains `word` (from /proc: `ps`
+    cuts command lines to the width of a terminal it does not have)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if stat[1] == str(pid) and stat[0] != "Z" and word in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _failed_lines(stdout: str) -> list[str]:
+    return [ln.split("] ", 1)[-1] for ln in stdout.splitlines() if " failed: " in ln]
+
+
+def _train_in_background(tmp_path, *args):
+    stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with stdout.open("w") as o, stderr.open("w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "schedc", "train", *map(str, args)], stdout=o, stderr=e,
+                                text=True, env=_env(), start_new_session=True)
+    return proc, stdout, stderr
+
+
+def test_a_killed_forkserver_and_resource_tracker_are_no_ranks_death_and_are_replaced(tmp_path):
+    """SIGKILL to the forkserver that forked every rank, and to multiprocessing's resource
+    tracker, mid-run: no rank is reported dead (each is watched by itself, not through the
+    forkserver's pipe); a rank killed afterwards is reported with its own status (the orphan is
+    waited for by the supervisor); the rank taken back later starts from a new forkserver,
+    said in one line, and the run ends."""
+    out = compiled(tmp_path, forward="20ms")  # --emulate: iterations of about 0.1 s, so the kill is mid-run
+    proc, stdout, stderr = _train_in_background(
+        tmp_path, out, "--emulate", "--iterations", "40", "--inject", "at iteration 15: fail gpu(dp=1, pp=1)",
+        "--inject", "at iteration 22: recover gpu(dp=1, pp=1)")
+    try:
+        wait_until(lambda: "iteration    0" in stdout.read_text() or proc.poll() is not None,
+                   "the first iteration's line", state=stderr.read_text)
+        assert proc.poll() is None, stderr.read_text()
+        (server,) = _children(proc.pid, "multiprocessing.forkserver")
+        (tracker,) = _children(proc.pid, "multiprocessing.resource_tracker")
+        os.kill(server, signal.SIGKILL)
+        os.kill(tracker, signal.SIGKILL)
+        assert "injected" not in stdout.read_text(), "the injections came before the kills: the test proves nothing"
+        proc.wait(timeout=2 * WAIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out_text, err = stdout.read_text(), stderr.read_text()
+    assert proc.returncode == 0, err
+    assert _failed_lines(out_text) == ["rank 3 GPU (dp=1, pp=1) failed: killed by SIGKILL"], out_text
+    assert "40 iterations done" in out_text and "taking GPU (dp=1, pp=1) (rank 3) back" in out_text
+    notes = [ln for ln in err.splitlines() if ln.startswith("host 0: ")]
+    assert notes == ["host 0: the multiprocessing resource tracker had ended; started a new one",
+                     f"host 0: the forkserver (pid {server}) had ended; started a new one "
+                     f"(pid {_new_pid(notes[-1])}) to start rank 3"], err
+
+
+def _new_pid(line: str) -> str:
+    return re.search(r"a new one \(pid (\d+)\)", line).group(1) if "a new one (pid" in line else "?"
+
+
+def test_a_forkserver_killed_while_it_starts_is_replaced(tmp_path):
+    """Killed while it imports torch, before any rank runs: the ranks start from a new one."""
+    proc, stdout, stderr = _train_in_background(tmp_path, compiled(tmp_path), "--iterations", "3")
+    try:
+        server = wait_until(lambda: _children(proc.pid, "multiprocessing.forkserver") or proc.poll() is not None,
+                            "the forkserver to start", poll=0.002)
+        assert proc.poll() is None and "generation 0" not in stdout.read_text()
+        os.kill(server[0], signal.SIGKILL)
+        proc.wait(timeout=2 * WAIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out_text, err = stdout.read_text(), stderr.read_text()
+    assert proc.returncode == 0, err
+    assert "3 iterations done" in out_text and _failed_lines(out_text) == [], out_text
+    assert "error[" not in err and f"host 0: the forkserver (pid {server[0]}) had ended; started a new one" in err
+
+
+@pytest.mark.parametrize("args", [["rejoin", "--store", "127.0.0.1:1", "recover gpu(dp=0, pp=0)", "--timeout", "1"],
+                                  ["agent", "--store", "127.0.0.1:1", "--host", "1", "--timeout", "1"]])
+def test_an_unreachable_store_is_the_diagnostic_alone(args):
+    """torch's C++ logs each failed try with its whole C++ stack ("frame #0: c10::Error..."):
+    only E557 and its hint are shown."""
+    proc = _schedc(*args)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error[E557]: cannot reach the run's store at 127.0.0.1:1")
+    assert lines[1].startswith("  = hint: "), proc.stderr
+
+
+def test_the_command_e553_names_resumes_the_run(tmp_path):
+    """A stage lost with no restart left: the hint's command, run as it is, resumes from the run's
+    own checkpoint folder (it named `schedc train OUT --resume`, which found none there: E556)."""
+    import shlex
+
+    out = compiled(tmp_path, iterations=8)  # (the spec's count: the supervisor does not tell E553 an --iterations)
+    with pytest.raises(TrainError) as exc:
+        train(out, checkpoint_every=1, checkpoint_dir=str(tmp_path / "my checkpoints"),
+              max_restarts=0, inject=["at iteration 3: fail gpu(dp=0, pp=0)", "at iteration 3: fail gpu(dp=1, pp=0)"])
+    first = exc.value.diagnostics[0]
+    assert first.code == "E553", exc.value.render()
+    words = shlex.split(re.search(r"with `(schedc train [^`]*)`", first.hint).group(1))
+    assert "--checkpoint-dir" in words, first.hint
+    proc = _schedc(*words[1:])
+    assert proc.returncode == 0, proc.stderr
+    assert "8 iterations done" in proc.stdout, proc.stdout

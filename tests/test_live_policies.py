@@ -133,6 +133,35 @@ def test_a_lost_stage_restores_with_replacements_until_no_restart_is_left(plan):
     assert info.value.codes[0] == "E553" and "no checkpoint was written" in info.value.diagnostics[0].hint
 
 
+@pytest.mark.parametrize("method", ["reroute", "repartition"])
+@pytest.mark.parametrize("own_dir, emulate, iterations", [(False, False, None), (True, False, None),
+                                                          (True, True, 40)])
+def test_e553_names_the_options_that_resume_this_run(plan, tmp_path, method, own_dir, emulate, iterations):
+    """The hint's command must pass what `--resume` checks: the checkpoint folder when it is not
+    OUT/checkpoints (else E556, no checkpoint), --emulate for an emulated run's checkpoint, and
+    the run's --iterations when the policy knows them (else the resumed run stops at the spec's)."""
+    from schedc.live.checkpoint import Checkpoint
+
+    out = tmp_path / "my out"
+    root = tmp_path / "ckpts" if own_dir else out / "checkpoints"
+    found = Checkpoint(root / "iter-000004", 4, {"emulate": emulate})
+    policy = RecoveryPolicy(FakeController(plan), method=method, max_restarts=0, initial_plan=plan,
+                            latest_checkpoint=lambda: found, out=out, iterations=iterations)
+    with pytest.raises(schedc.RunError) as info:
+        policy.decide(plan, [0, 2], {0, 2})  # both GPUs of stage 0, no restart allowed
+    assert info.value.codes[0] == "E553"
+    hint = info.value.diagnostics[0].hint
+    want = f"schedc train '{out}' --resume"
+    if own_dir:
+        want += f" --checkpoint-dir {root}"
+    if emulate:
+        want += " --emulate"
+    if iterations:
+        want += f" --iterations {iterations}"
+    assert f"`{want}`" in hint, hint
+    assert ("--iterations N" in hint) == (iterations is None), hint
+
+
 def test_recovery_restart_restarts_everything_from_the_initial_plan(plan):
     later = schedc.replan(plan, "fail gpu(dp=1, pp=1)", solver="greedy")
     policy = RecoveryPolicy(FakeController(later), method="restart", max_restarts=3, initial_plan=plan,

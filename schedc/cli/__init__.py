@@ -12,10 +12,13 @@ Exit codes: 0 success, 1 the input is invalid / infeasible / a run failed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from schedc import __version__
@@ -63,10 +66,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(_chosen_command(argv))
-    args = parser.parse_args(argv)
     try:
+        _interruptible()
+        argv = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(_chosen_command(argv))
+        args = parser.parse_args(argv)
         try:
             return int(args._module.run(args) or 0)
         except SchedcError as exc:
@@ -81,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 print_diagnostics(exc.render())
             return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        if os.environ.get("SCHEDC_DEBUG"):
+            traceback.print_exc()
+        return _interrupted(getattr(exc, "signal_name", "SIGINT"))
     except BrokenPipeError:  # `schedc ... | head`: the reader left; say nothing more
         _silence_stdout()
         return 0
@@ -94,6 +99,63 @@ def main(argv: list[str] | None = None) -> int:
               "  = hint: this is a bug in schedc, not in your input; rerun with SCHEDC_DEBUG=1 "
               "and report the traceback", file=sys.stderr)
         return 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler ending the job), raised where Ctrl-C would be, so that it takes the
+    same way out (`sigterm_as_interrupt`); `main` names it in its last line."""
+
+    signal_name = "SIGTERM"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within the block SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread."""
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interruptible() -> None:
+    """From here on Ctrl-C raises KeyboardInterrupt, which `main` turns into one line and exit
+    130 (before, while the package loaded, `schedc/__init__.py`'s handler did that by itself).
+    Left alone where Ctrl-C is ignored (a shell's background job) or handled by the caller."""
+    if signal.getsignal(signal.SIGINT) is getattr(sys.modules.get("schedc"), "_interrupted_while_loading", None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _interrupted(signal_name: str) -> int:
+    """The one line of an interrupted command, and exit status 130 (128 + SIGINT, as a shell
+    reports a Ctrl-C; SIGTERM too, which `train` and `agent` take the same way out).
+
+    Other threads may still run native code: CP-SAT's search goes on for a moment after it is
+    told to stop (and Python 3.11 takes a `join` that Ctrl-C interrupted for the thread's end),
+    torch keeps threads of its own. The interpreter's normal exit would destroy their objects
+    under them, and the C++ runtime would abort the process ("terminate called without an
+    active exception", exit 134). Everything was cleaned up on the way here (finally blocks, the
+    supervisor's teardown), so with any other thread alive the process ends at once instead."""
+    print("interrupted" if signal_name == "SIGINT" else f"terminated ({signal_name})", file=sys.stderr)
+    if _other_threads():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(130)
+    return 130
+
+
+def _other_threads() -> bool:
+    """Whether this process runs any thread besides the calling one (Linux; else Python's)."""
+    try:
+        return len(os.listdir("/proc/self/task")) > 1
+    except OSError:
+        return threading.active_count() > 1
 
 
 def _silence_stdout() -> None:

@@ -8,8 +8,8 @@ signals the workers of its nodes until the run ends (docs/live.md).
 from __future__ import annotations
 
 import argparse
-import signal
 
+from schedc.cli import sigterm_as_interrupt
 from schedc.cli.store import connect
 from schedc.diagnostics import RunError, error
 
@@ -29,9 +29,6 @@ def run(args: argparse.Namespace) -> int:
         raise RunError([error("E557", f"--host must be 1 or more (host 0 runs the supervisor), got {args.host}")])
     job = connect(args.store, args.timeout,
                   hint="start `schedc train OUT --hosts N` first and use the address it prints")
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
+    with sigterm_as_interrupt():  # the way out of Ctrl-C: every worker of this host is stopped
         Agent(job, args.host).serve()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return 0

@@ -1,8 +1,19 @@
-"""Reaching a running job's store from the command line (`schedc agent`, `schedc rejoin`)."""
+"""Reaching a running job's store from the command line (`schedc agent`, `schedc rejoin`).
+
+While torch's TCPStore client retries an address that does not answer, its C++
+code logs each failed try to the process's stderr (file descriptor 2, below
+Python), with the whole C++ stack of the exception (~40 "frame #N" lines);
+the exception itself, which E557 quotes, says the same in one line. So the
+connection is made with descriptor 2 pointed at a scratch file, thrown away.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import tempfile
 
 from schedc.diagnostics import RunError, error
 
@@ -18,7 +29,26 @@ def connect(text: str, timeout: float, *, hint: str):
     if not (math.isfinite(timeout) and timeout > 0):
         raise RunError([error("E557", f"--timeout must be a positive number of seconds, got {timeout}")])
     try:
-        return JobStore.connect(host, int(port), timeout=timeout)
+        with _native_stderr_discarded():
+            return JobStore.connect(host, int(port), timeout=timeout)
     except (RuntimeError, OSError) as exc:
         raise RunError([error("E557", f"cannot reach the run's store at {text}: {str(exc).strip().splitlines()[0]}",
                               hint=hint)]) from None
+
+
+@contextlib.contextmanager
+def _native_stderr_discarded():
+    """Within the block, what native code writes to stderr goes nowhere (see the module docstring)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no stderr to protect
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as scratch:  # (a file, not a pipe: it never fills up and blocks)
+            os.dup2(scratch.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

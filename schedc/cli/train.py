@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
-from pathlib import Path
 
-from schedc.diagnostics import RunError, error
+from schedc.cli import sigterm_as_interrupt
+from schedc.cli.output import check_writable, write_atomic
+from schedc.diagnostics import RunError
 from schedc.live.options import FAIL_SLOW_MODES, RECOVERY_METHODS
 from schedc.live.options import TrainOptions as D  # the defaults, one place
-from schedc.plan import check_output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,12 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedc.live.result import write_log
     from schedc.live.supervisor import Supervisor, TrainError, TrainOptions
 
     for path, what in ((args.save_weights, "--save-weights"), (args.log, "--log")):
         if path:
-            check_output_file(path, what)
+            check_writable(path, what)  # before the run, not after an hour of it
     options = TrainOptions(
         iterations=args.iterations, emulate=args.emulate, inject=tuple(args.inject),
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
@@ -94,35 +91,21 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(text, flush=True)
 
-    # SIGTERM (a scheduler ending the job) takes the same way out as Ctrl-C.
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     sup = Supervisor(args.out, options, on_line=line)
-    try:
-        result = sup.run()
-    except TrainError as exc:
-        if args.log:
-            write_log(args.log, exc.result)
-        raise
-    except KeyboardInterrupt:
-        if args.log:
-            write_log(args.log, sup.result())
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_interrupt():  # a scheduler ending the job: the same way out as Ctrl-C
+        try:
+            result = sup.run()
+        except TrainError as exc:
+            _write_log(args.log, exc.result, quiet=True)
+            raise
+        except KeyboardInterrupt:
+            _write_log(args.log, sup.result(), quiet=True)
+            raise
     if args.save_weights:
         import torch
 
-        target = Path(args.save_weights)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            torch.save(result.state_dict, tmp)
-            os.replace(tmp, target)  # never a half-written weights file
-        except OSError as exc:
-            raise RunError([error("E558", f"cannot write --save-weights `{target}`: {exc.strerror or exc}")])
-        finally:
-            tmp.unlink(missing_ok=True)
-    if args.log:
-        write_log(args.log, result)
+        write_atomic(args.save_weights, "--save-weights", lambda tmp: torch.save(result.state_dict, tmp))
+    _write_log(args.log, result)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, default=str))
         return 0
@@ -132,6 +115,20 @@ def run(args: argparse.Namespace) -> int:
     if args.log:
         print(f"log written to {args.log}")
     return 0
+
+
+def _write_log(path: str | None, result, *, quiet: bool = False) -> None:
+    """The run log, whole or not at all. `quiet` (the run failed or was stopped): a log that
+    cannot be written is one line on stderr, not an error in place of the run's own."""
+    if not path:
+        return
+    text = json.dumps(result.to_json(), indent=2, default=str) + "\n"
+    try:
+        write_atomic(path, "--log", lambda tmp: tmp.write_text(text))
+    except RunError as exc:
+        if not quiet:
+            raise
+        print(f"warning: {exc.diagnostics[0].message}", file=sys.stderr)
 
 
 def summary(result) -> str:

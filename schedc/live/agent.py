@@ -1,8 +1,10 @@
 """Agents: one per host; they start, signal and watch the rank workers of that host.
 
 As torchrun's elastic agent does for its local workers, an agent owns the
-processes of its host and reports their deaths at once (it waits on the
-processes' sentinels, so an exit is seen within milliseconds). Unlike
+processes of its host and reports their deaths at once (it waits on each
+process's own pidfd, so an exit is seen within milliseconds, and only a
+worker's own end counts: a killed forkserver is no worker's death, and is
+replaced, said in one line on stderr, the next time a worker starts). Unlike
 torchrun it never restarts the survivors: the supervisor decides, and the
 survivors reconfigure in place. Everything an agent learns or is told goes
 through the job's store (`schedc.live.membership`):
@@ -25,12 +27,13 @@ its ranks.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from schedc.live.inject import Injection
 from schedc.live.membership import JobStore
 from schedc.live.protocol import AgentUp, Exited, FireInjection, Injected, SignalRanks, StartRanks, StopAgent
-from schedc.runtime.processes import LocalProcesses
+from schedc.runtime.processes import LocalProcesses, StartError
 
 
 class Agent:
@@ -39,7 +42,8 @@ class Agent:
     def __init__(self, job: JobStore, host: int):
         self.job = job
         self.host = host
-        self.local = LocalProcesses()  # (its forkserver starts with the first worker)
+        # (its forkserver starts with the first worker; a new one if it ended, said on stderr)
+        self.local = LocalProcesses(say=lambda text: print(f"host {host}: {text}", file=sys.stderr, flush=True))
         self._fired: set[int] = set()
         self._injections: dict[int, Injection] | None = None
         self.stopping = False
@@ -53,8 +57,16 @@ class Agent:
         from schedc.live.member import worker_main
 
         for rank in ranks:
-            self.local.start(rank, worker_main, (self.job.host, self.job.port, rank, self.host),
-                             f"schedc-train-rank-{rank}")
+            try:
+                self.local.start(rank, worker_main, (self.job.host, self.job.port, rank, self.host),
+                                 f"schedc-train-rank-{rank}")
+            except StartError as exc:
+                from schedc.diagnostics import RunError, error
+
+                raise RunError([error("E564", f"host {self.host}: {exc}",
+                                      hint="something ends the worker forkserver (a process killer, a memory "
+                                           "limit: see `dmesg`); rerun once it is stopped, with --resume if "
+                                           "checkpoints were written")]) from None
 
     def signal(self, ranks, name: str) -> list[int]:
         """Send a signal to the live workers of `ranks` on this host; returns the ranks signalled."""

@@ -29,6 +29,7 @@ and never touches processes.
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,22 @@ def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
     return out
 
 
+def resume_command(out: str | Path, found: "Checkpoint", iterations: int | None = None) -> str:
+    """The command that resumes this run from checkpoint `found` (E553's hint): its checkpoint
+    folder when it is not OUT's default one, --emulate when the checkpoint was written so
+    (resuming checks both), and the run's --iterations when known (without it the resumed run
+    ends at the spec's count)."""
+    words = ["schedc", "train", str(out), "--resume"]
+    root = Path(found.path).parent
+    if root.resolve() != (Path(out) / "checkpoints").resolve():
+        words += ["--checkpoint-dir", str(root)]
+    if found.meta.get("emulate"):
+        words.append("--emulate")
+    if iterations is not None:
+        words += ["--iterations", str(iterations)]
+    return shlex.join(words)
+
+
 def describe(events: Sequence[Failure]) -> list[str]:
     from schedc.events import describe_events
 
@@ -84,7 +101,8 @@ class RecoveryPolicy:
 
     def __init__(self, ctl: Controller, *, method: str, max_restarts: int, initial_plan: "Plan",
                  latest_checkpoint: Callable[[], "Checkpoint | None"], out: str | Path = "OUT",
-                 costs: Costs | None = None, clock: Callable[[], float] = time.monotonic):
+                 costs: Costs | None = None, clock: Callable[[], float] = time.monotonic,
+                 iterations: int | None = None):
         self.ctl = ctl
         self.costs = costs or Costs()
         self.horizon = Horizon(self.costs.horizon_s)
@@ -95,6 +113,7 @@ class RecoveryPolicy:
         self.initial_plan = initial_plan
         self.latest_checkpoint = latest_checkpoint
         self.restarts = 0
+        self.iterations = iterations  # the run's total (E553's resume command); None: not known here
 
     def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int]) -> Change:
         """The change after `failed` failed, from `plan` (the last plan that ran); `lost` holds
@@ -116,6 +135,11 @@ class RecoveryPolicy:
         except SchedcError as exc:  # e.g. no plan fits in memory any more
             raise RunError([error("E553", f"no plan can continue after {', '.join(describe(events))}",
                                   hint="see the reason below")] + list(exc.diagnostics)) from None
+
+    def _resume(self, found: "Checkpoint") -> str:
+        """E553's command that resumes from `found`, quoted for a hint."""
+        text = f"`{resume_command(self.out, found, self.iterations)}`"
+        return text if self.iterations is not None else text + " (and `--iterations N` if the run was given one)"
 
     def _cheapest(self, plan: "Plan", events: list[Failure], lost: set[int]) -> Change:
         """recovery="auto": price re-routing and dropping pipelines, take the cheaper; a lost stage
@@ -169,7 +193,7 @@ class RecoveryPolicy:
             why = (f"no restart is left (--max-restarts {self.max_restarts})" if slices is not None else
                    f"the {len(survivors)} surviving GPU(s) cannot hold {spec.dp} pipeline(s) of the model")
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
-                     f"need be, docs/live.md) with `schedc train OUT --resume`" if found else
+                     f"need be, docs/live.md) with {self._resume(found)}" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
             raise RunError([error("E553", f"a stage lost every GPU and the survivors cannot be re-partitioned: "
                                           f"{why}", hint=where)] + list(exc.diagnostics))
@@ -192,7 +216,7 @@ class RecoveryPolicy:
         found = self.latest_checkpoint()
         if self.restarts >= self.max_restarts:
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it with "
-                     f"`schedc train {self.out} --resume` once the GPUs are replaced" if found else
+                     f"{self._resume(found)} once the GPUs are replaced" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
             raise RunError([error("E553", "a stage lost every GPU, so re-routing is impossible, and no restart is "
                                           f"left (--max-restarts {self.max_restarts})", hint=where)]

@@ -3,10 +3,21 @@
 `schedc run` (`schedc.runtime.launcher`) and each host's agent of `schedc
 train` (`schedc.live.agent`) start their ranks through `LocalProcesses`:
 from one `multiprocessing` context (a forkserver that imported torch once, so
-L ranks do not pay L torch imports; "spawn" where CUDA is used), watched by
-their sentinels so an exit is seen within milliseconds, signalled by name,
-and stopped together (a grace period to exit, then SIGKILL). Only processes
-started here are ever signalled: the caller's own, by id.
+L ranks do not pay L torch imports; "spawn" where CUDA is used), watched so
+an exit is seen within milliseconds, signalled by name, and stopped together
+(a grace period to exit, then SIGKILL). Only processes started here are ever
+signalled: the caller's own, by id.
+
+A rank's process is watched by itself, not through the forkserver: the
+forkserver is the ranks' parent and passes on their exit statuses, so the
+stdlib takes the end of its pipe (the forkserver killed) for the exit of
+every rank it ever started. Here each rank is watched by a pidfd of its own
+(Linux), which is readable when that process, and only it, has ended; its
+status still comes from the forkserver, or, if the forkserver is gone, from
+`waitpid` (this process made itself the subreaper of its descendants, so
+the orphaned ranks are its children then). A dead forkserver is replaced
+the next time a rank is started, and said so in one line; one that dies
+while a rank is being started is replaced and the start retried.
 """
 
 from __future__ import annotations
@@ -14,47 +25,319 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
+import warnings
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver as mp_forkserver
+from multiprocessing import popen_forkserver, resource_tracker, util
 from multiprocessing.connection import wait as wait_sentinels
 from typing import Callable
 
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT, "term": signal.SIGTERM}
 
+#: Seconds an ended rank's exit status may take to arrive (from the forkserver that reaps it, or,
+#: with the forkserver gone, until the orphan is re-parented to this process) before it is read
+#: from /proc, or reported as UNKNOWN_STATUS. It arrives within milliseconds unless the forkserver
+#: is stopped or this process could not become a subreaper (not Linux).
+STATUS_WAIT = 2.0
+#: The exit status reported for a rank whose real status could not be learnt (as the stdlib does).
+UNKNOWN_STATUS = 255
+#: Tries at starting one rank while forkservers keep dying (each try after the first starts a new one).
+START_TRIES = 3
+#: Seconds to wait for a forkserver that broke a start to be gone before starting a new one
+#: (it has closed its sockets: it is exiting; this only bounds a wait that ends at once).
+SERVER_EXIT_WAIT = 5.0
+
 _CONTEXT = None
+_STARTED: set[int] = set()  # pids of every rank any `LocalProcesses` of this process started
+_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+class StartError(Exception):
+    """No rank process could be started: the forkserver ended at every try."""
 
 
 def forkserver_context():
     """The `multiprocessing` context CPU rank processes are started from (`schedc run` and the
-    agents of `schedc train`): a forkserver that imported torch and did a warm-up step once."""
+    agents of `schedc train`): a forkserver that imported torch and did a warm-up step once,
+    whose ranks are watched by their own pidfds (see the module docstring)."""
     global _CONTEXT
     if _CONTEXT is None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the forkserver and the ranks
         # gloo's C++ warnings repeat what the diagnostics say, once per rank and peer.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        _CONTEXT = mp.get_context("forkserver")
+        _become_subreaper()
+        _CONTEXT = WatchedForkServerContext()
         _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.warmup",
                                          "schedc.runtime.rank", "schedc.runtime.primitives",
                                          "schedc.runtime.transport", "schedc.live.member"])
     return _CONTEXT
 
 
-class LocalProcesses:
-    """Rank -> process on this host (see the module docstring)."""
+def _become_subreaper() -> bool:
+    """Orphaned descendants (the ranks of a forkserver that died) become this process's children,
+    so their exit statuses can be waited for. Linux only; whether it worked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
 
-    def __init__(self, context=None):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's forkserver, None before it started (the stdlib keeps it)."""
+    server = getattr(mp_forkserver, "_forkserver", None)
+    return getattr(server, "_forkserver_pid", None)
+
+
+def _start_server() -> None:
+    """Start the forkserver (and the stdlib's resource tracker) unless it runs, with Ctrl-C
+    blocked, so that it never gets one: the terminal sends Ctrl-C to the whole process group,
+    and the forkserver, which starts as a new interpreter that imports torch, would end with a
+    traceback (or "Fatal Python error: init_import_site"); the ranks forked from it inherit the
+    blocked signal. The caller's Ctrl-C stays pending here and arrives right after.
+
+    The resource tracker is started first: starting it unblocks SIGINT in this thread (it
+    blocks SIGINT and SIGTERM for its own start and unblocks them after)."""
+    resource_tracker.ensure_running()
+    if not hasattr(signal, "pthread_sigmask"):
+        mp_forkserver.ensure_running()
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        mp_forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _children(word: str) -> list[int]:
+    """This process's live children whose command line contains `word` (Linux's /proc)."""
+    me, found = str(os.getpid()), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == me and fields[0] != "Z" and word in cmdline:
+            found.append(int(name))
+    return found
+
+
+def _zombie_status(pid: int) -> int | None:
+    """The exit status of `pid` if it is a zombie nobody reaped yet (/proc/PID/stat, field 52)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 50 or fields[0] != "Z":
+        return None
+    try:
+        return os.waitstatus_to_exitcode(int(fields[49]))
+    except ValueError:
+        return None
+
+
+class WatchedPopen(popen_forkserver.Popen):
+    """A forkserver child whose end is seen by its own pidfd (`sentinel`), never inferred
+    from the forkserver's pipe; its status is read from that pipe or, when the forkserver is
+    gone, waited for here (see the module docstring)."""
+
+    def _launch(self, process_obj):
+        super()._launch(process_obj)
+        self._status_fd = self.sentinel  # the forkserver's pipe: the pid, later the exit status
+        self._server_gone = False
+        self._ended_at: float | None = None
+        self._pidfd: int | None = None
+        self._pidfd_closer = None
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfds here, or it has ended and been reaped already:
+            return  # the forkserver's pipe says when (the stdlib's way)
+        self.sentinel = self._pidfd
+        self._pidfd_closer = util.Finalize(self, os.close, (self._pidfd,))
+
+    def poll(self, flag=os.WNOHANG):
+        if self.returncode is not None or getattr(self, "_pidfd", None) is None:
+            return super().poll(flag)
+        block = flag != os.WNOHANG
+        if not wait_sentinels([self._pidfd], None if block else 0):
+            return None  # still running, whatever became of the forkserver
+        self.returncode = self._exit_status(block)
+        return self.returncode
+
+    def _exit_status(self, block: bool) -> int | None:
+        """The status of this ended process: None while it may still arrive (not `block`)."""
+        if self._ended_at is None:
+            self._ended_at = time.monotonic()
+        deadline = self._ended_at + STATUS_WAIT
+        while True:
+            code = self._reported_status()
+            if code is not None:
+                return code
+            now = time.monotonic()
+            if now >= deadline:
+                code = _zombie_status(self.pid)
+                return UNKNOWN_STATUS if code is None else code
+            if not block:
+                return None
+            wait_sentinels([self._status_fd], min(0.01, deadline - now))
+            if self._server_gone:
+                time.sleep(0.005)  # (the pipe at EOF is always ready: do not spin)
+
+    def _reported_status(self) -> int | None:
+        if not self._server_gone and wait_sentinels([self._status_fd], 0):
+            try:
+                return mp_forkserver.read_signed(self._status_fd)
+            except (OSError, EOFError):  # the forkserver ended before it reaped this process
+                self._server_gone = True
+        if self._server_gone:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not (yet) re-parented to this process
+                return None
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+        return None
+
+    def close(self):
+        super().close()
+        if getattr(self, "_pidfd_closer", None) is not None:
+            self._pidfd_closer()
+
+
+class WatchedForkServerProcess(mp_context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj):
+        return WatchedPopen(process_obj)
+
+
+class WatchedForkServerContext(mp_context.ForkServerContext):
+    Process = WatchedForkServerProcess
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class LocalProcesses:
+    """Rank -> process on this host (see the module docstring). `say` gets the one line that
+    tells of a forkserver replaced."""
+
+    def __init__(self, context=None, say: Callable[[str], None] = _say):
         self.context = context or forkserver_context()
+        self.say = say
         self.processes: dict[int, mp.Process] = {}
         self._reported: set[int] = set()  # pids whose exit `exits` returned
+        self._server: int | None = None  # the forkserver the last rank was started from
 
     def start(self, rank: int, target: Callable, args: tuple, name: str) -> bool:
-        """Start `target(*args)` as rank `rank`'s process unless one runs; whether it started one."""
+        """Start `target(*args)` as rank `rank`'s process unless one runs; whether it started one.
+        `StartError` if it could not (the forkserver ended at every try)."""
         old = self.processes.get(rank)
         if old is not None and old.exitcode is None:
             return False
-        p = self.context.Process(target=target, name=name, args=args)
-        p.start()
-        self.processes[rank] = p
-        return True
+        watched = isinstance(self.context, WatchedForkServerContext)
+        broke: list[str] = []  # how each failed try ended
+        seen = [self._server]  # the forkservers this start went through
+        for _ in range(START_TRIES if watched else 1):
+            p = self.context.Process(target=target, name=name, args=args)
+            try:
+                if watched:
+                    self._start_server()
+                    seen.append(forkserver_pid())
+                p.start()
+            except (EOFError, OSError) as exc:
+                if not watched:
+                    raise
+                broke.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+                self._end_strays(forkserver_pid())  # (it may have forked the rank before it died)
+                continue
+            except BaseException:  # Ctrl-C while the forkserver was asked for this process
+                if watched:
+                    self._abandon_start()
+                raise
+            if watched:
+                seen.append(forkserver_pid())
+                self._note_server(rank, seen, broke)
+            self.processes[rank] = p
+            _STARTED.add(p.pid)
+            return True
+        raise StartError(f"could not start rank {rank}'s process: its forkserver ended at each of "
+                         f"{len(broke)} tries ({'; '.join(broke)})")
+
+    def _start_server(self) -> None:
+        with warnings.catch_warnings(record=True) as caught:  # the stdlib's would be a UserWarning and its source line
+            warnings.simplefilter("always")
+            _start_server()
+        if any("resource_tracker" in str(w.message) for w in caught):
+            self.say("the multiprocessing resource tracker had ended; started a new one")
+
+    def _note_server(self, rank: int, seen: list[int | None], broke: list[str]) -> None:
+        """One line when the forkserver that started rank `rank` is not the one before it."""
+        pids = list(dict.fromkeys(pid for pid in seen if pid is not None))
+        self._server = pids[-1] if pids else None
+        if len(pids) < 2 and not broke:
+            return
+        ended = ", ".join(map(str, pids[:-1])) or "unknown"
+        how = f" (it ended while rank {rank} was being started: {broke[-1]})" if broke else ""
+        self.say(f"the forkserver (pid {ended}) had ended; started a new one (pid {self._server}) "
+                 f"to start rank {rank}{how}")
+
+    def _abandon_start(self) -> None:
+        """A start was interrupted after the forkserver was asked for a process, before it said
+        which (it may still be importing torch, and would fork the rank once done, with nobody
+        to stop it): end the forkserver, and what it forked for the start."""
+        server = forkserver_pid()
+        if server is not None:
+            try:
+                os.kill(server, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._end_strays(server)
+
+    def _end_strays(self, server: int | None) -> None:
+        """Once forkserver `server` has ended, kill every process it forked that is not one of
+        ours: a rank forked for a start that never learnt its pid. (Its orphans are this
+        process's children then, as their subreaper; elsewhere none is found.)"""
+        if server is None:
+            return
+        self._await_server_exit(server)
+        known = _STARTED | {p.pid for p in self.processes.values()} | {server}
+        for pid in _children("multiprocessing.forkserver"):
+            if pid not in known:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    @staticmethod
+    def _await_server_exit(pid: int | None) -> None:
+        """Until forkserver `pid` has ended (not reaped: the stdlib does that, then starts a new one)."""
+        if pid is None:
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return
+        try:
+            wait_sentinels([fd], SERVER_EXIT_WAIT)
+        finally:
+            os.close(fd)
 
     def signal(self, ranks, name: str) -> list[int]:
         """Send signal `name` (kill, stop, cont, term) to the running processes of `ranks`; those signalled."""

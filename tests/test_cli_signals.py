@@ -1,0 +1,161 @@
+"""Ctrl-C ends every command with one line on stderr and exit status 130, whatever it is doing:
+loading its modules, solving (CP-SAT's threads), starting workers (the forkserver importing
+torch), training. SIGTERM to `schedc train` takes the same way out and says SIGTERM.
+
+Each test starts the command in a session of its own and signals its whole process group, as a
+terminal's Ctrl-C does, once the command is in the state named (a condition, never a delay)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from live_support import WAIT_S, compiled, wait_until
+
+TESTS = Path(__file__).parent
+SPECS = TESTS.parent / "specs"
+
+
+def _env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1",
+                PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _sigint_default() -> None:
+    """Ctrl-C's default action in the child, even when this test runs as a shell's background
+    job (which starts with SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class Command:
+    """A `schedc` command running in its own session, its output in files (no pipe to fill)."""
+
+    def __init__(self, tmp_path: Path, *args, program=None):
+        self.stdout, self.stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        with self.stdout.open("w") as o, self.stderr.open("w") as e:
+            self.proc = subprocess.Popen([*(program or [sys.executable, "-m", "schedc"]), *map(str, args)],
+                                         stdout=o, stderr=e, env=_env(), start_new_session=True,
+                                         preexec_fn=_sigint_default)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def proc_file(self, name: str) -> str:
+        return _read(f"/proc/{self.proc.pid}/{name}")
+
+    def threads(self) -> int:
+        try:
+            return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+        except OSError:
+            return 0
+
+    def children(self, word: str) -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
+                continue
+            if stat[1] == str(self.proc.pid) and word in cmdline:
+                found.append(int(entry.name))
+        return found
+
+    def signal_when(self, condition, what: str, sig=signal.SIGINT, group: bool = True) -> None:
+        """Send `sig` once `condition()` holds (failing if the command ended first), then wait for the end."""
+        try:
+            wait_until(lambda: condition() or not self.running(), what, poll=0.002, state=self.stderr.read_text)
+            assert self.running(), f"the command ended before {what}: {self.stderr.read_text()}"
+            if group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+            self.proc.wait(timeout=WAIT_S)
+        finally:
+            if self.running():
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def session(self) -> list[int]:
+        """Live processes of the command's session (its forkserver and workers, which write to the
+        same stderr: what they print after the command's end counts too)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            stat = _read(f"{entry}/stat").rsplit(")", 1)[-1].split()
+            if len(stat) > 3 and stat[3] == str(self.proc.pid) and stat[0] != "Z":
+                found.append(int(entry.name))
+        return found
+
+    def assert_one_line(self, line: str = "interrupted") -> None:
+        wait_until(lambda: not self.session(), "every process of the command to end", state=self.session)
+        err = self.stderr.read_text()
+        assert self.proc.returncode == 130, err
+        assert "Traceback" not in err and "terminate called" not in err, err
+        assert err.splitlines() == [line], err
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _console_script() -> Path | None:
+    script = Path(sys.executable).parent / "schedc"
+    return script if script.is_file() else None
+
+
+@pytest.mark.parametrize("how", ["python -m schedc", "console script"])
+def test_ctrl_c_while_the_package_loads(tmp_path, how):
+    """Once pydantic's native module is mapped, the package is still importing (schedc.validate)."""
+    program = None
+    if how == "console script":
+        script = _console_script()
+        if script is None:
+            pytest.skip("no `schedc` console script beside this interpreter")
+        program = [sys.executable, str(script)]
+    cmd = Command(tmp_path, "compile", SPECS / "tight-memory.sched", "-o", tmp_path / "out", program=program)
+    cmd.signal_when(lambda: "pydantic_core" in cmd.proc_file("maps"), "pydantic to be loading")
+    cmd.assert_one_line()
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_during_a_cp_sat_solve_leaves_an_existing_out_unchanged(tmp_path):
+    """CP-SAT's search runs on threads of its own; Ctrl-C once one runs. The threads outlive the
+    stop for a moment: the process must not abort in the C++ runtime on its way out."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kept.txt").write_text("an earlier run's\n")
+    cmd = Command(tmp_path, "compile", SPECS / "tight-memory.sched", "-o", out)
+    cmd.signal_when(lambda: cmd.threads() > 1, "a second thread (the solve)")
+    cmd.assert_one_line()
+    assert [p.name for p in tmp_path.iterdir() if p.name not in ("stdout.txt", "stderr.txt")] == ["out"]
+    assert [p.name for p in out.iterdir()] == ["kept.txt"] and (out / "kept.txt").read_text() == "an earlier run's\n"
+
+
+@pytest.mark.e2e
+def test_ctrl_c_while_the_forkserver_imports_torch(tmp_path):
+    """The terminal's Ctrl-C reaches the whole process group: the forkserver, mid-import, must
+    not print a traceback of its own (it starts with Ctrl-C blocked; the supervisor stops it)."""
+    cmd = Command(tmp_path, "train", compiled(tmp_path), "--iterations", "1000")
+
+    def importing_torch() -> bool:  # torch's native library is mapped: its import has begun
+        return any("libtorch_cpu" in _read(f"/proc/{pid}/maps") for pid in cmd.children("multiprocessing.forkserver"))
+
+    cmd.signal_when(importing_torch, "the forkserver to import torch")
+    cmd.assert_one_line()
+
+
+@pytest.mark.e2e
+def test_ctrl_c_and_sigterm_mid_run(tmp_path):
+    out = compiled(tmp_path)
+    for sig, line, group in ((signal.SIGINT, "interrupted", True), (signal.SIGTERM, "terminated (SIGTERM)", False)):
+        cmd = Command(tmp_path, "train", out, "--iterations", "1000")
+        cmd.signal_when(lambda: "iteration    1" in cmd.stdout.read_text(), "iteration 1's line", sig=sig,
+                        group=group)
+        cmd.assert_one_line(line)
