@@ -124,7 +124,7 @@ class Supervisor(Transitions):
         self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
                                        initial_plan=self.plan, latest_checkpoint=self.checkpoints.latest_own,
                                        out=self.out, costs=Costs.of(self.plan.spec.recovery, horizon_s=options.horizon),
-                                       clock=self._now)
+                                       clock=self._now, iterations=self.iterations)
         self._handlers = {
             WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
             Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
@@ -141,9 +141,10 @@ class Supervisor(Transitions):
             self._setup()
             while self.phase not in (Phase.DONE, Phase.FAILED):
                 self._tick()
-        except KeyboardInterrupt:
-            self._note("interrupted", "interrupted (Ctrl-C): stopping every worker")
-            self._failure = [error("E559", "training was interrupted (Ctrl-C)")]
+        except KeyboardInterrupt as exc:
+            how = "SIGTERM" if getattr(exc, "signal_name", "") == "SIGTERM" else "Ctrl-C"
+            self._note("interrupted", f"interrupted ({how}): stopping every worker")
+            self._failure = [error("E559", f"training was interrupted ({how})")]
             self._teardown("interrupted")
             raise
         except SchedcError as exc:  # e.g. no checkpoint to resume, no plan after a failure

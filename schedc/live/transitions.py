@@ -389,13 +389,13 @@ class Transitions:
 
     def _resume_hint(self) -> str:
         """How to go on from the latest complete checkpoint (what a user types), and where the run's record is."""
+        from schedc.live.recovery import resume_command
+
         found = self.checkpoints.latest_own()
         if found is None:
             return "no complete checkpoint was written (train with --checkpoint-every K to have one to resume)"
-        opts = " --resume" + (f" --checkpoint-dir {self.options.checkpoint_dir}" if self.options.checkpoint_dir
-                              else "")
         return (f"the latest complete checkpoint is `{found.path}` (after {found.iteration} steps): resume with "
-                f"`schedc train {self.out}{opts}`; the --log file holds the run's events")
+                f"`{resume_command(self.out, found, self.iterations)}`; the --log file holds the run's events")
 
     def _retry(self) -> None:
         """Ranks lost a peer but no failure was detected: run the same plan again as a new generation."""
