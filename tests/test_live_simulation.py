@@ -98,6 +98,33 @@ def test_a_pause_of_the_whole_machine_blames_no_rank():
 STAGE_LOST_THEN_A_STOP = [Fault("training", 0.53, "kill", (2, 5, 8)), Fault("recovering", 0.1, "stop", (0,), duration=5.0)]
 
 
+#: Seed 1918 of a 4000-seed campaign: a rank hangs in an op (alive, beating) while a rejoin
+#: switch is under way. The stall rule stood aside because the joiner was not inside an
+#: iteration, and the switch's deadline only counted from the old generation's end, which never
+#: came: silent forever. Fixes: the stall rule judges the ranks inside an iteration whatever the
+#: others do, and a switch's deadline has a backstop from its announcement.
+HANG_DURING_A_REJOIN_SWITCH = [Fault("training", 0.77, "stop", (3,), duration=5.0),
+                               Fault("switching", 0.02, "hang", (4,))]
+
+
+def test_a_rank_hung_during_a_rejoin_switch_is_found_and_the_run_finishes():
+    out = simulate(1918, faults=HANG_DURING_A_REJOIN_SWITCH)
+    assert not out.violations, out.describe()
+    assert out.result == "finished"
+    assert any("rank 4 GPU (dp=1, pp=1) failed: stuck in an op" in e for e in out.events), out.describe()
+
+
+def test_a_switch_that_hangs_unseen_is_bounded_by_its_backstop(monkeypatch):
+    # Without the stall rule, the switch's own backstop still ends the wait (tried again,
+    # restarted) and the run finishes: no single rule stands between a run and silence.
+    from schedc.live.detect import Detector
+
+    monkeypatch.setattr(Detector, "_stalled", lambda self, now: [])
+    out = simulate(1918, faults=HANG_DURING_A_REJOIN_SWITCH)
+    assert not out.violations, out.describe()
+    assert out.result == "finished" and any("did not become ready within" in e for e in out.events)
+
+
 def test_a_failure_while_a_checkpoint_is_restored_restores_it_again():
     out = simulate(214, faults=STAGE_LOST_THEN_A_STOP)
     assert not out.violations, out.describe()

@@ -167,9 +167,11 @@ class Detector:
                 clock[rank] = min(t + gap, now)
 
     def _stalled(self, now: float) -> list[Suspect]:
-        ranks = [r for r in self._since if r not in self._declared]
-        # Only ranks inside an iteration can stall it (an idle rank has finished or waits for a plan).
-        if not ranks or any(r not in self._beat or self._beat[r].state not in ("run", "wait") for r in ranks):
+        # Only ranks inside an iteration can stall it; the others (finished, joining the next
+        # generation, catching up on standby) neither stall it nor excuse a rank that does.
+        ranks = [r for r in self._since if r not in self._declared and r in self._beat
+                 and self._beat[r].state in ("run", "wait")]
+        if not ranks:
             self.stalled_waiting = False
             return []
         latest = max(self._progress_at[r] for r in ranks)

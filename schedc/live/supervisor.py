@@ -115,6 +115,7 @@ class Supervisor(Transitions):
         self._announced_at = 0.0
         self._up_at: float | None = None
         self._old_done_at: float | None = None
+        self._old_due = math.inf  # when a planned switch's old generation should have ended at the latest
         self._wait_noted = False
         self._late = 0
         self._taken_back: set[int] = set()  # ranks declared failed by silence and given a fresh process once

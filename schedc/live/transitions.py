@@ -167,6 +167,9 @@ class Transitions:
         self.switches.append(rec)
         self._switch_rec = rec
         self.phase = Phase.SWITCHING
+        # The old generation should reach the switch within four times its pace, plus the stall
+        # rule's bound; past that, the switch's deadline runs even if nothing was seen to stall.
+        self._old_due = self._now() + (start_at - self.completed) * 4 * self._period() + self.detector.stall_timeout
         self._note("switch", f"switch to generation {self.gen.number} at iteration {start_at} ({kind}): "
                              f"{before / 1e3:.2f} -> {plan.metrics.iteration_time / 1e3:.2f} ms per iteration",
                    switch=kind, start_at=start_at, generation=self.gen.number)
@@ -176,10 +179,13 @@ class Transitions:
         """Iterations between announcing a planned switch and its start: SWITCH_MARGIN, plus what
         a heartbeat's staleness (the furthest rank may be further) spans at the measured pace, so
         that no member is past the start when it reads of the switch (at its next boundary)."""
+        return SWITCH_MARGIN + min(50, math.ceil(self.options.heartbeat_interval / max(self._period(), 1e-3)))
+
+    def _period(self) -> float:
+        """Seconds per iteration lately (the median gap of the last iterations; the plan's before any)."""
         ends = [r.end for r in self.ledger.history[-6:]]
         gaps = [b - a for a, b in zip(ends, ends[1:]) if b > a]
-        period = statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
-        return SWITCH_MARGIN + min(50, math.ceil(self.options.heartbeat_interval / max(period, 1e-3)))
+        return statistics.median(gaps) if gaps else self.plan.metrics.iteration_time / 1e6
 
     # -- recovery -----------------------------------------------------------------------------------
 
@@ -315,8 +321,9 @@ class Transitions:
     def _check_transition(self, now: float) -> None:
         """A generation being started, recovered or switched to must become ready within
         `transition_timeout` seconds, counted from when every member's process is up (start-up
-        itself is the detector's) and, for a planned switch, the old generation has ended (until
-        then it runs, and the stall rule watches it). Escalates when it does not."""
+        itself is the detector's) and, for a planned switch, from when the old generation ended
+        (until then it runs, and the stall rule watches it) or should have (`_old_due`: a
+        backstop, should the old generation hang in a way no rule sees). Escalates when it does not."""
         if self.gen is None or self.phase not in (Phase.STARTING, Phase.RECOVERING, Phase.SWITCHING):
             return
         if self._up_at is None:
@@ -325,9 +332,9 @@ class Transitions:
             self._up_at = now
         begin = self._up_at
         if self.phase == Phase.SWITCHING:
-            if self._old_done_at is None:
+            begin = max(begin, self._old_done_at if self._old_done_at is not None else self._old_due)
+            if now < begin:
                 return
-            begin = max(begin, self._old_done_at)
         bound = self.options.transition_timeout
         late = sorted(set(self.gen.members) - set(self._ready) - self.dead)
         if not self._wait_noted and now - begin > bound / 2:
