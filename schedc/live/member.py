@@ -485,11 +485,16 @@ class LiveWorker:
     # -- OpObserver: called by the runtime around every op --------------------------------------
 
     def op_ready(self, kind: str, d: int, mb: int | None) -> None:
-        if kind == "O":
-            self.snapshot.take(self.rt.steps_done)
         if self.trigger:
             self._fire(self.trigger.at_op(self.iteration, "during", kind, mb))
         self._op_started = time.perf_counter()
+
+    def step_starts(self, steps_done: int) -> None:
+        """The copy that a rollback restores is taken here, after the stage's all-reduce and just
+        before the step: an all-reduce that a failure interrupts (it may complete on some members
+        and not on others, and a member may run on into the next iteration's) never replaces the
+        copy from before the step this rank did apply."""
+        self.snapshot.take(steps_done)
 
     def op_done(self, kind: str, d: int, mb: int | None, us: int) -> None:
         if kind != "O":  # O includes its all-reduce: waiting for peers is not this GPU's speed

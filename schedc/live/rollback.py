@@ -17,9 +17,13 @@ iteration r+1 (its step r+1 needs its stage's all-reduce with all its live
 peers) before every stage has stepped r. Hence steps applied differ by at
 most one across survivors (checked: `RollbackError` otherwise).
 
-How the state before a step is kept: **a copy** (`StepSnapshot`), taken as
-the optimizer op starts, of the stage's weights and optimizer state, in
-preallocated buffers. Restoring it is exact, whatever the optimizer. The
+How the state before a step is kept: **a copy** (`StepSnapshot`), taken
+once the stage's gradient all-reduce is done, just before the optimizer
+step changes anything, of the stage's weights and optimizer state, in
+preallocated buffers. (Not earlier: an all-reduce interrupted by a failure
+may complete on some members and not on others, and a member whose copy
+was already replaced for a step it never applied could not go back to the
+step it did apply.) Restoring it is exact, whatever the optimizer. The
 alternative, undoing the update from the kept gradient as SWIFT does (no
 copy), was rejected: survivors of one stage can disagree (an all-reduce
 that a dying peer interrupts may complete on some members and not on
@@ -131,8 +135,8 @@ def roll_back(steps_done: int, target: int, snapshot: StepSnapshot) -> bool:
     if steps_done == target:
         return False
     if steps_done != target + 1 or snapshot.steps != target:
-        raise RollbackError([error("E552", f"cannot roll back from {steps_done} steps to {target}: the kept copy "
-                                           f"is from before step {snapshot.steps}",
+        kept = "no copy is kept" if snapshot.steps is None else f"the kept copy holds {snapshot.steps} steps"
+        raise RollbackError([error("E552", f"cannot roll back from {steps_done} steps to {target}: {kept}",
                                    hint="this is a bug in schedc's live runtime; please report it")])
     snapshot.restore()
     return True

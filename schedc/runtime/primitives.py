@@ -66,6 +66,10 @@ class OpObserver(Protocol):
     def op_done(self, kind: str, d: int, mb: int | None, us: int) -> None:
         """`us`: the op's planned duration (the schedule's, at the GPU's planned speed)."""
 
+    def step_starts(self, steps_done: int) -> None:
+        """The optimizer step is about to change the weights (its all-reduce is done): nothing
+        can interrupt it any more. `steps_done`: the steps applied before it."""
+
 
 @dataclass
 class Runtime:
@@ -246,6 +250,8 @@ class Runtime:
         if self.emulate:
             self.transport.all_reduce_stage(self.stage, torch.zeros(1))
             self.run_emulated(us, time.perf_counter())
+            if self.observer is not None:
+                self.observer.step_starts(self.steps_done)
             self.steps_done += 1
         else:
             started = time.perf_counter()
@@ -262,6 +268,8 @@ class Runtime:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
         self.transport.all_reduce_stage(self.stage, flat)
+        if self.observer is not None:
+            self.observer.step_starts(self.steps_done)
         if self.keep_step_grad:
             self.last_step_grad = flat  # a fresh tensor every step: nothing writes to it afterwards
         self.apply_step(flat)
