@@ -1,6 +1,7 @@
 """Chaos runs of `schedc train` with real processes (Jepsen-style), not run in CI.
 
     python bench/chaos.py --runs N --seed S [--load 0|2] [--out DIR] [--iterations I]
+                          [--targets worker,forkserver,tracker]
 
 Run k of a campaign has seed S + k, and everything it does to the run comes from that seed
 (`plan_faults`): `--runs 1 --seed S+k` replays it (the same faults at the same moments of the
@@ -128,11 +129,14 @@ class Fault:
         return f"{what} to {who} {when} +{self.delay:.3f} s"
 
 
-def _target(rng: random.Random, ranks: int) -> dict:
+TARGETS = ("worker", "forkserver", "tracker")
+
+
+def _target(rng: random.Random, ranks: int, targets: tuple[str, ...]) -> dict:
     x = rng.random()
-    if x < 0.14:
+    if x < 0.14 and "forkserver" in targets:
         return {"target": "forkserver"}
-    if x < 0.24:
+    if 0.14 <= x < 0.24 and "tracker" in targets:
         return {"target": "tracker"}
     count = 2 if rng.random() < 0.25 else 1
     return {"target": "worker", "ranks": tuple(sorted(rng.sample(range(ranks), count)))}
@@ -146,25 +150,27 @@ def _action(rng: random.Random) -> dict:
     return {"action": "stop", "cont_after": round(rng.uniform(0.3, 6.0), 3)}
 
 
-def plan_faults(seed: int, iterations: int, ranks: int = RANKS) -> tuple[Fault, ...]:
-    """The faults of the run with this seed: the same seed always gives the same faults."""
+def plan_faults(seed: int, iterations: int, ranks: int = RANKS, targets: tuple[str, ...] = TARGETS
+                ) -> tuple[Fault, ...]:
+    """The faults of the run with this seed: the same seed (and `targets`, the kinds of target
+    allowed; a worker stands in for the others) always gives the same faults."""
     rng = random.Random(seed)
     faults: list[Fault] = []
     if rng.random() < 0.1:
-        faults.append(Fault(trigger="startup", delay=round(rng.uniform(0.2, 4.0), 3), **_target(rng, ranks),
+        faults.append(Fault(trigger="startup", delay=round(rng.uniform(0.2, 4.0), 3), **_target(rng, ranks, targets),
                             **_action(rng)))
     last = max(1, iterations - 12)
     for _ in range(rng.choice((1, 1, 2, 2, 3))):
         faults.append(Fault(trigger="iteration", at=rng.randint(2, last), delay=round(rng.uniform(0.0, 0.15), 3),
-                            **_target(rng, ranks), **_action(rng)))
+                            **_target(rng, ranks, targets), **_action(rng)))
     for i in range(len(faults)):
         if rng.random() < 0.5:  # a second fault inside the recovery (or switch) that the first starts
             marker = rng.choice(("any", "failure", "replan", "reconfigured", "restarting"))
             faults.append(Fault(trigger="after", at=i, marker=marker, delay=round(rng.uniform(0.0, 0.3), 3),
-                                **_target(rng, ranks), **_action(rng)))
+                                **_target(rng, ranks, targets), **_action(rng)))
     if rng.random() < 0.3:  # inside a fail-slow switch, if the run makes one
         faults.append(Fault(trigger="phase", marker="switch", delay=round(rng.uniform(0.0, 0.5), 3),
-                            **_target(rng, ranks), **_action(rng)))
+                            **_target(rng, ranks, targets), **_action(rng)))
     return tuple(faults)
 
 
@@ -301,9 +307,10 @@ class Run:
     """One run of `schedc train` with the faults of its seed (see the module docstring)."""
 
     def __init__(self, seed: int, faults: tuple[Fault, ...], plan: Path, rundir: Path, iterations: int,
-                 silence: float, bound: float, say):
+                 silence: float, bound: float, say, replay: str):
         self.seed, self.faults, self.plan, self.dir = seed, faults, plan, rundir
         self.iterations, self.silence, self.bound, self.say = iterations, silence, bound, say
+        self.replay = replay
         self.fired: list[dict] = []
         self.fired_at: dict[int, float] = {}
         self.due: dict[int, float] = {}  # fault index -> when it fires
@@ -321,7 +328,7 @@ class Run:
         env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEDC_DEBUG="1", PYTHONUNBUFFERED="1",
                    OMP_NUM_THREADS="1")
         (self.dir / "command.txt").write_text(
-            f"replay: python bench/chaos.py --runs 1 --seed {self.seed} --iterations {self.iterations}\n"
+            f"replay: {self.replay}\n"
             f"train:  PYTHONPATH={ROOT} SCHEDC_DEBUG=1 OMP_NUM_THREADS=1 {' '.join(cmd)}\n")
         (self.dir / "faults.json").write_text(json.dumps([asdict(f) | {"text": f.describe()} for f in self.faults],
                                                         indent=1))
@@ -595,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--silence", type=float, default=120.0, help="seconds without a line: hung")
     ap.add_argument("--bound", type=float, default=420.0, help="seconds in all: hung")
     ap.add_argument("--no-faults", action="store_true", help="runs without faults (the exactness baseline)")
+    ap.add_argument("--targets", default=",".join(TARGETS),
+                    help="kinds of target to signal, comma-separated (default: all); a worker stands in for the others")
     ap.add_argument("--keep-all", action="store_true", help="keep every run's directory, not only bad ones")
     args = ap.parse_args(argv)
 
@@ -602,6 +611,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    targets = tuple(t for t in args.targets.split(",") if t)
+    if "worker" not in targets or not set(targets) <= set(TARGETS):
+        ap.error(f"--targets: a comma-separated subset of {','.join(TARGETS)} that includes worker")
     plan = compile_plan(out)
     ref = reference(plan, args.iterations)
     print(f"plan {plan} (3 x 3 MLP, Adam), {args.iterations} iterations; tolerance {TOLERANCE:g}; "
@@ -612,16 +624,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in range(args.runs):
             seed = args.seed + k
-            faults = () if args.no_faults else plan_faults(seed, args.iterations)
+            faults = () if args.no_faults else plan_faults(seed, args.iterations, targets=targets)
             rundir = out / f"run-{seed}"
             if rundir.exists():
                 shutil.rmtree(rundir)
-            print(f"run seed {seed}: python bench/chaos.py --runs 1 --seed {seed} --iterations {args.iterations}"
-                  f"{' --load 2' if args.load else ''}", flush=True)
+            replay = (f"python bench/chaos.py --runs 1 --seed {seed} --iterations {args.iterations}"
+                      + (f" --load {args.load}" if args.load else "")
+                      + (f" --targets {','.join(targets)}" if targets != TARGETS else ""))
+            print(f"run seed {seed}: {replay}", flush=True)
             for i, f in enumerate(faults):
                 print(f"    fault {i}: {f.describe()}", flush=True)
             run = Run(seed, faults, plan, rundir, args.iterations, args.silence, args.bound,
-                      lambda s: print(s, flush=True))
+                      lambda s: print(s, flush=True), replay)
             t = time.monotonic()
             rc, hung, leaked = run.go()
             wall = time.monotonic() - t

@@ -93,3 +93,9 @@ def test_worker_ranks_follow_the_start_order_and_the_replacement_lines():
     ranks.line("[ 9.0 s] restarting every process from iter-000040 with the failed GPU(s) replaced", RANKS)
     ranks.born(list(range(200, 209)), now=9.0)
     assert [ranks.of[p] for p in range(200, 209)] == list(range(RANKS))
+
+
+def test_targets_can_be_restricted_without_changing_the_default_plans():
+    assert plan_faults(11, 100) == plan_faults(11, 100, targets=("worker", "forkserver", "tracker"))
+    for seed in range(200):
+        assert {f.target for f in plan_faults(seed, 100, targets=("worker", "tracker"))} <= {"worker", "tracker"}
