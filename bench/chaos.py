@@ -53,6 +53,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -597,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0, help="run k has seed SEED + k")
     ap.add_argument("--load", type=int, default=0, choices=(0, 2), help="busy loops loading the CPU meanwhile")
-    ap.add_argument("--out", type=Path, default=Path("chaos-out"))
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "schedc-chaos",
+                    help="where the plan, the bad runs and summary.json go (default: TMPDIR/schedc-chaos)")
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--silence", type=float, default=120.0, help="seconds without a line: hung")
     ap.add_argument("--bound", type=float, default=420.0, help="seconds in all: hung")
