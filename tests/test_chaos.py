@@ -1,0 +1,101 @@
+"""bench/chaos.py's pure parts: the seeded choice of faults, how a run's outcome is classified,
+which declared failures count as healthy GPUs excluded, and how worker pids get their ranks."""
+
+from __future__ import annotations
+
+from bench.chaos import (OUTCOMES, RANKS, TOLERANCE, Fault, Ranks, classify, declared, healthy_excluded,
+                         plan_faults)
+
+
+def test_faults_are_a_function_of_the_seed():
+    assert plan_faults(7, 100) == plan_faults(7, 100)
+    plans = [plan_faults(seed, 100) for seed in range(200)]
+    assert len({p for p in plans}) > 150  # seeds give different runs
+    kinds = {(f.target, f.action, f.trigger) for p in plans for f in p}
+    # Over a few hundred seeds every target, action and trigger comes up.
+    assert {t for t, _, _ in kinds} == {"worker", "forkserver", "tracker"}
+    assert {a for _, a, _ in kinds} == {"kill", "stop"}
+    assert {g for _, _, g in kinds} == {"iteration", "startup", "after", "phase"}
+
+
+def test_faults_are_well_formed():
+    for seed in range(300):
+        faults = plan_faults(seed, 60)
+        assert any(f.trigger == "iteration" for f in faults)
+        for i, f in enumerate(faults):
+            assert isinstance(f, Fault)
+            if f.trigger == "iteration":
+                assert 2 <= f.at <= 60 - 12
+            if f.trigger == "after":  # follows an earlier fault
+                assert 0 <= f.at < i and faults[f.at].trigger != "after"
+            if f.target == "worker":
+                assert 1 <= len(f.ranks) <= 2 and all(0 <= r < RANKS for r in f.ranks)
+            else:
+                assert f.ranks == ()
+            assert (f.cont_after is not None) == (f.action == "stop")
+            assert f.describe()
+
+
+def test_classify():
+    done = "iteration   99  loss 1.0\n100 iterations in 12 s\n"
+    assert classify(0, done, False, 0.0) == "finished exact"
+    assert classify(0, done, False, TOLERANCE / 2) == "finished exact"
+    assert classify(0, done, False, TOLERANCE * 2) == "finished inexact"
+    assert classify(0, done, False, None) == "finished inexact"  # no weights: not shown exact
+    e553 = "error[E553]: a stage lost every GPU\n  = hint: resume\n"
+    assert classify(1, e553, False, None) == "diagnostic"
+    assert classify(1, "something died\n", False, None) == "crashed"  # nonzero, no diagnostic
+    assert classify(-9, "", False, None) == "crashed"
+    assert classify(2, "error[E000]: internal error in schedc: KeyError: 3\n", False, None) == "crashed"
+    trace = "Traceback (most recent call last):\n  File \"x.py\"\nValueError: no\n"
+    assert classify(0, done + trace, False, 0.0) == "crashed"  # a traceback even in a finished run
+    assert classify(1, e553 + trace, False, None) == "crashed"
+    assert classify(None, done, True, None) == "hung"  # hung wins over everything
+    assert {classify(*a) for a in [(0, done, False, 0.0), (0, done, False, 1.0), (1, e553, False, None),
+                                   (None, "", True, None), (2, "", False, None)]} == set(OUTCOMES)
+
+
+def test_healthy_excluded_from_the_log():
+    log = {"events": [
+        {"kind": "failure", "rank": 2, "cause": "killed by SIGKILL"},
+        {"kind": "failure", "rank": 5, "cause": "exited with status 255"},
+        {"kind": "slow", "rank": 7, "speed": 0.8},  # reported slow, not taken out of work
+        {"kind": "decision", "decision": {"rank": 4, "verdict": "switch", "action": "exclude"}},
+        {"kind": "decision", "decision": {"rank": 6, "verdict": "switch", "action": "rebalance"}},
+        {"kind": "decision", "decision": {"rank": 8, "verdict": "wait", "action": "exclude"}},
+    ]}
+    assert declared(log, "") == {2: ["killed by SIGKILL"], 5: ["exited with status 255"], 4: ["excluded as slow"]}
+    assert healthy_excluded(log, "", {2}) == {5: ["exited with status 255"], 4: ["excluded as slow"]}
+    assert healthy_excluded(log, "", {2, 4, 5}) == {}
+
+
+def test_healthy_excluded_from_the_output_without_a_log():
+    out = ("[   3.1 s] rank 1 GPU (dp=0, pp=1) failed: killed by SIGKILL\n"
+           "[   6.2 s] rank 3 GPU (dp=1, pp=0) failed: no heartbeat for 3.0 s\n"
+           "iteration    4  loss 1.0\n")
+    assert healthy_excluded(None, out, {1}) == {3: ["no heartbeat for 3.0 s"]}
+
+
+def test_worker_ranks_follow_the_start_order_and_the_replacement_lines():
+    ranks = Ranks(pending=list(range(RANKS)))
+    ranks.born([120, 101, 105, 102, 103, 104, 106, 107, 108], now=1.0)  # seen in any order: pid order
+    assert ranks.of == {101: 0, 102: 1, 103: 2, 104: 3, 105: 4, 106: 5, 107: 6, 108: 7, 120: 8}
+    assert ranks.first_birth == 1.0
+    # A replacement seen before its line waits for it.
+    ranks.born([130, 131], now=5.0)
+    assert 130 not in ranks.of
+    ranks.line("[ 5.0 s] stage(s) [1] lost every GPU: restoring iter-000020 with replacement process(es) for "
+               "rank(s) [4, 7] (restart 1 of 3)", RANKS)
+    assert ranks.of[130] == 4 and ranks.of[131] == 7
+    alive = {101, 105, 130}
+    assert ranks.pid_of(4, alive) == 130  # the newest process of the rank
+    assert ranks.pid_of(7, alive) is None  # its process is gone
+    ranks.line("[ 9.0 s] restarting every process from iter-000040 with the failed GPU(s) replaced", RANKS)
+    ranks.born(list(range(200, 209)), now=9.0)
+    assert [ranks.of[p] for p in range(200, 209)] == list(range(RANKS))
+
+
+def test_targets_can_be_restricted_without_changing_the_default_plans():
+    assert plan_faults(11, 100) == plan_faults(11, 100, targets=("worker", "forkserver", "tracker"))
+    for seed in range(200):
+        assert {f.target for f in plan_faults(seed, 100, targets=("worker", "tracker"))} <= {"worker", "tracker"}
