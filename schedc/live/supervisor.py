@@ -50,6 +50,9 @@ from schedc.live.transitions import TICK, Transitions
 from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
 
+#: A worker's error codes that say schedc's live runtime broke one of its own rules (a bug to
+#: report, whose hint says so), reported as they are rather than as an error of the user's code.
+SCHEDC_BUGS = frozenset({"E552"})
 #: Seconds to wait for the error report of a worker that exited with EXIT_ERROR.
 ERROR_REPORT_WAIT = 1.0
 #: Seconds the workers get to exit by themselves once the run is over.
@@ -274,6 +277,9 @@ class Supervisor(Transitions):
     def _on_error(self, msg: WorkerError, now: float) -> None:
         self._error_exits.pop(msg.rank, None)
         diags = [error(d.get("code", "E590"), d["message"], hint=d.get("hint", "")) for d in msg.diagnostics]
+        if diags and diags[0].code in SCHEDC_BUGS:  # schedc's own rule broken, not the user's code
+            self._fail(diags)
+            return
         self._fail([error("E551", f"rank {msg.rank} stopped on an error of its own, not a hardware "
                                   "failure: the run cannot route around it", hint="see the error below")] + diags)
 

@@ -332,7 +332,7 @@ def _judge(outcome: Outcome, sup, world: SimWorld, ckpt: Path) -> None:
         outcome.result = "stopped"
         d = sup._failure[0]
         outcome.code, outcome.hint = d.code, d.hint
-        if d.code in ("E551", "E552", "E590") or "yet iterations" in d.message:
+        if d.code in ("E551", "E552", "E590") or "yet iterations" in d.message:  # (E551: the sim has no user code)
             v.append(f"stopped with a diagnostic that reports a bug: {d.code} {d.message}")
     else:
         outcome.result = "hung"
