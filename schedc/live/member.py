@@ -169,7 +169,9 @@ class LiveWorker:
         self.state = "join"
         manifest = Manifest.from_json(gen.manifest)
         if self.rt is None:
+            self.state = "build"  # (building the model: the supervisor does not count it as reconfiguring)
             self._build(manifest)
+            self.state = "join"
         self.trigger = Trigger([Injection.from_json(j) for j in gen.injections if self.rank in j["ranks"]])
         transport = None
         try:
@@ -244,7 +246,9 @@ class LiveWorker:
         self.generation = gen.number
         self.state = "standby"
         if self.rt is None:
+            self.state = "build"
             self._build(Manifest.from_json(gen.manifest))
+            self.state = "standby"
         self.trigger = Trigger([Injection.from_json(j) for j in gen.injections if self.rank in j["ranks"]])
         reported = None
         if self.config.probe:

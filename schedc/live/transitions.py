@@ -320,14 +320,19 @@ class Transitions:
 
     def _check_transition(self, now: float) -> None:
         """A generation being started, recovered or switched to must become ready within
-        `transition_timeout` seconds, counted from when every member's process is up (start-up
-        itself is the detector's) and, for a planned switch, from when the old generation ended
+        `transition_timeout` seconds, counted from when every member's process is up and has built
+        its model (start-up itself is the detector's) and, for a planned switch, from when the old generation ended
         (until then it runs, and the stall rule watches it) or should have (`_old_due`: a
         backstop, should the old generation hang in a way no rule sees). Escalates when it does not."""
         if self.gen is None or self.phase not in (Phase.STARTING, Phase.RECOVERING, Phase.SWITCHING):
             return
         if self._up_at is None:
-            if any(self.detector.last_beat(r) is None for r in self.gen.members if r not in self.dead):
+            beats = [self.detector.last_beat(r) for r in self.gen.members if r not in self.dead]
+            if any(b is None for b in beats):
+                return
+            # A model being built is not a transition stuck; a build longer than the start-up
+            # limit counts as one (the clock starts anyway).
+            if any(b.state == "build" for b in beats) and now - self._announced_at < self.options.startup_timeout:
                 return
             self._up_at = now
         begin = self._up_at
