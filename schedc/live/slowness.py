@@ -30,6 +30,36 @@ from schedc.spec import Failure
 
 #: Probes in a row that must say "healthy" before an excluded GPU is priced back in.
 HEALTHY_PROBES = 5
+#: An iteration's speeds are judged when the report of an iteration this much later arrives (or
+#: when the iteration completes): by then every member's report of it is in.
+ROUND_LAG = 2
+#: Iterations over which the host's speed (for judging probes) is taken (their median).
+HOST_ROUNDS = 10
+
+
+class Levels:
+    """A rank's two signals of speed made one: its compute speed against its peers' and its
+    heartbeat rate against theirs, each against its own healthy level (the median of its first
+    `SpeedTracker.warmup` values: stages differ in how their measured compute compares with the
+    plan's cost, and in how often their heartbeat thread gets the CPU). The tracker's input is
+    the compute signal, or the beat signal on the same scale where that says slower."""
+
+    def __init__(self) -> None:
+        self.compute: list[float] = []
+        self.beats: list[float] = []
+
+    def value(self, compute: float, beats: float | None) -> float:
+        warm = SpeedTracker.warmup
+        if len(self.compute) < warm:
+            self.compute.append(compute)
+        if beats is None:
+            return compute
+        if len(self.beats) < warm:
+            self.beats.append(beats)
+            return compute
+        if len(self.compute) < warm:
+            return compute
+        return min(compute, statistics.median(self.compute) + beats - statistics.median(self.beats))
 
 
 def retimed_period(plan, speeds: dict[int, float]) -> int:
@@ -66,31 +96,95 @@ class Slowness:
         self.ladder = Ladder(cost_s=max(0.1, period))
         self._pending: list[tuple[int, object, int]] = []  # shifts seen while not running
         self._quiet_until: dict[int, int] = {}  # rank -> iteration before which its probes are not priced
+        self._rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log speed, waiting for its peers'
+        self._levels: dict[int, Levels] = {}  # rank -> its healthy level on each signal
+        self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
+        self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
+        self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
 
     # -- measuring -----------------------------------------------------------------------------
 
     def observe(self, rep: IterationDone, plan_speed: float) -> None:
-        """One rank's iteration report (a member of the current generation)."""
+        """One rank's iteration report (a member of the current generation). Judged once its
+        peers' reports of the same iteration are in (at the iteration's `tick`, or two
+        iterations later), against theirs."""
         speed = measured_speed(rep, plan_speed)
         if speed is None:
             return
-        rank, it = rep.rank, rep.it
-        tracker = self.trackers.setdefault(rank, SpeedTracker())
-        shift = tracker.update(math.log(speed), it)
-        if shift is not None:
-            if self.ctl.phase == Phase.RUNNING:
-                self._shift(rank, shift.speed, shift.since, it)
+        self._rounds.setdefault(rep.it, {})[rep.rank] = math.log(speed)
+        self._judge_rounds(rep.it - ROUND_LAG)
+
+    def beat_rates(self, rates: dict[int, float]) -> None:
+        """The members' heartbeat rates now (beats per second, `Detector.beat_rates`)."""
+        self._rates = rates
+
+    def _judge_rounds(self, upto: int) -> None:
+        for it in sorted(k for k in self._rounds if k <= upto):
+            self._judge(it, self._rounds.pop(it))
+
+    def _judge(self, it: int, logs: dict[int, float]) -> None:
+        """One iteration's log speeds, each judged against the median of its peers' (a host
+        slowed for everyone is no one GPU's slowness), and against the rank's beat rate."""
+        self._note_host(logs)
+        avail = self._availability()
+        for rank, y in sorted(logs.items()):
+            others = [v for r, v in logs.items() if r != rank]
+            rel = y - statistics.median(others) if others else y
+            level = self._levels.setdefault(rank, Levels())
+            x = level.value(rel, avail.get(rank))
+            tracker = self.trackers.setdefault(rank, SpeedTracker())
+            shift = tracker.update(x, it)
+            if shift is not None:
+                if self.ctl.phase == Phase.RUNNING:
+                    self._shift(rank, shift.speed, shift.since, it)
+                else:
+                    self._pending.append((rank, shift, it))
+
+    def _availability(self) -> dict[int, float]:
+        """Log of each member's heartbeat rate against the median of the other members': a
+        process the OS runs half as much as its peers (stopped now and then, starved) beats
+        about half as often, whether or not the stops fall inside its timed ops."""
+        members = set(self.ctl.members)
+        rates = {r: v for r, v in self._rates.items() if r in members and v > 0}
+        if len(rates) < 3:  # two ranks cannot say which one is slow
+            return {}
+        out = {}
+        for r, v in rates.items():
+            mid = statistics.median(x for q, x in rates.items() if q != r)
+            out[r] = math.log(v / mid)
+        return out
+
+    def _note_host(self, logs: dict[int, float]) -> None:
+        """How fast the host runs now against its start: the median over the members of their
+        log speed against their own first iterations (for judging probes, below)."""
+        devs = []
+        for rank, y in logs.items():
+            first = self._first.setdefault(rank, [])
+            if len(first) < SpeedTracker.warmup:
+                first.append(y)
             else:
-                self._pending.append((rank, shift, it))
+                devs.append(y - statistics.median(first))
+        if devs:
+            self._host.append(statistics.median(devs))
+            del self._host[:-HOST_ROUNDS]
+
+    def host_speed(self) -> float:
+        """The host's speed now against the run's first iterations (at most 1): what a probe of a
+        healthy GPU on this host shows now."""
+        if not self._host:
+            return 1.0
+        return min(1.0, math.exp(statistics.median(self._host)))
 
     def probe(self, rep: Probe) -> None:
         """A probe of a GPU's speed: an excluded one on standby, or a member its plan gives no
-        compute (all its work moved to its peers), whose iterations time nothing."""
+        compute (all its work moved to its peers), whose iterations time nothing. Judged
+        against the host's speed now: a probe on a host that every rank finds slower is no
+        sign of a slow GPU."""
         ctl, rank = self.ctl, rep.rank
         if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
-        seen.append(rep.speed)
+        seen.append(min(1.0, rep.speed / self.host_speed()))
         del seen[:-HEALTHY_PROBES]
         if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
             return
@@ -108,6 +202,7 @@ class Slowness:
 
     def tick(self, iteration: int) -> None:
         """An iteration was completed (the run is `running`)."""
+        self._judge_rounds(iteration)
         for rank, shift, it in self._pending:
             self._shift(rank, shift.speed, shift.since, it)
         self._pending.clear()
@@ -226,6 +321,7 @@ class Slowness:
     def joined(self, rank: int) -> None:
         """A GPU (re)joined: its speed is learned afresh."""
         self.trackers.pop(rank, None)
+        self._levels.pop(rank, None)
         self.probes.pop(rank, None)
         self.excluded.discard(rank)
         self.ladder.cancel(rank)

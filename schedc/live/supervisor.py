@@ -210,6 +210,7 @@ class Supervisor(Transitions):
             self._last_beats = now
             for rank, text in self.job.heartbeats(self.detector.watching()).items():
                 self.detector.beat(rank, text, now)
+            self.slowness.beat_rates(self.detector.beat_rates(now))
             for s in self.detector.check(now, running=self.phase in (Phase.RUNNING, Phase.SWITCHING)):
                 self._suspect(s)
             if self.detector.nobody_started:
