@@ -17,7 +17,7 @@ tensors, not --emulate) is trained on a host that other processes load:
     flock /tmp/schedc-heavy.lock python bench/live_false_alarms.py [--iterations 500] [--loops 2 4]
         [--throttle-loops 2] [-o DIR]
 
-Prints one line per run and writes DIR/false_alarms.json.
+Prints one line per run and writes DIR/false_alarms.json (and each run's log, DIR/<case>.json).
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
         doc, _ = train_run(out, iterations)
     finally:
         end(procs)
+    (out.parent / f"fault-free-{loops}.json").write_text(json.dumps(doc))
     a = alarms(doc)
     row = {"case": f"fault-free, {loops} busy loops", "loops": loops, "iterations": iterations,
            "done": len(doc["iterations"]), "wall_s": round(doc["bench_wall_s"], 1), "error": doc["bench_error"],
@@ -145,6 +146,7 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
         doc, _ = train_run(out, iterations, throttle)
     finally:
         end(procs)
+    (out.parent / f"throttle-{loops}.json").write_text(json.dumps(doc))
     found = [e for e in doc["events"] if e["kind"] == "slow" and e.get("rank") == THROTTLED
              and e.get("speed", 1.0) < 0.88 and e["t"] >= marks.get("start_t", 0)]
     first = found[0] if found else None
