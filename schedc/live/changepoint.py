@@ -4,8 +4,10 @@ Every iteration each rank reports the time its compute ops took (measured
 from the moment their inputs arrived, so waiting for a slow peer or a slow
 link is not counted) and the time the plan gave them. The supervisor turns
 that into one number per rank and iteration, the log of the GPU's speed
-relative to the plan's cost model, y = log(planned x planned speed /
-measured), and feeds it to a `SpeedTracker`.
+relative to the plan's cost model, log(planned x planned speed /
+measured), taken against its peers' in the same iteration (and its
+heartbeat rate against theirs: `schedc.live.slowness`), y, and feeds it
+to a `SpeedTracker`.
 
 The tracker runs Bayesian online change-point detection (Adams & MacKay
 2007, as FALCON does) over y: a posterior over the *run length* (iterations

@@ -4,15 +4,23 @@
   compute ops (F, B, W: from the moment their inputs are there to the moment
   their sends are posted, so waiting for a slow peer or a slow link is not
   counted) and their planned time. The GPU's log speed is then
-  y = log(planned x the plan's speed for it / measured).
+  log(planned x the plan's speed for it / measured).
+* **Against the peers**: a host slowed for everyone is no one GPU's
+  slowness. Once every member's report of an iteration is in, a rank's log
+  speed is taken against the median of the other members' in the same
+  iteration; and its heartbeat rate against theirs (`Detector.beat_rates`:
+  a process the OS runs half as much beats half as often, even when its
+  timed ops look healthy). Each signal against the rank's own level over its
+  first iterations (`Levels`); the lower of the two is the tracker's input.
 * **Detect**: one `SpeedTracker` per GPU (`schedc.live.changepoint`).
 * **Price and decide**: on a change, the options (keep, rebalance, exclude,
   restore) are priced with the planner and the simulator and handed to the
   `Ladder` (`schedc.live.mitigate`), whose ski-rental rule says when to
   switch; the switch itself is a planned generation change at an iteration
   boundary (`Controller.switch`).
-* **Excluded GPUs** stay up on standby and probe their own speed; once five
-  probes in a row say healthy, the ladder prices taking them back, and a
+* **Excluded GPUs** stay up on standby and probe their own speed, judged
+  against the host's speed now (`host_speed`); once five probes in a row say
+  healthy, the ladder prices taking them back, and a
   rejoin (`schedc.live.rejoin`: catch-up, then a switch) does it.
 """
 
