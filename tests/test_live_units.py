@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedc
@@ -183,6 +183,7 @@ def test_time_the_supervisor_did_not_look_is_not_held_against_the_workers():
     assert rank == 1 and 9.0 < at <= 9.0 + 3 * POLL and "no heartbeat for 3." in s.cause
 
 
+@settings(max_examples=25, deadline=None)
 @given(st.floats(0.0, 2.5), st.integers(0, 2**32 - 1))
 def test_beats_with_jitter_under_the_floor_are_never_suspected(jitter, seed):
     import random
@@ -234,6 +235,16 @@ def test_a_pause_of_every_rank_is_blamed_on_none():
     d = _watched([0, 1, 2, 3])
     gaps = {r: iter([POLL] * 100 + [5.0 + 0.1 * r] + [POLL] * 300) for r in range(4)}
     assert _run(d, gaps, until=30.0) == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.0, 25.0), st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4), st.integers(2, 6))
+def test_pauses_of_every_rank_together_are_never_blamed(pause, late, ranks):
+    # Every rank silent for `pause` s together, each back up to 1 s after the others; 5 s of beats
+    # after the last is back (past the floor): nobody is declared.
+    d = _watched(range(ranks))
+    gaps = {r: iter([POLL] * 60 + [pause + late[r % 4]] + [POLL] * 140) for r in range(ranks)}
+    assert _run(d, gaps, until=3.0 + pause + 6.0, running=False) == []
 
 
 def test_a_rank_that_stops_during_a_shared_pause_is_found_after_it():

@@ -64,9 +64,8 @@ class Levels:
             return compute
         if len(self.beats) < warm:
             self.beats.append(beats)
-            return compute
-        if len(self.compute) < warm:
-            return compute
+        # (while the levels are learned, against the values so far: the tracker's own warm-up then
+        # sees the noise of what it will be fed)
         return min(compute, statistics.median(self.compute) + beats - statistics.median(self.beats))
 
 
