@@ -628,3 +628,14 @@ def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(t
     done = asm.stage_written(1, 4, 1, {"generation": 1})
     assert done is not None and done.path.name == "iter-000004" and done.iteration == 4
     assert asm.paths == [str(done.path)] and asm.latest_own() == done
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_phi_must_be_a_positive_number(value):
+    from schedc.diagnostics import RunError
+    from schedc.live.options import TrainOptions
+
+    with pytest.raises(RunError) as exc:
+        TrainOptions(phi=value).check()
+    assert exc.value.codes == ["E555"] and "phi must be a positive number" in exc.value.diagnostics[0].message
+    TrainOptions(phi=12.0).check()
