@@ -81,6 +81,15 @@ def train_run(out: Path, iterations: int, during=None) -> tuple[dict, Supervisor
     th = threading.Thread(target=during, args=(sup, stop), daemon=True) if during else None
     if th:
         th.start()
+    rates: list = []  # (seconds, iterations completed, rank -> heartbeats per second), for a look afterwards
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            now = sup._now()
+            rates.append((round(now, 2), sup.completed,
+                          {r: round(v, 1) for r, v in dict(sup.detector.beat_rates(now)).items()}))
+
+    threading.Thread(target=sample, daemon=True).start()
     t = time.time()
     error = None
     try:
@@ -94,6 +103,7 @@ def train_run(out: Path, iterations: int, during=None) -> tuple[dict, Supervisor
     doc = sup.result().to_json()
     doc["bench_wall_s"] = time.time() - t
     doc["bench_error"] = error
+    doc["bench_beat_rates"] = rates
     return doc, sup
 
 
