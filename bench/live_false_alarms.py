@@ -86,8 +86,11 @@ def train_run(out: Path, iterations: int, during=None) -> tuple[dict, Supervisor
     def sample() -> None:
         while not stop.wait(0.25):
             now = sup._now()
-            rates.append((round(now, 2), sup.completed,
-                          {r: round(v, 1) for r, v in dict(sup.detector.beat_rates(now)).items()}))
+            try:  # (read while the supervisor's thread writes: a torn read is skipped)
+                seen = sup.detector.beat_rates(now)
+            except RuntimeError:
+                continue
+            rates.append((round(now, 2), sup.completed, {r: round(v, 1) for r, v in seen.items()}))
 
     threading.Thread(target=sample, daemon=True).start()
     t = time.time()
