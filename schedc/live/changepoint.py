@@ -87,7 +87,7 @@ class SpeedTracker:
     warmup: int = 8  # first iterations: their median is the healthy level, their spread the noise
     window: int = 300  # run lengths kept (longer ones are merged into the longest)
     noise: float = 0.03  # least scale of the iteration-to-iteration noise of log speed
-    z: float = 4.0  # how many standard errors of its median a regime must differ by to count
+    z: float = 5.0  # how many standard errors of its median a regime must differ by to count
     quiet: float = 0.15  # noise (of log speed) up to which `confirm` iterations confirm a regime
     spread: int = 50  # last observations whose spread is the noise now
     healthy: int = 100  # last observations, while reported healthy, whose median is the healthy level
@@ -115,10 +115,11 @@ class SpeedTracker:
             # to the few iterations of a change not yet confirmed)
             self._healthy = (self._healthy + [y])[-self.healthy:]
             self._baseline = statistics.median(self._healthy)
-        if len(self._ys) >= self.warmup:  # the noise now (a loaded host's is many times an idle one's)
+        if len(self._ys) >= self.warmup:  # the noise now (a loaded host's is many times an idle one's),
+            # from successive differences: a change of level moves one of them, not their median
             last = self._ys[-self.spread:]
-            mid = statistics.median(last)
-            self._noise = max(self.noise, 1.4826 * statistics.median(abs(v - mid) for v in last))
+            steps = [abs(b - a) for a, b in zip(last, last[1:])]
+            self._noise = max(self.noise, 1.4826 * statistics.median(steps) / math.sqrt(2))
         # A new run's prior: centred on the baseline (weakly: kappa 0.1), with this GPU's own
         # noise; heavy-tailed (alpha 1: a Student t with 2 degrees of freedom).
         prior = _Run(mu=self._baseline, kappa=0.1, alpha=1.0, beta=self._noise ** 2)

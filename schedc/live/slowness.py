@@ -10,8 +10,8 @@
   speed is taken against the median of the other members' in the same
   iteration; and its heartbeat rate against theirs (`Detector.beat_rates`:
   a process the OS runs half as much beats half as often, even when its
-  timed ops look healthy). Each signal against the rank's own level over its
-  first iterations (`Levels`); the lower of the two is the tracker's input.
+  timed ops look healthy). Each signal has its own tracker (their noise
+  differs tenfold on a loaded host); the rank's speed is the lower of the two.
 * **Detect**: one `SpeedTracker` per GPU (`schedc.live.changepoint`).
 * **Price and decide**: on a change, the options (keep, rebalance, exclude,
   restore) are priced with the planner and the simulator and handed to the
@@ -30,7 +30,7 @@ import math
 import statistics
 from dataclasses import replace
 
-from schedc.live.changepoint import SpeedTracker
+from schedc.live.changepoint import Shift, SpeedTracker
 from schedc.live.control import Controller
 from schedc.live.mitigate import Decision, Ladder, Option
 from schedc.live.protocol import IterationDone, Phase, Probe
@@ -43,30 +43,6 @@ HEALTHY_PROBES = 5
 ROUND_LAG = 2
 #: Iterations over which the host's speed (for judging probes) is taken (their median).
 HOST_ROUNDS = 10
-
-
-class Levels:
-    """A rank's two signals of speed made one: its compute speed against its peers' and its
-    heartbeat rate against theirs, each against its own healthy level (the median of its first
-    `SpeedTracker.warmup` values: stages differ in how their measured compute compares with the
-    plan's cost, and in how often their heartbeat thread gets the CPU). The tracker's input is
-    the compute signal, or the beat signal on the same scale where that says slower."""
-
-    def __init__(self) -> None:
-        self.compute: list[float] = []
-        self.beats: list[float] = []
-
-    def value(self, compute: float, beats: float | None) -> float:
-        warm = SpeedTracker.warmup
-        if len(self.compute) < warm:
-            self.compute.append(compute)
-        if beats is None:
-            return compute
-        if len(self.beats) < warm:
-            self.beats.append(beats)
-        # (while the levels are learned, against the values so far: the tracker's own warm-up then
-        # sees the noise of what it will be fed)
-        return min(compute, statistics.median(self.compute) + beats - statistics.median(self.beats))
 
 
 def retimed_period(plan, speeds: dict[int, float]) -> int:
@@ -92,7 +68,9 @@ class Slowness:
     def __init__(self, ctl: Controller, *, mode: str = "act"):
         self.ctl = ctl
         self.mode = mode
-        self.trackers: dict[int, SpeedTracker] = {}
+        self.trackers: dict[int, SpeedTracker] = {}  # rank -> its compute speed against its peers'
+        self.beat_trackers: dict[int, SpeedTracker] = {}  # rank -> its heartbeat rate against its peers'
+        self.speeds: dict[int, float] = {}  # rank -> the lower of the two, as last reported
         self.probes: dict[int, list[float]] = {}
         self.excluded: set[int] = set()
         self.decisions: list[dict] = []
@@ -104,7 +82,6 @@ class Slowness:
         self._pending: list[tuple[int, object, int]] = []  # shifts seen while not running
         self._quiet_until: dict[int, int] = {}  # rank -> iteration before which its probes are not priced
         self._rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log speed, waiting for its peers'
-        self._levels: dict[int, Levels] = {}  # rank -> its healthy level on each signal
         self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
@@ -137,15 +114,21 @@ class Slowness:
         for rank, y in sorted(logs.items()):
             others = [v for r, v in logs.items() if r != rank]
             rel = y - statistics.median(others) if others else y
-            level = self._levels.setdefault(rank, Levels())
-            x = level.value(rel, avail.get(rank))
-            tracker = self.trackers.setdefault(rank, SpeedTracker())
-            shift = tracker.update(x, it)
-            if shift is not None:
-                if self.ctl.phase == Phase.RUNNING:
-                    self._shift(rank, shift.speed, shift.since, it)
-                else:
-                    self._pending.append((rank, shift, it))
+            shifts = [self.trackers.setdefault(rank, SpeedTracker()).update(rel, it)]
+            if rank in avail:
+                shifts.append(self.beat_trackers.setdefault(rank, SpeedTracker()).update(avail[rank], it))
+            shifts = [sh for sh in shifts if sh is not None]
+            if not shifts:
+                continue
+            speed = min(t[rank].speed if rank in t else 1.0 for t in (self.trackers, self.beat_trackers))
+            if speed == self.speeds.get(rank, 1.0):
+                continue  # (one signal went back while the other still says slow)
+            self.speeds[rank] = speed
+            shift = Shift(speed, min(sh.since for sh in shifts), it)
+            if self.ctl.phase == Phase.RUNNING:
+                self._shift(rank, shift.speed, shift.since, it)
+            else:
+                self._pending.append((rank, shift, it))
 
     def _availability(self) -> dict[int, float]:
         """Log of each member's heartbeat rate against the median of the other members': a
@@ -298,11 +281,17 @@ class Slowness:
         refused = ctl.switch(d.plan, kind=d.action, reason=d.reason, ranks=[d.rank])
         if refused is None:
             self._log(d)
-            if d.rank in self.trackers:
-                self.trackers[d.rank].expect(1.0 if d.action == "restore" else d.speed)
+            expected = 1.0 if d.action == "restore" else d.speed
+            for trackers in (self.trackers, self.beat_trackers):
+                if d.rank in trackers:
+                    trackers[d.rank].expect(expected)
+            if d.rank in self.speeds:
+                self.speeds[d.rank] = expected
             if d.action == "exclude":
                 self.excluded.add(d.rank)
                 self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
+                self.beat_trackers.pop(d.rank, None)
+                self.speeds.pop(d.rank, None)
         else:
             self._log(replace(d, verdict="ignore", reason=f"{d.reason}; no switch: {refused}"))
 
@@ -319,16 +308,17 @@ class Slowness:
         (an excluded GPU's return is priced again from its next probes)."""
         ctl = self.ctl
         self.ladder.cancel_all()
-        for rank, tracker in self.trackers.items():
+        for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
-                if abs(tracker.speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
-                    self._open(rank, tracker.speed, ctl.completed, ctl.completed)
+                if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
+                    self._open(rank, speed, ctl.completed, ctl.completed)
 
     def joined(self, rank: int) -> None:
         """A GPU (re)joined: its speed is learned afresh."""
         self.trackers.pop(rank, None)
-        self._levels.pop(rank, None)
+        self.beat_trackers.pop(rank, None)
+        self.speeds.pop(rank, None)
         self.probes.pop(rank, None)
         self.excluded.discard(rank)
         self.ladder.cancel(rank)
