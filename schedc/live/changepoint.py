@@ -28,7 +28,7 @@ than about half of `confirm` is never reported. A loaded host makes the
 noise many times larger (a CPU rank's millisecond ops catch other
 processes' time slices: 35-45% per iteration among two busy loops), so the
 bar follows it: the noise is re-measured over the last `spread`
-iterations, a regime must also differ by `z` standard errors of its median
+iterations (from successive differences: a change of level moves one), a regime must also differ by `z` standard errors of its median
 (1.25 x noise / sqrt(its length)), and it must last `confirm` x
 noise / `quiet` iterations when the noise is above `quiet`. The healthy
 level is the median of the last `healthy` iterations while the GPU is
