@@ -33,7 +33,7 @@ iterations (from successive differences: a change of level moves one), a regime 
 noise / `quiet` iterations when the noise is above `quiet`. The healthy
 level is the median of the last `healthy` iterations while the GPU is
 reported healthy, not of the first few alone (8 noisy iterations put it
-20% off). Speeds are capped at 1: a
+20% off), leaving out the newest confirmation's worth. Speeds are capped at 1: a
 GPU is never faster than when it was healthy, and noise that says so is
 noise. Written here rather than taken from a
 library: the algorithm is forty lines, has no dependencies, costs O(window)
@@ -111,10 +111,14 @@ class SpeedTracker:
                 self._noise = max(self.noise, 1.4826 * mad)
                 self._healthy = list(self._ys)
             return None
-        if self._reported >= 1.0:  # healthy as far as reported: the level follows (a median: robust
-            # to the few iterations of a change not yet confirmed)
-            self._healthy = (self._healthy + [y])[-self.healthy:]
-            self._baseline = statistics.median(self._healthy)
+        if self._reported >= 1.0:  # healthy as far as reported: the level follows, but only from
+            # observations older than a confirmation (a change not yet confirmed, which on a noisy
+            # host takes many iterations, must not become the level it is judged against)
+            lag = int(self._confirm_span()) + self.confirm
+            self._healthy = (self._healthy + [y])[-(self.healthy + lag):]
+            settled = self._healthy[:-lag]
+            if len(settled) >= self.warmup:
+                self._baseline = statistics.median(settled[-self.healthy:])
         if len(self._ys) >= self.warmup:  # the noise now (a loaded host's is many times an idle one's),
             # from successive differences: a change of level moves one of them, not their median
             last = self._ys[-self.spread:]
@@ -145,7 +149,7 @@ class SpeedTracker:
         start = self._t - held  # the observation where it began
         # A noisy GPU (a loaded host) must hold a new regime longer: `confirm` iterations at a
         # noise of `quiet`, proportionally more above it.
-        if held < self.confirm * max(1.0, self._noise / self.quiet) or start <= self._last_change:
+        if held < self._confirm_span() or start <= self._last_change:
             return None
         held = min(held, len(self._ys))
         speed = min(1.0, math.exp(statistics.median(self._ys[-held:]) - self._baseline))
@@ -161,6 +165,9 @@ class SpeedTracker:
         self._last_change = start
         self._reported = speed
         return Shift(speed=speed, since=iteration - held + 1, confirmed_at=iteration)
+
+    def _confirm_span(self) -> float:
+        return self.confirm * max(1.0, self._noise / self.quiet)
 
     def expect(self, speed: float) -> None:
         """The plan now assumes `speed`: report changes from it (the baseline stays)."""
