@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
         keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery,
         horizon=args.horizon, fail_slow=args.fail_slow,
-        detect_timeout=args.detect_timeout, phi=args.phi, stall_timeout=args.stall_timeout, replan_deadline=args.replan_deadline,
+        detect_timeout=args.detect_timeout, phi=args.phi, stall_timeout=args.stall_timeout,
+        replan_deadline=args.replan_deadline,
         max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
         store_host=args.store_host, store_port=args.store_port)
 
