@@ -289,7 +289,8 @@ def test_start_ups_get_at_least_the_floor_and_nobody_is_declared_while_nobody_st
     d = _watched([0, 1, 2], startup_timeout=600.0)
     found = _run(d, {0: _regular(), 1: _regular()}, start=1.0, until=40.0, running=False)
     ((rank, at, _),) = found
-    assert rank == 2 and 30.0 < at <= 30.0 + 2 * POLL and not d.nobody_started  # the floor, 30 s, though its peers started at once
+    # the floor, 30 s, though its peers started at once
+    assert rank == 2 and 30.0 < at <= 30.0 + 2 * POLL and not d.nobody_started
     alone = _watched([4], startup_timeout=20.0)
     ((rank, at, s),) = _run(alone, {}, until=25.0)  # no peers at all: the ceiling
     assert rank == 4 and 20.0 < at <= 20.0 + 2 * POLL and "no heartbeat in 20." in s.cause
