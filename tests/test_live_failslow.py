@@ -23,13 +23,17 @@ def _kinds(result) -> list[str]:
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_a_slowed_gpu_is_found_and_rebalanced_exactly(tmp_path, optimizer):
     # Computed ops; GPU (1, 0) spins 10x longer from iteration 10 (after the detector's warm-up)
-    # to 29: found, and a plan that moves work off it; every switch is exact.
+    # to 44: found, and a plan that moves work off it; every switch is exact. (On a loaded host
+    # the detector, judging against the noise it sees, confirms later: 12-18 iterations were seen
+    # with two other jobs running; the window leaves room for that and for the switch.)
     out = compiled(tmp_path, optimizer=optimizer, microbatches=4)
-    iterations = 50
+    iterations = 60
     result = train(out, iterations=iterations, want_weights=True,
-                   inject=["at iteration 10: slow gpu(dp=1, pp=0) speed = 0.1 until iteration 30"])
+                   inject=["at iteration 10: slow gpu(dp=1, pp=0) speed = 0.1 until iteration 45"])
     slow = [e for e in result.events if e["kind"] == "slow" and e.get("rank") == 2]
-    assert slow and slow[0]["speed"] < 0.5 and 9 <= slow[0]["since"] <= 12, result.events
+    # (a first, partial report may come before the full slowdown is confirmed: under load, one
+    # read "speed 0.86 since iteration 20" first)
+    assert any(e["speed"] < 0.5 and 9 <= e["since"] <= 14 for e in slow), result.events
     kinds = _kinds(result)
     assert kinds and kinds[0] in ("rebalance", "exclude"), [e["message"] for e in result.events]
     assert all(d["reason"] for d in result.decisions)

@@ -253,3 +253,91 @@ def test_slowness_finds_a_slow_gpu_and_acts_only_in_act_mode(plan, mode):
         assert [s["kind"] for s in ctl.switches][:1] in (["rebalance"], ["exclude"])
     else:
         assert ctl.switches == [] and "--fail-slow detect" in slowness.decisions[-1]["reason"]
+
+
+def _feed(slowness, ctl, speed_of, iterations, rates_of=None, noise=0.0, seed=0, wall_of=lambda i: 1.0):
+    """Every member's report of each iteration (speed_of(rank, i); the iteration lasting
+    wall_of(i) seconds), heartbeat rates first (rates_of(rank, i) beats per second), then the
+    iteration's tick."""
+    import dataclasses
+    import random
+
+    rnd = random.Random(seed)
+    for i in iterations:
+        if rates_of is not None:
+            slowness.beat_rates({r: rates_of(r, i) for r in ctl.members})
+        for rank in ctl.members:
+            (rep,) = _reports(rank, speed_of(rank, i) * (1 + rnd.uniform(-noise, noise)), [i])
+            slowness.observe(dataclasses.replace(rep, t1=rep.t0 + wall_of(i)), 1.0)
+        ctl.completed = i + 1
+        slowness.tick(i)
+
+
+def test_a_rank_that_beats_less_often_while_the_run_keeps_its_pace_is_not_slow(plan):
+    # A heartbeat thread starved (a fresh process, a busy interpreter) while the GPU keeps pace:
+    # the run is as fast as before, so nobody is slow (found by the simulation: replacement
+    # processes after a checkpoint restore were reported at speed 0.62).
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(45), noise=0.05,
+          rates_of=lambda r, i: 10.0 if r == 2 and i >= 20 else 20.0)
+    assert _slow_notes(ctl) == []
+
+
+def _slow_notes(ctl):
+    return [m for k, m in ctl.notes if k == "slow"]
+
+
+def _assert_slow(note, *, rank, speed, since):
+    import re
+
+    m = re.match(r"rank (\d+) GPU .* runs at speed ([\d.]+) since iteration (\d+)", note)
+    assert m and int(m[1]) == rank and abs(float(m[2]) - speed) <= 0.05 and abs(int(m[3]) - since) <= 1, note
+
+
+@pytest.mark.parametrize("host", [0.3, 0.6])
+def test_a_host_slowed_for_every_rank_is_no_gpus_slowness(plan, host):
+    # Every rank's compute slows alike at iteration 15 (other processes took the CPUs), and
+    # again by half of that at 40 for a while: no GPU is slow, nothing is switched.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl)
+    _feed(slowness, ctl, lambda r, i: 1.0 if i < 15 else host if not 40 <= i < 60 else host / 2, range(100),
+          noise=0.1)
+    assert _slow_notes(ctl) == [] and ctl.switches == [] and slowness.decisions == []
+    assert slowness.host_speed() == pytest.approx(host, rel=0.15)  # what probes are judged against
+
+
+def test_a_gpu_slowed_on_a_loaded_host_is_found_at_its_speed_against_its_peers(plan):
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: (0.6 if i >= 12 else 1.0) * (0.5 if r == 1 and i >= 20 else 1.0), range(45),
+          noise=0.05)
+    (note,) = _slow_notes(ctl)
+    _assert_slow(note, rank=1, speed=0.5, since=20)
+
+
+def test_a_rank_that_beats_half_as_often_as_its_peers_is_slow_though_its_ops_time_normal(plan):
+    # A process stopped half the time between its ops: its timed ops look healthy, but its
+    # heartbeat thread runs half as often as its peers'.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(45), noise=0.05,
+          rates_of=lambda r, i: 10.0 if r == 2 and i >= 20 else 20.0,
+          wall_of=lambda i: 2.0 if i >= 20 else 1.0)  # (the whole pipeline waits for it)
+    (note,) = _slow_notes(ctl)
+    _assert_slow(note, rank=2, speed=0.5, since=20)
+
+
+def test_a_probe_is_judged_against_the_hosts_speed(plan):
+    # Rank 3 was excluded; the host then got slower for every member (0.6): probes at 0.6 are a
+    # healthy GPU on a loaded host, so taking it back is priced.
+    without = schedc.replan(plan, [Failure("fail_gpu", dp=1, pp=1)], deadline=5.0, solver="greedy")
+    ctl = FakeController(without, completed=0)
+    slowness = Slowness(ctl)
+    _feed(slowness, ctl, lambda r, i: 1.0 if i < 15 else 0.6, range(30))
+    slowness.excluded.add(3)
+    from schedc.live.protocol import Probe
+
+    for _ in range(5):
+        slowness.probe(Probe(rank=3, speed=0.6, t=0.0))
+    assert any("probes healthy again" in m for m in _slow_notes(ctl))

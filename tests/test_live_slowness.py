@@ -47,6 +47,21 @@ def test_noise_and_single_slow_iterations_raise_no_alarm_in_500_iterations(seed)
     assert _shifts(ys) == []
 
 
+def _loaded(speeds, noise, seed):
+    """Log speeds as a loaded host gives them: noise of `noise`, one iteration in ten 3x that."""
+    rnd = random.Random(seed)
+    return [math.log(s) + rnd.gauss(0, noise) * (3 if rnd.random() < 0.1 else 1) for s in speeds]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_noisy_host_raises_no_alarm_and_a_halving_is_still_found(seed):
+    # Per-iteration compute of a CPU rank among busy loops jitters by 30% and more (a time slice
+    # of another process lands in a millisecond op): the bar and the confirmation grow with it.
+    assert _shifts(_loaded([1.0] * 500, 0.3, seed)) == []
+    found = [s for s in _shifts(_loaded([1.0] * 60 + [0.4] * 80, 0.3, seed)) if s[0] < 0.88]
+    assert found and found[0][0] == pytest.approx(0.4, abs=0.15) and abs(found[0][1] - 60) <= 8
+
+
 @pytest.mark.parametrize("length", [1, 2])
 def test_a_blip_shorter_than_the_confirmation_is_not_reported(length):
     ys = _trace([1.0] * 50 + [0.5] * length + [1.0] * 50, seed=3)

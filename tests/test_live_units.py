@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedc
@@ -131,38 +131,181 @@ def test_an_exit_is_a_failure_once():
     assert exit_cause(3) == "exited with status 3" and exit_cause(-200) == "killed by signal 200"
 
 
+POLL = 0.05  # the supervisor reads heartbeats and checks every 50 ms (the default heartbeat interval)
+
+
+def _run(d, gaps_of, until: float, start: float = 0.0, running=True):
+    """Drive `d` from `start` to `until` in POLL steps: rank r beats whenever its next gap (from
+    the iterator `gaps_of[r]`, None: it stopped for good) has passed. The suspects with when."""
+    seq = {r: 0 for r in gaps_of}
+    due = {r: start for r in gaps_of}
+    found = []
+    for step in range(int(round((until - start) / POLL)) + 1):
+        now = start + step * POLL
+        for r, gaps in gaps_of.items():
+            if due[r] is not None and now >= due[r] - 1e-9:
+                seq[r] += 1
+                d.beat(r, f"{seq[r]} 0 1 {seq[r]} run", now)
+                gap = next(gaps, None)
+                due[r] = None if gap is None else now + gap
+        found += [(s.rank, now, s) for s in d.check(now, running=running)]
+    return found
+
+
+def _watched(ranks, now=0.0, **kw):
+    d = _detector(**kw)
+    for r in ranks:
+        d.watch(r, now)
+    return d
+
+
+def _regular(n=None, gap=POLL):
+    return iter([gap] * n) if n is not None else iter(lambda: gap, None)
+
+
 def test_silence_is_declared_at_the_bound():
-    d = _detector()
-    d.watch(1, 0.0)
-    d.beat(1, "1 0 0 0 run", 0.0)
-    assert d.check(3.0, running=True) == []
-    (s,) = d.check(3.01, running=True)
-    assert s.rank == 1 and s.fence and "no heartbeat for 3.0 s" in s.cause
-    assert d.check(9.0, running=True) == []  # declared once
+    # Regular beats, then rank 1 stops at t=10 (its last beat): declared at the floor, 3 s later.
+    d = _watched([0, 1])
+    found = _run(d, {0: _regular(), 1: _regular(200)}, until=20.0)
+    ((rank, at, s),) = found
+    # (one poll more than the floor: the peers' own gap between two beats is silence they share)
+    assert rank == 1 and 13.0 < at <= 13.0 + 3 * POLL and s.fence and "no heartbeat for 3." in s.cause
+    assert d.check(25.0, running=True) == []  # declared once
 
 
 def test_time_the_supervisor_did_not_look_is_not_held_against_the_workers():
-    d = _detector()
-    for r in (0, 1):
-        d.watch(r, 0.0)
-        d.beat(r, "1 0 0 0 run", 0.0)
-    assert d.check(1.0, running=True) == []
-    # The supervisor's loop (or the store) stalled for 5 s: no beat could be read meanwhile.
-    d.beat(0, "2 0 0 1 run", 6.0)  # rank 0's first beat after the stall arrived; rank 1's not yet
-    assert d.check(6.0, running=True) == []
-    assert d.check(7.0, running=True) == []
-    d.beat(0, "3 0 0 2 run", 8.0)
-    assert d.check(8.0, running=True) == []
-    (s,) = d.check(8.01, running=True)  # rank 1: silent for 3 s of the supervisor's watching
-    assert s.rank == 1 and "no heartbeat for 3.0 s" in s.cause
+    d = _watched([0, 1])
+    assert _run(d, {0: _regular(), 1: _regular()}, until=1.0) == []
+    # The supervisor's loop (or the store) stalled for 5 s: no beat could be read meanwhile. Then
+    # rank 0 beats on and rank 1 does not: only the 3 s of silence the supervisor saw count.
+    found = _run(d, {0: _regular(), 1: iter(())}, start=6.0, until=12.0)
+    ((rank, at, s),) = found
+    assert rank == 1 and 9.0 < at <= 9.0 + 3 * POLL and "no heartbeat for 3." in s.cause
 
 
-def test_a_worker_that_never_beats_gets_the_startup_timeout():
-    d = _detector(startup_timeout=20.0)
-    d.watch(4, 100.0)
-    assert d.check(119.0, running=True) == []
-    (s,) = d.check(120.5, running=True)
-    assert s.rank == 4 and "no heartbeat in 20.5 s" in s.cause
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.0, 2.5), st.integers(0, 2**32 - 1))
+def test_beats_with_jitter_under_the_floor_are_never_suspected(jitter, seed):
+    import random
+
+    rnd = random.Random(seed)
+    d = _watched([0, 1, 2])
+    gaps = {r: iter(lambda: POLL + rnd.uniform(0, jitter), None) for r in (0, 1, 2)}
+    assert _run(d, gaps, until=60.0) == []
+
+
+def _stop_delay(history_gaps, detector=None):
+    """Seconds from a rank's last beat to its suspicion, after beats spaced by `history_gaps`
+    (its peers beat every POLL all along)."""
+    d = detector or _watched([0, 1, 2])
+    gaps = list(history_gaps)
+    last = sum(gaps)
+    found = _run(d, {0: iter(gaps), 1: _regular(), 2: _regular()}, until=last + 60.0)
+    ((rank, at, _),) = found
+    assert rank == 0
+    return at - last, d
+
+
+def test_a_stopped_rank_is_found_within_a_bound_that_grows_with_its_jitter():
+    calm, _ = _stop_delay([POLL] * 300)
+    assert 3.0 < calm <= 3.0 + 3 * POLL  # regular beats: the floor
+    # Beats that came in bursts with pauses of 2.9 s (a loaded host): a 3 s silence is no news.
+    bursty = [POLL] * 10 + ([2.9] + [POLL] * 9) * 19
+    slow, _ = _stop_delay(bursty)
+    import statistics
+
+    mean, std = statistics.fmean(bursty[-200:]), statistics.pstdev(bursty[-200:])
+    assert slow > calm + 1.0
+    assert slow <= mean + 6 * std + 2 * POLL  # phi 8 is about 5.6 standard deviations past the mean
+
+
+def test_phi_grows_with_silence_and_shrinks_with_jitter():
+    from schedc.live.detect import phi
+
+    assert phi(1.0, [0.05] * 5) == float("inf")  # too few gaps: the floor decides
+    steady, jittery = [0.05] * 100, [0.05, 0.5] * 50
+    assert phi(0.5, steady) < phi(1.0, steady) < phi(5.0, steady) < phi(50.0, steady)
+    assert phi(2.0, jittery) < phi(2.0, steady)
+    assert phi(0.0, steady) < 1.0
+
+
+def test_a_pause_of_every_rank_is_blamed_on_none():
+    # The supervisor keeps looking, but every rank goes silent for 5 s together (the host or the
+    # store stalled), and they come back a little apart: nobody is declared.
+    d = _watched([0, 1, 2, 3])
+    gaps = {r: iter([POLL] * 100 + [5.0 + 0.1 * r] + [POLL] * 300) for r in range(4)}
+    assert _run(d, gaps, until=30.0) == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.0, 25.0), st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4), st.integers(2, 6))
+def test_pauses_of_every_rank_together_are_never_blamed(pause, late, ranks):
+    # Every rank silent for `pause` s together, each back up to 1 s after the others; 5 s of beats
+    # after the last is back (past the floor): nobody is declared.
+    d = _watched(range(ranks))
+    gaps = {r: iter([POLL] * 60 + [pause + late[r % 4]] + [POLL] * 140) for r in range(ranks)}
+    assert _run(d, gaps, until=3.0 + pause + 6.0, running=False) == []
+
+
+def test_a_rank_that_stops_during_a_shared_pause_is_found_after_it():
+    d = _watched([0, 1, 2, 3])
+    gaps = {r: iter([POLL] * 100 + [5.0] + [POLL] * 300) for r in range(3)}
+    gaps[3] = iter([POLL] * 100)  # stops as the pause begins and never beats again
+    ((rank, at, s),) = _run(d, gaps, until=30.0)
+    pause_end = 100 * POLL + 5.0
+    assert rank == 3 and pause_end + 3.0 - POLL < at <= pause_end + 3.0 + 3 * POLL
+    assert "shared by its peers" in s.cause
+
+
+def test_a_silence_past_the_ceiling_is_found_even_if_every_rank_was_silent():
+    d = _watched([0, 1])
+    found = _run(d, {0: _regular(20), 1: _regular(20)}, until=40.0, running=False)
+    assert sorted(r for r, _, _ in found) == [0, 1] and all(at > 1.0 + 30.0 for _, at, _ in found)
+
+
+def test_a_worker_that_never_beats_is_judged_against_its_peers_start_up():
+    d = _watched([0, 1, 2, 3], now=100.0, startup_timeout=600.0)
+    # Ranks 0-2 start in 5 to 20 s (a loaded host); rank 3 never beats.
+    starts = {0: 5.0, 1: 12.0, 2: 20.0}
+    found = []
+    t = 100.0
+    while t < 200.0 and not found:
+        for r, after in starts.items():
+            if t >= 100.0 + after:
+                d.beat(r, f"{int(t * 100)} 0 0 0 idle", t)
+        found = d.check(t, running=False)
+        t += 1.0
+    (s,) = found
+    assert s.rank == 3 and s.at == pytest.approx(100.0 + 61.0)  # 3 x the slowest (20 s), from its start
+    assert "no heartbeat in 61.0 s" in s.cause and "the slowest in 20.0 s" in s.cause
+
+
+def test_start_ups_get_at_least_the_floor_and_nobody_is_declared_while_nobody_started():
+    d = _watched([0, 1, 2], startup_timeout=600.0)
+    for t in range(0, 1000):
+        assert d.check(float(t), running=False) == []  # a host too slow to start anyone: no blame
+    assert d.nobody_started  # ... past the ceiling, said once so the run can give up
+    d = _watched([0, 1, 2], startup_timeout=600.0)
+    d = _watched([0, 1, 2], startup_timeout=600.0)
+    found = _run(d, {0: _regular(), 1: _regular()}, start=1.0, until=40.0, running=False)
+    ((rank, at, _),) = found
+    # the floor, 30 s, though its peers started at once
+    assert rank == 2 and 30.0 < at <= 30.0 + 2 * POLL and not d.nobody_started
+    alone = _watched([4], startup_timeout=20.0)
+    ((rank, at, s),) = _run(alone, {}, until=25.0)  # no peers at all: the ceiling
+    assert rank == 4 and 20.0 < at <= 20.0 + 2 * POLL and "no heartbeat in 20." in s.cause
+
+
+def test_beat_rates_count_sequence_numbers_not_polls():
+    d = _watched([0, 1])
+    # Rank 1's sequence advances half as fast (its process runs half the time), though the
+    # supervisor sees both change at every poll.
+    for step in range(100):
+        now = step * POLL
+        d.beat(0, f"{2 * step} 0 1 0 run", now)
+        d.beat(1, f"{step} 0 1 0 run", now)
+    rates = d.beat_rates(99 * POLL)
+    assert rates[0] == pytest.approx(2 / POLL, rel=0.05) and rates[1] == pytest.approx(1 / POLL, rel=0.05)
 
 
 def test_a_stall_blames_the_rank_in_compute_not_those_waiting_for_it():
@@ -486,3 +629,14 @@ def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(t
     done = asm.stage_written(1, 4, 1, {"generation": 1})
     assert done is not None and done.path.name == "iter-000004" and done.iteration == 4
     assert asm.paths == [str(done.path)] and asm.latest_own() == done
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_phi_must_be_a_positive_number(value):
+    from schedc.diagnostics import RunError
+    from schedc.live.options import TrainOptions
+
+    with pytest.raises(RunError) as exc:
+        TrainOptions(phi=value).check()
+    assert exc.value.codes == ["E555"] and "phi must be a positive number" in exc.value.diagnostics[0].message
+    TrainOptions(phi=12.0).check()

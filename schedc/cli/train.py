@@ -50,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "exclude them when that pays, take them back when healthy), detect (only say "
                              "so), off")
     parser.add_argument("--detect-timeout", type=float, default=D.detect_timeout, metavar="S",
-                        help=f"seconds without a heartbeat before a rank counts as hung (default {D.detect_timeout:g})")
+                        help="the least heartbeat silence, seconds, before a rank can count as hung (default "
+                             f"{D.detect_timeout:g}); longer when its beats jitter (--phi) or its peers were "
+                             "silent too")
+    parser.add_argument("--phi", type=float, default=D.phi, metavar="PHI",
+                        help="a silence counts as a hang when a gap that long has a probability under 10^-PHI, "
+                             f"judged from the rank's own heartbeats (phi accrual; default {D.phi:g})")
     parser.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                         help="seconds without any op finishing before a busy rank counts as stuck "
                              "(default: max(10, 10 x the plan's iteration time))")
@@ -82,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
         keep_checkpoints=args.keep_checkpoints, resume=args.resume, recovery=args.recovery,
         horizon=args.horizon, fail_slow=args.fail_slow,
-        detect_timeout=args.detect_timeout, stall_timeout=args.stall_timeout, replan_deadline=args.replan_deadline,
+        detect_timeout=args.detect_timeout, phi=args.phi, stall_timeout=args.stall_timeout,
+        replan_deadline=args.replan_deadline,
         transition_timeout=args.transition_timeout,
         max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
         store_host=args.store_host, store_port=args.store_port)

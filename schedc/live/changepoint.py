@@ -4,8 +4,10 @@ Every iteration each rank reports the time its compute ops took (measured
 from the moment their inputs arrived, so waiting for a slow peer or a slow
 link is not counted) and the time the plan gave them. The supervisor turns
 that into one number per rank and iteration, the log of the GPU's speed
-relative to the plan's cost model, y = log(planned x planned speed /
-measured), and feeds it to a `SpeedTracker`.
+relative to the plan's cost model, log(planned x planned speed /
+measured), taken against its peers' in the same iteration (and its
+heartbeat rate against theirs: `schedc.live.slowness`), y, and feeds it
+to a `SpeedTracker`.
 
 The tracker runs Bayesian online change-point detection (Adams & MacKay
 2007, as FALCON does) over y: a posterior over the *run length* (iterations
@@ -22,7 +24,17 @@ mean would smear into a regime. A `Shift` ("slow since iteration i", "back
 to normal since iteration i") is reported when both the regime and the last
 `confirm` iterations on their own are at least `min_change` (0.12: 88% of
 the speed or less is slow) away from what was last reported: a blip shorter
-than about half of `confirm` is never reported. Speeds are capped at 1: a
+than about half of `confirm` is never reported. A loaded host makes the
+noise many times larger (a CPU rank's millisecond ops catch other
+processes' time slices: 35-45% per iteration among two busy loops), so the
+bar follows it: the noise is re-measured over the last `spread`
+iterations (from successive differences: a change of level moves one), a
+regime must also differ by `z` standard errors of its median (1.25 x
+noise / sqrt(its length)), and it must last `confirm` x noise / `quiet`
+iterations when the noise is above `quiet`. The healthy level is the
+median of the last `healthy` iterations while the GPU is reported
+healthy, not of the first few alone (8 noisy iterations put it 20% off),
+leaving out the newest confirmation's worth. Speeds are capped at 1: a
 GPU is never faster than when it was healthy, and noise that says so is
 noise. Written here rather than taken from a
 library: the algorithm is forty lines, has no dependencies, costs O(window)
@@ -76,6 +88,10 @@ class SpeedTracker:
     warmup: int = 8  # first iterations: their median is the healthy level, their spread the noise
     window: int = 300  # run lengths kept (longer ones are merged into the longest)
     noise: float = 0.03  # least scale of the iteration-to-iteration noise of log speed
+    z: float = 5.0  # how many standard errors of its median a regime must differ by to count
+    quiet: float = 0.15  # noise (of log speed) up to which `confirm` iterations confirm a regime
+    spread: int = 50  # last observations whose spread is the noise now
+    healthy: int = 100  # last observations, while reported healthy, whose median is the healthy level
     _log_r: list[float] = field(default_factory=list)  # log posterior over run length 0..len-1
     _runs: list[_Run] = field(default_factory=list)
     _ys: list[float] = field(default_factory=list)  # the last `window` observations
@@ -84,6 +100,7 @@ class SpeedTracker:
     _noise: float = 0.03  # this GPU's noise, measured over the warm-up
     _reported: float = 1.0  # the last speed reported
     _last_change: int = 0  # the observation index where the current regime began
+    _healthy: list[float] = field(default_factory=list)  # observations while reported healthy
 
     def update(self, y: float, iteration: int) -> Shift | None:
         """Feed this iteration's log speed; a confirmed `Shift` when the speed changed."""
@@ -93,7 +110,21 @@ class SpeedTracker:
                 self._baseline = statistics.median(self._ys)
                 mad = statistics.median(abs(v - self._baseline) for v in self._ys)
                 self._noise = max(self.noise, 1.4826 * mad)
+                self._healthy = list(self._ys)
             return None
+        if self._reported >= 1.0:  # healthy as far as reported: the level follows, but only from
+            # observations older than a confirmation (a change not yet confirmed, which on a noisy
+            # host takes many iterations, must not become the level it is judged against)
+            lag = int(self._confirm_span()) + self.confirm
+            self._healthy = (self._healthy + [y])[-(self.healthy + lag):]
+            settled = self._healthy[:-lag]
+            if len(settled) >= self.warmup:
+                self._baseline = statistics.median(settled[-self.healthy:])
+        if len(self._ys) >= self.warmup:  # the noise now (a loaded host's is many times an idle one's),
+            # from successive differences: a change of level moves one of them, not their median
+            last = self._ys[-self.spread:]
+            steps = [abs(b - a) for a, b in zip(last, last[1:])]
+            self._noise = max(self.noise, 1.4826 * statistics.median(steps) / math.sqrt(2))
         # A new run's prior: centred on the baseline (weakly: kappa 0.1), with this GPU's own
         # noise; heavy-tailed (alpha 1: a Student t with 2 degrees of freedom).
         prior = _Run(mu=self._baseline, kappa=0.1, alpha=1.0, beta=self._noise ** 2)
@@ -117,7 +148,9 @@ class SpeedTracker:
         best = max(range(len(self._log_r)), key=self._log_r.__getitem__)  # the most probable run
         held = best + 1  # observations in it
         start = self._t - held  # the observation where it began
-        if held < self.confirm or start <= self._last_change:
+        # A noisy GPU (a loaded host) must hold a new regime longer: `confirm` iterations at a
+        # noise of `quiet`, proportionally more above it.
+        if held < self._confirm_span() or start <= self._last_change:
             return None
         held = min(held, len(self._ys))
         speed = min(1.0, math.exp(statistics.median(self._ys[-held:]) - self._baseline))
@@ -126,10 +159,16 @@ class SpeedTracker:
         if abs(speed - self._reported) < bar or abs(recent - self._reported) < bar \
                 or (speed < self._reported) != (recent < self._reported):
             return None
+        # ... and by more than noise: z standard errors of the regime's median (1.25 x noise / sqrt(n)).
+        if abs(math.log(speed / self._reported)) < self.z * 1.2533 * self._noise / math.sqrt(held):
+            return None
         # A regime that began after the current one has lasted `confirm` iterations, and differs.
         self._last_change = start
         self._reported = speed
         return Shift(speed=speed, since=iteration - held + 1, confirmed_at=iteration)
+
+    def _confirm_span(self) -> float:
+        return self.confirm * max(1.0, self._noise / self.quiet)
 
     def expect(self, speed: float) -> None:
         """The plan now assumes `speed`: report changes from it (the baseline stays)."""

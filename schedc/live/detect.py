@@ -5,11 +5,29 @@ feeding it numbers). Three rules:
 
 1. **Exit**: a worker process that ends (killed, crashed) while the run
    needs it has failed; the agent reports it at once (process sentinels).
-2. **Silence**: every worker's heartbeat thread rewrites ``hb/R`` with a
-   fresh sequence number every interval. One that has not changed for
-   `heartbeat_timeout` seconds belongs to a stopped (SIGSTOP) or wedged
-   process: it is failed and must be fenced (killed) before the run goes on.
-   A worker that has never beaten gets `startup_timeout`.
+2. **Silence**, judged by phi accrual (Hayashibara et al. 2004, as Cassandra
+   and Akka do): every worker's heartbeat thread rewrites ``hb/R`` with a
+   fresh sequence number every interval. Per rank the detector keeps the
+   last `WINDOW` gaps between sequence changes as the supervisor observes
+   them, and phi(t) = -log10 P(a gap lasts t or longer), the gaps taken as
+   normal with their mean and standard deviation (at least `MIN_STD`). A
+   rank is suspected (stopped, wedged: failed, fenced) when its silence is
+   at least `heartbeat_timeout` (``--detect-timeout``, the floor) and phi
+   of it reaches `phi` (``--phi``, default 8: a healthy rank's gap that long
+   is a one-in-10^8 event). Regular beats leave the floor as the bound; a
+   rank whose beats jitter (a loaded host) gets a bound that grows with it.
+   The silence judged is what the rank's *peers* did not share: from its
+   silence is taken the median over the other ranks of the longest silence
+   each had since its last beat, so a host-wide pause (every rank late
+   together: the machine or the store stalled) is blamed on nobody, while a
+   rank that stops as its peers beat on is found. Silence longer than
+   `SILENCE_CEILING` floors is suspected whatever the peers did.
+   **Start-up**: a rank that has not beaten yet since it was started is
+   judged against its peers: once at least half of them have started it is
+   allowed `STARTUP_FACTOR` x the slowest start-up seen so far (at least
+   `STARTUP_FLOOR`, at most `startup_timeout`); while none has started (the
+   whole host is slow) nobody is declared, and past `startup_timeout`
+   `nobody_started` says so (the supervisor gives up with a diagnostic).
 3. **Stall**: heartbeats also carry the number of ops a rank has run and
    whether it is blocked in a wait. If every member is inside an iteration
    and none has finished an op for
@@ -23,12 +41,59 @@ Time the supervisor itself did not look (its loop or the store stalled, so
 no heartbeat could be read) is not held against the workers: a gap between
 two checks longer than half the heartbeat timeout moves every clock forward
 by that gap.
+
+The detector also gives each rank's **beat rate** (sequence numbers per
+second of wall time, so the supervisor's own polling does not change it):
+a process the OS runs less than its peers (stopped now and then, starved)
+beats less often than they do, which the fail-slow policy uses
+(`schedc.live.slowness`).
 """
 
 from __future__ import annotations
 
+import math
 import signal
+import statistics
+from collections import deque
 from dataclasses import dataclass
+
+#: Gaps kept per rank (the phi detector's window): at the default 50 ms heartbeat about 10 s of
+#: history, so a loaded spell widens a rank's bound for a while, then ages out. Longer: slower to
+#: forget a spell; shorter: one spell's few long gaps weigh more. Re-measure with
+#: bench/live_false_alarms.py (false alarms under busy loops, detection of a stopped rank).
+WINDOW = 200
+#: Gaps needed before phi counts at all (until then the floor alone decides).
+MIN_SAMPLES = 10
+#: Least standard deviation of the gaps, seconds: perfectly regular beats must not make one late
+#: beat infinitely suspicious (the floor decides before this matters at the default 3 s).
+MIN_STD = 0.1
+#: Silence this many floors (`heartbeat_timeout`) long is suspected even when the peers were
+#: silent too: the bound on a pause shared by every rank before someone is blamed.
+SILENCE_CEILING = 10.0
+#: Start-up: once half of a rank's peers have started, it is allowed STARTUP_FACTOR x the slowest
+#: start-up seen so far, at least STARTUP_FLOOR seconds (a rank started alone, a replacement,
+#: on a host that got busier since) and at most `startup_timeout`. Two busy loops on the shared
+#: 2-core host stretched start-ups to 129 s with every rank alike: relative, not absolute.
+STARTUP_FACTOR = 3.0
+STARTUP_FLOOR = 30.0
+#: Seconds of beats the beat rate is measured over.
+RATE_SPAN = 2.0
+
+
+def phi(silence: float, gaps) -> float:
+    """-log10 of the probability that a gap lasts `silence` or longer, the gaps (seconds) taken
+    as normal with their mean and standard deviation (at least `MIN_STD`); inf with fewer than
+    `MIN_SAMPLES` gaps (nothing learned yet: the caller's floor decides)."""
+    if len(gaps) < MIN_SAMPLES:
+        return math.inf
+    mean = statistics.fmean(gaps)
+    std = max(statistics.pstdev(gaps, mean), MIN_STD)
+    z = (silence - mean) / std
+    p = 0.5 * math.erfc(z / math.sqrt(2))
+    if p > 1e-300:
+        return -math.log10(p)
+    # Past double precision: log P ~ -z^2/2 - log(z sqrt(2 pi)) (the normal tail, Mills ratio).
+    return (z * z / 2 + math.log(z * math.sqrt(2 * math.pi))) / math.log(10)
 
 
 @dataclass(frozen=True)
@@ -79,29 +144,37 @@ def exit_cause(code: int) -> str:
 class Detector:
     """Watches a set of ranks; `check(now)` returns the newly failed ones (each once)."""
 
-    def __init__(self, *, heartbeat_timeout: float, stall_timeout: float, startup_timeout: float):
-        self.heartbeat_timeout = heartbeat_timeout
+    def __init__(self, *, heartbeat_timeout: float, stall_timeout: float, startup_timeout: float,
+                 phi: float = 8.0):
+        self.heartbeat_timeout = heartbeat_timeout  # the floor: no suspicion of silence shorter than this
         self.stall_timeout = stall_timeout
-        self.startup_timeout = startup_timeout
+        self.startup_timeout = startup_timeout  # the ceiling of a start-up
+        self.phi_threshold = phi
         self._since: dict[int, float] = {}  # rank -> when watching began
         self._beat: dict[int, Beat] = {}
         self._beat_at: dict[int, float] = {}  # when the sequence number last changed
+        self._gaps: dict[int, deque[tuple[float, float]]] = {}  # rank -> (when it ended, gap) of its last gaps
+        self._seqs: dict[int, deque[tuple[float, int]]] = {}  # rank -> (when seen, sequence number), for rates
         self._progress_at: dict[int, float] = {}  # when the op count last changed
         self._declared: set[int] = set()
         self._checked: float | None = None  # when `check` last ran
+        self._slowest_start = 0.0  # the longest start-up (watch to first beat) seen so far
         self.stalled_waiting = False
+        self.nobody_started = False  # every rank still silent since it started, past `startup_timeout`
 
     def watch(self, rank: int, now: float) -> None:
         """Start watching `rank` (a worker just started, or a run began)."""
         self._since[rank] = now
         self._beat.pop(rank, None)
         self._beat_at.pop(rank, None)
+        self._gaps[rank] = deque(maxlen=WINDOW)
+        self._seqs[rank] = deque()
         self._progress_at[rank] = now
         self._declared.discard(rank)
 
     def forget(self, rank: int) -> None:
         """Stop watching `rank` (failed, fenced, or the run ended)."""
-        for d in (self._since, self._beat, self._beat_at, self._progress_at):
+        for d in (self._since, self._beat, self._beat_at, self._progress_at, self._gaps, self._seqs):
             d.pop(rank, None)
 
     def watching(self) -> set[int]:
@@ -119,15 +192,38 @@ class Detector:
         beat = Beat.parse(text)
         if beat is None:
             return
+        self._forgive_blindness(now)  # (before the gap is measured: blind time is no gap)
         old = self._beat.get(rank)
         if old is None or beat.seq != old.seq:
+            last = self._beat_at.get(rank)
+            if last is None:
+                self._slowest_start = max(self._slowest_start, now - self._since[rank])
+            else:
+                self._gaps[rank].append((now, now - last))
             self._beat_at[rank] = now
+            seqs = self._seqs[rank]
+            seqs.append((now, beat.seq))
+            while len(seqs) > 2 and seqs[1][0] <= now - RATE_SPAN:
+                seqs.popleft()
         if old is None or beat.ops != old.ops:
             self._progress_at[rank] = now
         self._beat[rank] = beat
 
     def last_beat(self, rank: int) -> Beat | None:
         return self._beat.get(rank)
+
+    def phi(self, rank: int, silence: float) -> float:
+        """phi of a silence of `silence` seconds for `rank`, from its gaps so far."""
+        return phi(silence, [g for _, g in self._gaps.get(rank, ())])
+
+    def beat_rates(self, now: float) -> dict[int, float]:
+        """Beats per second of each watched rank over about the last `RATE_SPAN` seconds (to
+        `now`, so a rank silent now counts as slow), for ranks seen beating that long."""
+        out = {}
+        for rank, seqs in self._seqs.items():
+            if len(seqs) >= 2 and now - seqs[0][0] >= RATE_SPAN / 2 and rank not in self._declared:
+                out[rank] = (seqs[-1][1] - seqs[0][1]) / (now - seqs[0][0])
+        return out
 
     def exited(self, rank: int, code: int, now: float) -> Suspect | None:
         """A watched rank's process ended: failed (once)."""
@@ -139,32 +235,85 @@ class Detector:
     def check(self, now: float, *, running: bool) -> list[Suspect]:
         """Silent ranks, and (while `running`) ranks stuck in compute."""
         self._forgive_blindness(now)
+        self.nobody_started = False
         out: list[Suspect] = []
         for rank, since in sorted(self._since.items()):
             if rank in self._declared:
                 continue
             last = self._beat_at.get(rank)
-            if last is None:
-                if now - since > self.startup_timeout:
-                    out.append(Suspect(rank, f"sent no heartbeat in {now - since:.1f} s since it started",
-                                       fence=True, at=now, silent=True))
-            elif now - last > self.heartbeat_timeout:
-                out.append(Suspect(rank, f"no heartbeat for {now - last:.1f} s (stopped or hung)", fence=True, at=now,
-                                   silent=True))
+            s = self._startup(rank, since, now) if last is None else self._silent(rank, last, now)
+            if s is not None:
+                out.append(s)
         if running and not out:
             out.extend(self._stalled(now))
         for s in out:
             self._declared.add(s.rank)
         return out
 
+    def _silent(self, rank: int, last: float, now: float) -> Suspect | None:
+        silence = now - last
+        floor = self.heartbeat_timeout
+        if silence <= floor:
+            return None
+        if silence > SILENCE_CEILING * floor:
+            return Suspect(rank, f"no heartbeat for {silence:.1f} s (stopped or hung)", fence=True, at=now, silent=True)
+        shared = self._shared(rank, last, now)
+        excess = silence - shared
+        if excess <= floor:
+            return None
+        p = self.phi(rank, excess)
+        if p < self.phi_threshold:
+            return None
+        gaps = [g for _, g in self._gaps[rank]]
+        seen = (f"; its beats came every {statistics.fmean(gaps) * 1e3:.0f} ms, phi {p:.0f}"
+                if len(gaps) >= MIN_SAMPLES and math.isfinite(p) else "")
+        peers = f", {shared:.1f} s of it shared by its peers" if shared >= 0.5 else ""
+        return Suspect(rank, f"no heartbeat for {silence:.1f} s (stopped or hung{peers}{seen})", fence=True, at=now, silent=True)
+
+    def _shared(self, rank: int, since: float, now: float) -> float:
+        """How long `rank`'s peers were silent too since `since` (its last beat): the median over
+        the other beating ranks of the longest silence each had after `since`."""
+        longest = []
+        for peer, at in self._beat_at.items():
+            if peer == rank or peer in self._declared:
+                continue
+            worst = now - max(at, since)  # its silence now (the part after `since`)
+            for end, gap in reversed(self._gaps[peer]):
+                if end <= since:
+                    break
+                worst = max(worst, min(gap, end - since))
+            longest.append(worst)
+        return statistics.median(longest) if longest else 0.0
+
+    def _startup(self, rank: int, since: float, now: float) -> Suspect | None:
+        waited = now - since
+        peers = [p for p in self._since if p != rank and p not in self._declared]
+        started = sum(1 for p in peers if p in self._beat_at)
+        if peers and not started:  # the whole host is slow, or nobody can reach the store: blame nobody
+            self.nobody_started = self.nobody_started or waited > self.startup_timeout
+            return None
+        if peers and 2 * started >= len(peers):
+            limit = min(self.startup_timeout, max(STARTUP_FLOOR, STARTUP_FACTOR * self._slowest_start))
+            why = (f" ({started} of its {len(peers)} peers did, the slowest in {self._slowest_start:.1f} s; "
+                   f"allowed {limit:.1f} s)")
+        else:  # alone, or most peers not started either: the ceiling
+            limit, why = self.startup_timeout, ""
+        if waited <= limit:
+            return None
+        return Suspect(rank, f"sent no heartbeat in {waited:.1f} s since it started{why}", fence=True, at=now, silent=True)
+
     def _forgive_blindness(self, now: float) -> None:
-        last, self._checked = self._checked, now
+        """Called whenever the supervisor looks (a beat read, a check): a long gap since it last
+        looked was its own blindness."""
+        last, self._checked = self._checked, max(now, self._checked or now)
         if last is None or now - last <= self.heartbeat_timeout / 2:
             return
         gap = now - last
         for clock in (self._since, self._beat_at, self._progress_at):
             for rank, t in clock.items():
                 clock[rank] = min(t + gap, now)
+        for rank, gaps in self._gaps.items():
+            self._gaps[rank] = deque(((min(end + gap, now), g) for end, g in gaps), maxlen=WINDOW)
 
     def _stalled(self, now: float) -> list[Suspect]:
         # Only ranks inside an iteration can stall it; the others (finished, joining the next

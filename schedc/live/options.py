@@ -28,10 +28,11 @@ class TrainOptions:
     recovery: RecoveryMethod | None = None  # None: the spec's `recovery.policy`, else auto (the cheapest)
     horizon: float | None = None  # seconds to the next event assumed before two were seen (None: the spec's, else 900)
     fail_slow: str = "act"  # act: detect slow GPUs and switch plans by cost; detect: only say so; off
-    detect_timeout: float = 3.0  # seconds of heartbeat silence before a rank is declared hung
+    detect_timeout: float = 3.0  # the least heartbeat silence before a rank can be declared hung (a floor)
+    phi: float = 8.0  # ... and how improbable the silence must be given the rank's own beats (phi accrual)
     heartbeat_interval: float = 0.05
     stall_timeout: float | None = None  # default: max(10 s, 10 x the plan's iteration time)
-    startup_timeout: float = 120.0
+    startup_timeout: float = 600.0  # the ceiling of a start-up (judged against the peers' start-ups below it)
     transition_timeout: float = 60.0  # seconds a new generation may take to become ready once its members are up
     replan_deadline: float = 0.5
     max_restarts: int = 3
@@ -64,6 +65,9 @@ class TrainOptions:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
+        if not (isinstance(self.phi, (int, float)) and math.isfinite(self.phi) and self.phi > 0):
+            problems.append(f"phi must be a positive number (8: a healthy rank's silence that long is a "
+                            f"one-in-10^8 event), got {self.phi}")
         if self.iterations is not None and self.iterations < 1:
             problems.append(f"iterations must be at least 1, got {self.iterations}")
         for name in ("checkpoint_every", "max_restarts", "store_port"):

@@ -4,15 +4,23 @@
   compute ops (F, B, W: from the moment their inputs are there to the moment
   their sends are posted, so waiting for a slow peer or a slow link is not
   counted) and their planned time. The GPU's log speed is then
-  y = log(planned x the plan's speed for it / measured).
+  log(planned x the plan's speed for it / measured).
+* **Against the peers**: a host slowed for everyone is no one GPU's
+  slowness. Once every member's report of an iteration is in, a rank's log
+  speed is taken against the median of the other members' in the same
+  iteration; and its heartbeat rate against theirs (`Detector.beat_rates`:
+  a process the OS runs half as much beats half as often, even when its
+  timed ops look healthy). Each signal has its own tracker (their noise
+  differs tenfold on a loaded host); the rank's speed is the lower of the two.
 * **Detect**: one `SpeedTracker` per GPU (`schedc.live.changepoint`).
 * **Price and decide**: on a change, the options (keep, rebalance, exclude,
   restore) are priced with the planner and the simulator and handed to the
   `Ladder` (`schedc.live.mitigate`), whose ski-rental rule says when to
   switch; the switch itself is a planned generation change at an iteration
   boundary (`Controller.switch`).
-* **Excluded GPUs** stay up on standby and probe their own speed; once five
-  probes in a row say healthy, the ladder prices taking them back, and a
+* **Excluded GPUs** stay up on standby and probe their own speed, judged
+  against the host's speed now (`host_speed`); once five probes in a row say
+  healthy, the ladder prices taking them back, and a
   rejoin (`schedc.live.rejoin`: catch-up, then a switch) does it.
 """
 
@@ -22,7 +30,7 @@ import math
 import statistics
 from dataclasses import replace
 
-from schedc.live.changepoint import SpeedTracker
+from schedc.live.changepoint import Shift, SpeedTracker
 from schedc.live.control import Controller
 from schedc.live.mitigate import Decision, Ladder, Option
 from schedc.live.protocol import IterationDone, Phase, Probe
@@ -30,6 +38,11 @@ from schedc.spec import Failure
 
 #: Probes in a row that must say "healthy" before an excluded GPU is priced back in.
 HEALTHY_PROBES = 5
+#: An iteration's speeds are judged when the report of an iteration this much later arrives (or
+#: when the iteration completes): by then every member's report of it is in.
+ROUND_LAG = 2
+#: Iterations over which the host's speed (for judging probes) is taken (their median).
+HOST_ROUNDS = 10
 
 
 def retimed_period(plan, speeds: dict[int, float]) -> int:
@@ -49,13 +62,20 @@ def measured_speed(rep: IterationDone, plan_speed: float) -> float | None:
     return planned * plan_speed / compute if compute > 0 and planned > 0 else None
 
 
+#: Iterations that set a plan's pace (the median of their wall times), and how much longer than
+#: it an iteration must take for the run to count as slowed (gating the heartbeat-rate signal).
+PACE_ITERATIONS = 8
+PACE_SLACK = 1.2
+
 class Slowness:
     """The fail-slow policy. `mode` is ``act`` (switch plans by cost) or ``detect`` (only say so)."""
 
     def __init__(self, ctl: Controller, *, mode: str = "act"):
         self.ctl = ctl
         self.mode = mode
-        self.trackers: dict[int, SpeedTracker] = {}
+        self.trackers: dict[int, SpeedTracker] = {}  # rank -> its compute speed against its peers'
+        self.beat_trackers: dict[int, SpeedTracker] = {}  # rank -> its heartbeat rate against its peers'
+        self.speeds: dict[int, float] = {}  # rank -> the lower of the two, as last reported
         self.probes: dict[int, list[float]] = {}
         self.excluded: set[int] = set()
         self.decisions: list[dict] = []
@@ -66,31 +86,118 @@ class Slowness:
         self.ladder = Ladder(cost_s=max(0.1, period))
         self._pending: list[tuple[int, object, int]] = []  # shifts seen while not running
         self._quiet_until: dict[int, int] = {}  # rank -> iteration before which its probes are not priced
+        self._rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log speed, waiting for its peers'
+        self._walls: dict[int, float] = {}  # iteration -> its longest wall time over the members' reports
+        self._pace: list[float] = []  # the walls of the first iterations under the current plan: its pace
+        self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
+        self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
+        self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
 
     # -- measuring -----------------------------------------------------------------------------
 
     def observe(self, rep: IterationDone, plan_speed: float) -> None:
-        """One rank's iteration report (a member of the current generation)."""
+        """One rank's iteration report (a member of the current generation). Judged once its
+        peers' reports of the same iteration are in (at the iteration's `tick`, or two
+        iterations later), against theirs."""
+        self._walls[rep.it] = max(self._walls.get(rep.it, 0.0), rep.t1 - rep.t0)
         speed = measured_speed(rep, plan_speed)
         if speed is None:
             return
-        rank, it = rep.rank, rep.it
-        tracker = self.trackers.setdefault(rank, SpeedTracker())
-        shift = tracker.update(math.log(speed), it)
-        if shift is not None:
+        self._rounds.setdefault(rep.it, {})[rep.rank] = math.log(speed)
+        self._judge_rounds(rep.it - ROUND_LAG)
+
+    def beat_rates(self, rates: dict[int, float]) -> None:
+        """The members' heartbeat rates now (beats per second, `Detector.beat_rates`)."""
+        self._rates = rates
+
+    def _judge_rounds(self, upto: int) -> None:
+        for it in sorted(k for k in self._rounds if k <= upto):
+            self._judge(it, self._rounds.pop(it))
+
+    def _judge(self, it: int, logs: dict[int, float]) -> None:
+        """One iteration's log speeds, each judged against the median of its peers' (a host
+        slowed for everyone is no one GPU's slowness), and against the rank's beat rate."""
+        self._note_host(logs)
+        avail = self._availability()
+        slowed = self._run_slowed(self._walls.pop(it, None))
+        for rank, y in sorted(logs.items()):
+            others = [v for r, v in logs.items() if r != rank]
+            rel = y - statistics.median(others) if others else y
+            shifts = [self.trackers.setdefault(rank, SpeedTracker()).update(rel, it)]
+            if rank in avail:
+                # A rank that beats less often than its peers slows the run only if the run is slowed:
+                # a heartbeat thread starved while the GPU keeps pace (a fresh process, a busy
+                # interpreter) is not a slow GPU; while the run keeps its pace, the signal reads healthy.
+                shifts.append(self.beat_trackers.setdefault(rank, SpeedTracker()).update(
+                    avail[rank] if slowed else 0.0, it))
+            shifts = [sh for sh in shifts if sh is not None]
+            if not shifts:
+                continue
+            speed = min(t[rank].speed if rank in t else 1.0 for t in (self.trackers, self.beat_trackers))
+            if speed == self.speeds.get(rank, 1.0):
+                continue  # (one signal went back while the other still says slow)
+            self.speeds[rank] = speed
+            shift = Shift(speed, min(sh.since for sh in shifts), it)
             if self.ctl.phase == Phase.RUNNING:
                 self._shift(rank, shift.speed, shift.since, it)
             else:
                 self._pending.append((rank, shift, it))
 
+    def _run_slowed(self, wall: float | None) -> bool:
+        """Whether this iteration took clearly longer (PACE_SLACK) than the current plan's pace,
+        the median of its first PACE_ITERATIONS iterations (while those are measured: no)."""
+        if wall is None:
+            return False
+        if len(self._pace) < PACE_ITERATIONS:
+            self._pace.append(wall)
+            return False
+        return wall > statistics.median(self._pace) * PACE_SLACK
+
+    def _availability(self) -> dict[int, float]:
+        """Log of each member's heartbeat rate against the median of the other members': a
+        process the OS runs half as much as its peers (stopped now and then, starved) beats
+        about half as often, whether or not the stops fall inside its timed ops."""
+        members = set(self.ctl.members)
+        rates = {r: v for r, v in self._rates.items() if r in members and v > 0}
+        if len(rates) < 3:  # two ranks cannot say which one is slow
+            return {}
+        out = {}
+        for r, v in rates.items():
+            mid = statistics.median(x for q, x in rates.items() if q != r)
+            out[r] = math.log(v / mid)
+        return out
+
+    def _note_host(self, logs: dict[int, float]) -> None:
+        """How fast the host runs now against its start: the median over the members of their
+        log speed against their own first iterations (for judging probes, below)."""
+        devs = []
+        for rank, y in logs.items():
+            first = self._first.setdefault(rank, [])
+            if len(first) < SpeedTracker.warmup:
+                first.append(y)
+            else:
+                devs.append(y - statistics.median(first))
+        if devs:
+            self._host.append(statistics.median(devs))
+            del self._host[:-HOST_ROUNDS]
+
+    def host_speed(self) -> float:
+        """The host's speed now against the run's first iterations (at most 1): what a probe of a
+        healthy GPU on this host shows now."""
+        if not self._host:
+            return 1.0
+        return min(1.0, math.exp(statistics.median(self._host)))
+
     def probe(self, rep: Probe) -> None:
         """A probe of a GPU's speed: an excluded one on standby, or a member its plan gives no
-        compute (all its work moved to its peers), whose iterations time nothing."""
+        compute (all its work moved to its peers), whose iterations time nothing. Judged
+        against the host's speed now: a probe on a host that every rank finds slower is no
+        sign of a slow GPU."""
         ctl, rank = self.ctl, rep.rank
         if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
-        seen.append(rep.speed)
+        seen.append(min(1.0, rep.speed / self.host_speed()))
         del seen[:-HEALTHY_PROBES]
         if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
             return
@@ -108,6 +215,7 @@ class Slowness:
 
     def tick(self, iteration: int) -> None:
         """An iteration was completed (the run is `running`)."""
+        self._judge_rounds(iteration)
         for rank, shift, it in self._pending:
             self._shift(rank, shift.speed, shift.since, it)
         self._pending.clear()
@@ -196,11 +304,17 @@ class Slowness:
         refused = ctl.switch(d.plan, kind=d.action, reason=d.reason, ranks=[d.rank])
         if refused is None:
             self._log(d)
-            if d.rank in self.trackers:
-                self.trackers[d.rank].expect(1.0 if d.action == "restore" else d.speed)
+            expected = 1.0 if d.action == "restore" else d.speed
+            for trackers in (self.trackers, self.beat_trackers):
+                if d.rank in trackers:
+                    trackers[d.rank].expect(expected)
+            if d.rank in self.speeds:
+                self.speeds[d.rank] = expected
             if d.action == "exclude":
                 self.excluded.add(d.rank)
                 self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
+                self.beat_trackers.pop(d.rank, None)
+                self.speeds.pop(d.rank, None)
         else:
             self._log(replace(d, verdict="ignore", reason=f"{d.reason}; no switch: {refused}"))
 
@@ -217,15 +331,18 @@ class Slowness:
         (an excluded GPU's return is priced again from its next probes)."""
         ctl = self.ctl
         self.ladder.cancel_all()
-        for rank, tracker in self.trackers.items():
+        self._pace = []  # the new plan's pace is measured anew
+        for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
-                if abs(tracker.speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
-                    self._open(rank, tracker.speed, ctl.completed, ctl.completed)
+                if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
+                    self._open(rank, speed, ctl.completed, ctl.completed)
 
     def joined(self, rank: int) -> None:
         """A GPU (re)joined: its speed is learned afresh."""
         self.trackers.pop(rank, None)
+        self.beat_trackers.pop(rank, None)
+        self.speeds.pop(rank, None)
         self.probes.pop(rank, None)
         self.excluded.discard(rank)
         self.ladder.cancel(rank)

@@ -82,7 +82,7 @@ class Supervisor(Transitions):
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()
         stall = options.stall_timeout or max(10.0, 10 * self.plan.metrics.iteration_time / 1e6)
         self.detector = Detector(heartbeat_timeout=options.detect_timeout, stall_timeout=stall,
-                                 startup_timeout=options.startup_timeout)
+                                 startup_timeout=options.startup_timeout, phi=options.phi)
         self.phase = Phase.NEW
         self.job: JobStore | None = None
         self.fleet: Fleet | None = None  # every host's agent
@@ -226,8 +226,15 @@ class Supervisor(Transitions):
             self._last_beats = now
             for rank, text in self.job.heartbeats(self.detector.watching()).items():
                 self.detector.beat(rank, text, now)
+            self.slowness.beat_rates(self.detector.beat_rates(now))
             for s in self.detector.check(now, running=self.phase in (Phase.RUNNING, Phase.SWITCHING)):
                 self._suspect(s)
+            if self.detector.nobody_started:
+                self._fail([error("E554", f"no rank sent a heartbeat in {self.options.startup_timeout:g} s since "
+                                          "it started",
+                                  hint="the workers cannot reach the store, or the host is too busy to start "
+                                       "them; check --store-host and the host's load")])
+                return
             if self.detector.stalled_waiting:
                 self._fail([error("E554", "the job is stuck: every rank waits for another and none has "
                                           f"finished an op for {self.detector.stall_timeout:g} s",
