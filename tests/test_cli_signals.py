@@ -154,8 +154,10 @@ def test_ctrl_c_while_the_forkserver_imports_torch(tmp_path):
 @pytest.mark.e2e
 def test_ctrl_c_and_sigterm_mid_run(tmp_path):
     out = compiled(tmp_path)
-    for sig, line, group in ((signal.SIGINT, "interrupted", True), (signal.SIGTERM, "terminated (SIGTERM)", False)):
+    for sig, line, group, how in ((signal.SIGINT, "interrupted", True, "Ctrl-C"),
+                                  (signal.SIGTERM, "terminated (SIGTERM)", False, "SIGTERM")):
         cmd = Command(tmp_path, "train", out, "--iterations", "1000")
         cmd.signal_when(lambda: "iteration    1" in cmd.stdout.read_text(), "iteration 1's line", sig=sig,
                         group=group)
         cmd.assert_one_line(line)
+        assert f"interrupted ({how}): stopping every worker" in cmd.stdout.read_text()  # the run's own note
