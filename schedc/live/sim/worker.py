@@ -30,7 +30,8 @@ from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, Checkpoin
 
 if TYPE_CHECKING:  # pragma: no cover
     from schedc.live.membership import Generation
-    from schedc.live.sim.world import SimWorld
+
+# (`world` below is a `schedc.live.sim.world.SimWorld`, which imports this module: not imported here)
 
 #: Simulated seconds between two polls of a waiting worker (a real one sleeps 5-10 ms).
 POLL = 0.01
@@ -58,7 +59,7 @@ class Exit(Exception):
 class Network:
     """Collectives and pipeline iterations among simulated ranks (see the module docstring)."""
 
-    def __init__(self, world: "SimWorld"):
+    def __init__(self, world):
         self.world = world
         self.arrived: dict[tuple, dict[int, object]] = {}  # barrier -> rank -> its value
         self.iterations: dict[tuple[int, int], dict] = {}  # (generation, iteration) -> its progress
@@ -112,7 +113,7 @@ class Network:
 class SimWorker:
     """One simulated worker process (see the module docstring)."""
 
-    def __init__(self, world: "SimWorld", rank: int, startup_s: float):
+    def __init__(self, world, rank: int, startup_s: float):
         self.world = world
         self.job = world.job
         self.net = world.net
