@@ -66,6 +66,11 @@ def measured_speed(rep: IterationDone, plan_speed: float) -> float | None:
 #: it an iteration must take for the run to count as slowed (gating the heartbeat-rate signal).
 PACE_ITERATIONS = 8
 PACE_SLACK = 1.2
+#: The heartbeat rate against the peers' that counts as slow on its own: a starved process (a
+#: throttle stopping it half the time beats about half as often) is far below it; heartbeat
+#: threads jitter by 10-20% under load with the GPU at full speed (the simulation reported
+#: healthy ranks at 0.81-0.88 from jitter alone, 27 of 2500 schedules, before this bar).
+BEAT_SLOW = 0.7
 
 class Slowness:
     """The fail-slow policy. `mode` is ``act`` (switch plans by cost) or ``detect`` (only say so)."""
@@ -133,7 +138,9 @@ class Slowness:
             shifts = [sh for sh in shifts if sh is not None]
             if not shifts:
                 continue
-            speed = min(t[rank].speed if rank in t else 1.0 for t in (self.trackers, self.beat_trackers))
+            compute = self.trackers[rank].speed if rank in self.trackers else 1.0
+            beat = self.beat_trackers[rank].speed if rank in self.beat_trackers else 1.0
+            speed = min(compute, beat if beat <= BEAT_SLOW else 1.0)
             if speed == self.speeds.get(rank, 1.0):
                 continue  # (one signal went back while the other still says slow)
             self.speeds[rank] = speed

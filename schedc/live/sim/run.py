@@ -221,6 +221,7 @@ class _Checker:
         elif f.action == "stop":
             for r in world.signal(f.ranks, "stop"):  # (descheduled, SIGSTOP, a VM paused)
                 self.trouble.setdefault(r, []).append([now, float("inf")])
+                self.slowed.add(r)  # (stopped a while, it was slow: a report of that is right)
             self.timers.append((now + f.duration, "cont", f.ranks))
         elif f.action == "hang":
             for r in f.ranks:
