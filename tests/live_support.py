@@ -72,3 +72,18 @@ def check_exact(out: Path, result, iterations: int) -> float:
     for got, want in zip(result.losses, ref_losses):
         assert abs(got - want) <= LOSS_TOLERANCE, (result.losses, ref_losses)
     return diff
+
+
+def children_of(pid: int, word: str) -> list[int]:
+    """Live child processes of `pid` whose command line contains `word` (from /proc: `ps`
+    cuts command lines to the width of a terminal it does not have)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if stat[1] == str(pid) and stat[0] != "Z" and word in cmdline:
+            found.append(int(entry.name))
+    return found

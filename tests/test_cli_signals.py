@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from live_support import WAIT_S, compiled, wait_until
+from live_support import WAIT_S, children_of, compiled, wait_until
 
 TESTS = Path(__file__).parent
 SPECS = TESTS.parent / "specs"
@@ -55,16 +55,7 @@ class Command:
             return 0
 
     def children(self, word: str) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except (OSError, IndexError, ValueError):
-                continue
-            if stat[1] == str(self.proc.pid) and word in cmdline:
-                found.append(int(entry.name))
-        return found
+        return children_of(self.proc.pid, word)
 
     def signal_when(self, condition, what: str, sig=signal.SIGINT, group: bool = True) -> None:
         """Send `sig` once `condition()` holds (failing if the command ended first), then wait for the end."""

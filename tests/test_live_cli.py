@@ -15,7 +15,7 @@ import pytest
 
 import schedc
 from live_data import STUCK_MARKER
-from live_support import WAIT_S, check_exact, compiled, wait_until
+from live_support import WAIT_S, check_exact, children_of, compiled, wait_until
 from schedc.live import TrainError, train
 from test_runtime_support import max_weight_diff
 
@@ -259,21 +259,6 @@ def test_an_unwritable_checkpoint_directory_is_refused_before_the_run(tmp_path):
     assert exc.value.codes == ["E558"]
 
 
-def _children(pid: int, word: str) -> list[int]:
-    """Live child processes of `pid` whose command line contains `word` (from /proc: `ps`
-    cuts command lines to the width of a terminal it does not have)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            continue
-        if stat[1] == str(pid) and stat[0] != "Z" and word in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 def _failed_lines(stdout: str) -> list[str]:
     return [ln.split("] ", 1)[-1] for ln in stdout.splitlines() if " failed: " in ln]
 
@@ -300,8 +285,8 @@ def test_a_killed_forkserver_and_resource_tracker_are_no_ranks_death_and_are_rep
         wait_until(lambda: "iteration    0" in stdout.read_text() or proc.poll() is not None,
                    "the first iteration's line", state=stderr.read_text)
         assert proc.poll() is None, stderr.read_text()
-        (server,) = _children(proc.pid, "multiprocessing.forkserver")
-        (tracker,) = _children(proc.pid, "multiprocessing.resource_tracker")
+        (server,) = children_of(proc.pid, "multiprocessing.forkserver")
+        (tracker,) = children_of(proc.pid, "multiprocessing.resource_tracker")
         os.kill(server, signal.SIGKILL)
         os.kill(tracker, signal.SIGKILL)
         assert "injected" not in stdout.read_text(), "the injections came before the kills: the test proves nothing"
@@ -327,7 +312,7 @@ def test_a_forkserver_killed_while_it_starts_is_replaced(tmp_path):
     """Killed while it imports torch, before any rank runs: the ranks start from a new one."""
     proc, stdout, stderr = _train_in_background(tmp_path, compiled(tmp_path), "--iterations", "3")
     try:
-        server = wait_until(lambda: _children(proc.pid, "multiprocessing.forkserver") or proc.poll() is not None,
+        server = wait_until(lambda: children_of(proc.pid, "multiprocessing.forkserver") or proc.poll() is not None,
                             "the forkserver to start", poll=0.002)
         assert proc.poll() is None and "generation 0" not in stdout.read_text()
         os.kill(server[0], signal.SIGKILL)
