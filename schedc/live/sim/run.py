@@ -178,12 +178,10 @@ class _Checker:
         self.slowed: set[int] = set()
         self.timers: list[tuple[float, str, tuple[int, ...]]] = []  # (at, what, ranks): ends of faults
         self.seen_events = 0
-        self.phases: set[Phase] = set()
 
     def __call__(self) -> None:
-        sup, world = self.sup, self.world
+        world = self.world
         now = world.now
-        self.phases.add(sup.phase)
         for at, what, ranks in [t for t in self.timers if t[0] <= now]:
             self.timers.remove((at, what, ranks))
             if what == "cont":
