@@ -290,13 +290,7 @@ class Transitions:
         process that outlives a SIGKILL that long is on a host that does not answer: said so)."""
         if not ranks:
             return
-        self._signal(ranks, "kill")
-        deadline = self._now() + FENCE_WAIT
-        while self.alive & set(ranks) and self._now() < deadline:
-            self.fleet.step(TICK)
-            for ev in self.job.events():
-                self._dispatch(ev, self._now())
-        for r in sorted(self.alive & set(ranks)):
+        for r in sorted(self._kill_and_wait(ranks, FENCE_WAIT)):
             self._note("warning", f"warning: rank {r}'s process was killed but its exit is not seen after "
                                   f"{FENCE_WAIT:g} s (its host's agent does not answer): going on without it")
 
@@ -304,17 +298,19 @@ class Transitions:
         """recovery="restart": every survivor is killed before all restart (their exits are ours)."""
         self._kill_and_wait([r for r in self.gen.members if r not in self.dead])
 
-    def _kill_and_wait(self, ranks: Sequence[int]) -> None:
-        """SIGKILL `ranks`' processes and wait (10 s at most) until their exits are seen; those
-        exits are expected (the ranks are no longer watched), not failures."""
+    def _kill_and_wait(self, ranks: Sequence[int], seconds: float = 10.0) -> set[int]:
+        """SIGKILL `ranks`' processes and wait (`seconds` at most) until their exits are seen;
+        those exits are expected (the ranks are no longer watched), not failures. Returns the
+        ranks whose exit was not seen."""
         for r in ranks:
             self.detector.forget(r)
         self._signal(ranks, "kill")
-        deadline = self._now() + 10
+        deadline = self._now() + seconds
         while self.alive & set(ranks) and self._now() < deadline:
             self.fleet.step(TICK)
             for ev in self.job.events():
                 self._dispatch(ev, self._now())
+        return self.alive & set(ranks)
 
     # -- deadlines: a transition that does not end is tried again, then restarted, then reported -----
 
