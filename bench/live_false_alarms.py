@@ -14,7 +14,7 @@ tensors, not --emulate) is trained on a host that other processes load:
   rank, reports about any other rank (false alarms), and, once the
   throttle ends, whether the GPU is taken back.
 
-    flock /tmp/schedc-heavy.lock python bench/live_false_alarms.py [--iterations 500] [--loops 2 4]
+    python bench/live_false_alarms.py [--iterations 500] [--loops 2 4]
         [--throttle-loops 2] [-o DIR]
 
 Prints one line per run and writes DIR/false_alarms.json (and each run's log, DIR/<case>.json).
