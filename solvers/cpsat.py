@@ -36,7 +36,6 @@ from __future__ import annotations
 import importlib
 import math
 import sys
-import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -54,6 +53,7 @@ from schedc.simulate_engine import DeadlockError, schedule_from_programs
 from schedc.solvers import SolveOptions
 from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
 from schedc.solvers.cpsat_bound import period_lower_bound
+from schedc.solvers.sandbox import SolverFailed, solve_contained
 
 NAME = "cpsat"
 
@@ -433,7 +433,7 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     p.num_workers = max(1, options.workers)
     # CP-SAT's own SIGINT handler would swallow Ctrl-C during a solve and stay installed after
     # it, so that a later Ctrl-C kills the process with no KeyboardInterrupt (no cleanup): the
-    # caller's signal handling stays the caller's (`_solve_keeping_ctrl_c`).
+    # caller's signal handling stays the caller's (`sandbox.solve_contained`).
     p.catch_sigint_signal = False
     p.random_seed = options.seed
     p.symmetry_level = 0
@@ -445,30 +445,30 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     # The limit is checked between batches of subsolver tasks; batches of one keep the overshoot
     # small (measured: 2.4 units used of a 0.4 limit at the default, 0.400 with 1).
     p.interleave_batch_size = 1
-    timer = None
+    stop_at = None
     if wall is not None:
         # CP-SAT overshoots its wall limit (presolve and loading are not interrupted at once;
-        # by up to ~0.25 s under load when measured), so it gets a share of what is left, and a
-        # timer stops the search when the deadline comes, whatever CP-SAT's own clock says.
+        # by up to ~0.25 s under load when measured), so it gets a share of what is left, and it
+        # is stopped when the deadline comes, whatever CP-SAT's own clock says (and killed just
+        # after, if it does not stop: `sandbox.KILL_AFTER_S`).
         # Check: `python bench/replan_latency.py --deadlines 0.1`, max within the deadline.
         p.max_time_in_seconds = max(0.01, WALL_SHARE * wall - 0.05)
-        timer = threading.Timer(max(0.0, deadline - time.monotonic() - 0.15), solver.StopSearch)
-        timer.daemon = True
-        timer.start()
+        stop_at = deadline - 0.15
     try:
-        status = _solve_keeping_ctrl_c(solver, m)
-    finally:
-        if timer is not None:
-            timer.cancel()
-    name = solver.StatusName(status)
-    cut = (wall is not None and status != cp_model.OPTIMAL
-           and solver.deterministic_time < 0.999 * p.max_deterministic_time)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        # In a child process: an OR-Tools abort must not end the caller (a launcher's
+        # supervisor replans in its own process); greedy's plan is kept instead.
+        solved = solve_contained(solver, m, stop_at)
+    except SolverFailed as e:
+        return _Result(None, "FAILED", None, None, str(e), cut_by_deadline=e.at_deadline)
+    name = solved.status_name
+    cut = (wall is not None and solved.status != cp_model.OPTIMAL
+           and solved.deterministic_time < 0.999 * p.max_deterministic_time)
+    if solved.status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return _Result(None, name, None, None, f"CP-SAT: {name}" + (" at the deadline" if cut else ""),
                        cut_by_deadline=cut)
-    objective = solver.ObjectiveValue()
+    objective = solved.objective_value
     # With pipelines fixed to the seed the model is a restriction, and its bound bounds only it.
-    bound = solver.BestObjectiveBound() if len(free) == inst.dp else None
+    bound = solved.best_objective_bound if len(free) == inst.dp else None
 
     programs: dict[int, list[tuple[int, int, OpId]]] = {g.rank: [] for g in inst.live_gpus()}
     for s in range(inst.pp):
@@ -480,10 +480,10 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
                         programs[op.rank].append((op.start, op.end, op.id))
                     continue
                 lits = choice[(d, s, mb)]
-                rank = next(r for r, lit in lits.items() if lit is None or solver.BooleanValue(lit))
+                rank = next(r for r, lit in lits.items() if lit is None or solved.boolean_value(lit))
                 for k in kinds:
                     op = OpId(k, d, s, mb)
-                    programs[rank].append((solver.Value(start[op]), solver.Value(end[op]), op))
+                    programs[rank].append((solved.value(start[op]), solved.value(end[op]), op))
     for g in inst.live_gpus():
         o = OpId("O", g.dp, g.pp)
         programs[g.rank].append((1 << 62, 1 << 62, o))  # O closes each program
@@ -491,28 +491,9 @@ def _solve_model(instance: Instance, seed: Schedule, free: set[int], options: So
     sched = schedule_from_programs(inst, ordered, SolverInfo(name=NAME))
     detail = f"CP-SAT {name.lower()}"
     if cut:
-        detail += (f", stopped by the deadline after {solver.deterministic_time:.3f} of "
+        detail += (f", stopped by the deadline after {solved.deterministic_time:.3f} of "
                    f"{p.max_deterministic_time:.3f} deterministic units")
     return _Result(sched, name, objective, bound, detail, cut_by_deadline=cut)
-
-
-def _solve_keeping_ctrl_c(solver, model) -> int:
-    """`solver.Solve(model)`; on the main thread the solve runs on a helper thread, so that a
-    Ctrl-C (KeyboardInterrupt, delivered to the main thread) stops the search at once and is
-    raised to the caller, as anywhere else in Python."""
-    if threading.current_thread() is not threading.main_thread():
-        return solver.Solve(model)
-    result: list = []
-    worker = threading.Thread(target=lambda: result.append(solver.Solve(model)), name="schedc-cpsat", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.05)
-    except KeyboardInterrupt:
-        solver.StopSearch()
-        worker.join()
-        raise
-    return result[0]
 
 
 def warm_up() -> None:

@@ -41,6 +41,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 from schedc.layout import HORIZON_ITERATIONS, Layout, Units, fits, layout_objective, work
 from schedc.repartition import greedy_layout
+from schedc.solvers.sandbox import Solved, SolverFailed, solve_contained
 from schedc.spec import scaled_duration
 
 #: Seconds of wall per unit of CP-SAT's deterministic time on these models (one worker, 2 shared
@@ -54,7 +55,7 @@ class LayoutResult(NamedTuple):
     """`layout`: the best layout found (None when `status` is ``infeasible``); `objective`: its
     `layout_objective`; `bound`: CP-SAT's proven lower bound on every layout of the shape (None
     when it proved nothing); `status`: ``optimal`` (objective == bound), ``feasible`` (CP-SAT's
-    layout, not proven), ``fallback`` (greedy's layout, CP-SAT found none better) or
+    layout, not proven), ``fallback`` (greedy's layout: CP-SAT found none better, or failed) or
     ``infeasible`` (no split fits `memory`, or too few GPUs)."""
 
     layout: Layout | None
@@ -98,13 +99,17 @@ def solve_layout(units: Units, dp: int, pp: int, microbatches: int, memory: int,
     # 2 x 7 GPT-350M model, and proved nothing the search did not (same optima, 4x less work).
     p.cp_model_probing_level = 0
     p.max_deterministic_time = max(0.01, time_limit / _WALL_S_PER_DET)
-    status = solver.Solve(model.m)
+    try:
+        solved = solve_contained(solver, model.m)  # an OR-Tools abort must not end the caller
+    except SolverFailed:
+        return LayoutResult(seed_layout, seed_price, None, "fallback")
+    status = solved.status
     if status == cp_model.INFEASIBLE:  # the hint is feasible in the model: a bug if reached
         raise AssertionError("the layout model rejected greedy's layout")
-    bound = math.ceil(solver.BestObjectiveBound() - 1e-6) if status != cp_model.MODEL_INVALID else None
+    bound = math.ceil(solved.best_objective_bound - 1e-6) if status != cp_model.MODEL_INVALID else None
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return LayoutResult(seed_layout, seed_price, bound, "fallback")
-    layout = model.layout(solver)
+    layout = model.layout(solved)
     objective = price(layout)
     if objective > seed_price:
         return LayoutResult(seed_layout, seed_price, bound, "fallback")
@@ -267,10 +272,10 @@ class _Model:
         m.AddHint(self.T, max(self.dur[s][d.speed[g]][layout.slices[s]] for g, s in stage_of.items()))
         m.AddHint(self.O, max(self.step[s][d.speed[g]][layout.slices[s]] for g, s in stage_of.items()))
 
-    def layout(self, solver) -> Layout:
+    def layout(self, solved: Solved) -> Layout:
         d = self.d
-        slices = tuple(next(k for k, v in self.x[s].items() if solver.BooleanValue(v)) for s in range(d.pp))
-        stage_gpus = [[g for g in d.gpus if solver.BooleanValue(self.y[g][s])] for s in range(d.pp)]
+        slices = tuple(next(k for k, v in self.x[s].items() if solved.boolean_value(v)) for s in range(d.pp))
+        stage_gpus = [[g for g in d.gpus if solved.boolean_value(self.y[g][s])] for s in range(d.pp)]
         ranks = tuple(tuple(stage_gpus[s][i] for s in range(d.pp)) for i in range(d.dp))
         return Layout(d.dp, d.pp, d.microbatches, slices, ranks)
 

@@ -63,17 +63,17 @@ def cpsat_runs(monkeypatch):
     import schedc.solvers.cpsat as cpsat
 
     runs = []
-    real = cpsat._solve_keeping_ctrl_c
+    real = cpsat.solve_contained
 
-    def spy(solver, model):
-        status = real(solver, model)
+    def spy(solver, model, stop_at=None):
+        solved = real(solver, model, stop_at)
         p = solver.parameters
         runs.append(dict(max_det=p.max_deterministic_time, max_wall=p.max_time_in_seconds,
-                         det=solver.deterministic_time, variables=len(model.Proto().variables),
-                         status=solver.StatusName(status)))
-        return status
+                         det=solved.deterministic_time, variables=len(model.Proto().variables),
+                         status=solved.status_name))
+        return solved
 
-    monkeypatch.setattr(cpsat, "_solve_keeping_ctrl_c", spy)
+    monkeypatch.setattr(cpsat, "solve_contained", spy)
     return runs
 
 

@@ -200,7 +200,7 @@ import os, signal, threading, time
 # A shell's background job starts with SIGINT ignored, and so would this child: restore it.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import schedc
-from schedc.solvers import cpsat
+from schedc.solvers import sandbox
 spec = schedc.load(open(os.environ["SPEC"]).read())
 schedc.compile(spec, solver="cpsat", time_limit=1)   # a whole solve first
 from ortools.sat.python import cp_model
@@ -213,7 +213,7 @@ s = cp_model.CpSolver(); s.parameters.max_time_in_seconds = 60; s.parameters.cat
 threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 t = time.monotonic()
 try:
-    cpsat._solve_keeping_ctrl_c(s, m)
+    sandbox.solve_contained(s, m)
     print("not interrupted")
 except KeyboardInterrupt:
     print("interrupted during the solve after", round(time.monotonic() - t))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from schedc.schedule_io import metrics_of_first_copies
     from schedc.load import load_argument
     from schedc.plan import check_output_dir, compile
+    from schedc.solvers.sandbox import failure_of
 
     check_output_dir(Path(args.out))  # before the solve, not after it
     from schedc.cli.terminal import status
@@ -41,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary_table(plan.metrics))
         print(f"wrote {describe_files(files)} to {out}")
+    failed = failure_of(plan.schedule.solver.detail)
+    if failed:
+        print(f"warning: {failed}; the plan written is the one found before its search (verified)",
+              file=sys.stderr)
     return 0
 
 

@@ -24,6 +24,7 @@ from schedc.live.protocol import Phase
 from schedc.live.recovery import Change, describe, failure_events, restored_name
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
+from schedc.solvers.sandbox import failure_of
 from schedc.spec import Failure
 
 #: Seconds to gather failures that come together (a node's GPUs die within milliseconds).
@@ -141,7 +142,11 @@ class Transitions:
 
         chosen = base.spec.schedule.solver
         solver = solver or (chosen if chosen in ("cpsat", "greedy") else "cpsat")  # templates cannot re-route
-        return replan(base, list(events), deadline=self.options.replan_deadline, solver=solver)
+        plan = replan(base, list(events), deadline=self.options.replan_deadline, solver=solver)
+        failed = failure_of(plan.schedule.solver.detail)
+        if failed:  # contained (solvers/sandbox.py): the run goes on with the plan found before the search
+            self._note("warning", f"warning: {failed}; the new plan is the one found before its search (verified)")
+        return plan
 
     def _switch(self, plan: Plan, *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
         """Announce a planned switch to `plan` a little ahead; None, or why it was not made."""
