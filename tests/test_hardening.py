@@ -194,7 +194,8 @@ def test_compile_switch_without_exchange_support(tmp_path, monkeypatch):
 
 
 def test_a_solve_on_the_main_thread_stops_at_ctrl_c_and_ctrl_c_still_works_after():
-    """CP-SAT's own SIGINT handler swallowed Ctrl-C during a solve and killed the process after."""
+    """CP-SAT's own SIGINT handler swallowed Ctrl-C during a solve and killed the process after.
+    Ctrl-C ends the solve at once, and the process that solved is gone (solvers/sandbox.py)."""
     script = r'''
 import os, signal, threading, time
 # A shell's background job starts with SIGINT ignored, and so would this child: restore it.
@@ -211,12 +212,11 @@ m.AddAllDifferent(xs)
 m.Maximize(sum(x * ((i * 13) % 11) for i, x in enumerate(xs)))
 s = cp_model.CpSolver(); s.parameters.max_time_in_seconds = 60; s.parameters.catch_sigint_signal = False
 threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-t = time.monotonic()
 try:
     sandbox.solve_contained(s, m)
     print("not interrupted")
 except KeyboardInterrupt:
-    print("interrupted during the solve after", round(time.monotonic() - t))
+    print("interrupted during the solve; solver processes left:", len(sandbox.running()))
 threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 try:
     time.sleep(30)
@@ -227,7 +227,8 @@ except KeyboardInterrupt:
                          env={**os.environ, "SPEC": str(ROOT / "specs" / "mlp-2x2.sched")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("interrupted during the solve after") and int(lines[0].split()[-1]) < 30
+    # (The solve alone would take 60 s and print "not interrupted".)
+    assert lines[0] == "interrupted during the solve; solver processes left: 0"
     assert lines[1] == "interrupted after it"
 
 
