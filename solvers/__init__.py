@@ -13,7 +13,8 @@ One module per solver (`cpsat`, `greedy`, `gpipe`, `one_f_one_b`, `zb_h1`,
 - `static_programs`: the fixed per-stage programs of GPipe, 1F1B, ZB-H1, ZB-H2;
 - `listsched`: the event-driven list scheduler behind `reroute-1f1b` and `greedy`;
 - `improve`: greedy's local search;
-- `cpsat_bound`: lower bounds on the steady-state period.
+- `cpsat_bound`: lower bounds on the steady-state period;
+- `sandbox`: one CP-SAT solve in a child process, so that a crash of OR-Tools falls back.
 
 `partition_cpsat` is of another kind: it chooses a re-partitioned layout
 (`schedc.repartition`), found by name with `get_layout_solver`.
