@@ -22,11 +22,14 @@ lock: no other CP-SAT solve of this process runs while one forks.
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import os
 import select
 import signal
 import threading
 import time
+import traceback
 import warnings
 from dataclasses import dataclass
 
@@ -141,14 +144,18 @@ def running() -> list[int]:
 
 
 def _child(solver, model, stop_at: float | None, out_w: int, err_w: int) -> None:  # pragma: no cover
+    """The forked child: solve, write the response's text to `out_w`, exit. It imports nothing (a
+    module lock another thread of the parent held at the fork would never be released here)."""
     code = _CHILD_ERROR
     try:
         # Ctrl-C reaches the whole process group: the parent decides, and kills this child.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        import faulthandler
-
         faulthandler.disable()  # a crash here is reported by the parent, not as a Python dump
         os.dup2(err_w, 2)  # OR-Tools' fatal message goes to the parent, not the user's terminal
+        # The parent's sockets and pipes (a store, its workers): a peer that waits for one to close
+        # must not wait for this child too.
+        os.closerange(3, out_w)
+        os.closerange(out_w + 1, 1 << 20)
         _die_with_parent()
         if stop_at is not None:
             timer = threading.Timer(max(0.0, stop_at - time.monotonic()), solver.StopSearch)
@@ -161,8 +168,6 @@ def _child(solver, model, stop_at: float | None, out_w: int, err_w: int) -> None
             view = view[os.write(out_w, view):]
         code = 0
     except BaseException:  # noqa: BLE001 (reported through the exit status and stderr)
-        import traceback
-
         traceback.print_exc()
     finally:
         os._exit(code)
@@ -171,8 +176,6 @@ def _child(solver, model, stop_at: float | None, out_w: int, err_w: int) -> None
 def _die_with_parent() -> None:  # pragma: no cover (the child)
     """Linux: the child gets SIGKILL when the parent dies (a killed launcher leaves no solver)."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
