@@ -23,7 +23,8 @@ def test_bench_quick_smoke(tmp_path):
         assert lb <= proven <= cp <= gr
         assert int(row["peak_memory"]) <= int(row["memory_limit"])
     md = (out / "results.md").read_text()
-    assert "cpsat / proven bound" in md and "proven optimal in" in md
+    assert "cpsat / proven bound (re-routing plans)" in md and "proven optimal among re-routing plans in" in md
+    assert "`optimal` and its proven bound hold among re-routing plans" in md
     assert "## Quality" in md and "## Planning latency" in md and "## Ablation" in md
     ablation = list(csv.DictReader((out / "ablation.csv").open()))
     assert {(r["decouple_backward"], r["stagger_optimizer"]) for r in ablation} == {

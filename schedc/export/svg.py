@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from schedc.schedule import Schedule, is_rerouted
+from schedc.schedule import Schedule, is_rerouted, status_text
 from schedc.symmetry import first_copy_view
 
 COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b", "R": "#9ecae9", "O": "#8e6c8a"}
@@ -51,7 +51,7 @@ def _ms(us: float) -> str:
 
 
 def _metric_line(schedule: Schedule, metrics: Any) -> str:
-    parts = [f"solver {schedule.solver.name} ({schedule.solver.status})"]
+    parts = [f"solver {schedule.solver.name} ({status_text(schedule.solver.status)})"]
     if metrics is None:
         parts.append(f"makespan {_ms(schedule.makespan)} ms")
         return "   |   ".join(parts)
