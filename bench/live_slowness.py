@@ -91,7 +91,7 @@ def plot(docs: dict[str, dict], title: str) -> str:
     xs = [x for p in pts.values() for x, _ in p]
     ys = [y for p in pts.values() for _, y in p]
     chart = Chart((min(xs), max(xs)), (0.0, max(ys) * 1.2), title=title, width=760, height=380,
-                  margins=(60, 170, 40, 45), x_format=".0f",
+                  margins=(60, 170, 40, 45),
                   xlabel=f"seconds since the slowdown began (iteration {FROM})", ylabel="useful iterations per second")
     if "unmitigated" in docs:  # the slow window, as the unmitigated run lived it
         start = {r["iteration"]: r["start"] for r in docs["unmitigated"]["iterations"]}

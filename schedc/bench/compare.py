@@ -12,7 +12,8 @@ directory:
 - `results.md`: the tables (quality, latency, ablation);
 - `results.csv`, `latency.csv`, `ablation.csv`: one row per run;
 - `throughput.svg`: throughput relative to fault-free against the number of
-  failed GPUs, one line per method; `latency.svg`: solve time against GPU count.
+  failed GPUs, one line per method; `latency.svg`: solve time against GPU count
+  (the median per count, a whisker from the fastest run to the slowest).
 
 `python bench/run.py` runs the same.
 """
@@ -208,13 +209,13 @@ def latency_table(runs: list[Run]) -> tuple[str, list[dict]]:
     for r in runs:
         if r.wall_s is not None:
             by_gpus.setdefault((r.method, r.scenario.gpus), []).append(r.wall_s)
-    lines = ["| method | GPUs | runs | solve p50 s | solve p95 s | max s |", "|---|---|---|---|---|---|"]
+    lines = ["| method | GPUs | runs | min s | solve p50 s | solve p95 s | max s |", "|---|---|---|---|---|---|---|"]
     rows = []
     for (method, n), ws in sorted(by_gpus.items(), key=lambda kv: (kv[0][1], METHODS.index(kv[0][0])
                                                                      if kv[0][0] in METHODS else 99)):
         p50, p95 = statistics.median(ws), percentile(ws, 0.95)
-        lines.append(f"| {method} | {n} | {len(ws)} | {p50:.3f} | {p95:.3f} | {max(ws):.3f} |")
-        rows.append({"method": method, "gpus": n, "runs": len(ws), "p50_s": round(p50, 4),
+        lines.append(f"| {method} | {n} | {len(ws)} | {min(ws):.3f} | {p50:.3f} | {p95:.3f} | {max(ws):.3f} |")
+        rows.append({"method": method, "gpus": n, "runs": len(ws), "min_s": round(min(ws), 4), "p50_s": round(p50, 4),
                      "p95_s": round(p95, 4), "max_s": round(max(ws), 4)})
     return "\n".join(lines), rows
 
@@ -346,10 +347,23 @@ def run_benchmark(out: Path, *, quick: bool = False, time_limit: float = 1.0, sc
     _write_csv(out / "ablation.csv", arows)
     (out / "throughput.svg").write_text(line_chart(
         throughput_series(quality), "Throughput under failures", "failed GPUs",
-        "throughput / fault-free", footnotes=throughput_notes(quality)))
-    lat_series: dict[str, list[tuple[float, float]]] = {}
-    for row in lrows:
-        lat_series.setdefault(f"{row['method']} p95", []).append((row["gpus"], row["p95_s"]))
-    (out / "latency.svg").write_text(line_chart(lat_series, "Planning latency", "GPUs", "solve time p95 (s)",
-                                                log_x=True, log_y=True))
+        "throughput / fault-free", integer_x=True, footnotes=throughput_notes(quality)))
+    (out / "latency.svg").write_text(latency_chart(lrows))
     return written
+
+
+def latency_chart(rows: list[dict]) -> str:
+    """Solve time against GPU count per method: the median of the runs at each count, and a whisker
+    from the fastest to the slowest run (one slow run, e.g. a fallback on a loaded machine, shows as
+    a long whisker, not as the line)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    spread: dict[str, list[tuple[float, float, float]]] = {}
+    for row in rows:
+        series.setdefault(row["method"], []).append((row["gpus"], row["p50_s"]))
+        spread.setdefault(row["method"], []).append((row["gpus"], row["min_s"], row["max_s"]))
+    runs = sorted({row["runs"] for row in rows})
+    count = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}-{runs[-1]}" if runs else "0"
+    notes = [f"each point: the median solve time of the {count} run(s) at that GPU count; whiskers: "
+             "fastest to slowest run"]
+    return line_chart(series, "Planning latency", "GPUs", "solve time (s)", log_x=True, log_y=True,
+                      spread=spread, footnotes=notes)
