@@ -42,7 +42,7 @@ def linear_ticks(lo: float, hi: float, *, most: int = 7, integer: bool = False) 
     `hi`: at least 3 and at most `most` of them (the finest step that stays within `most`)."""
     if hi < lo:
         lo, hi = hi, lo
-    if hi == lo:
+    if hi - lo <= 1e-9 * max(abs(lo), abs(hi)):  # one value (up to rounding): a range around it
         pad = abs(lo) / 2 or 1.0
         lo, hi = (lo - pad if lo - pad >= 0 or lo < 0 else 0.0), hi + pad
     step = nice_step(hi - lo, most - 1)  # the finest step: any finer needs more than `most` ticks

@@ -24,7 +24,7 @@ def test_bench_quick_smoke(tmp_path):
         assert int(row["peak_memory"]) <= int(row["memory_limit"])
     md = (out / "results.md").read_text()
     assert "cpsat / proven bound (re-routing plans)" in md and "proven optimal among re-routing plans in" in md
-    assert "`optimal` and its proven bound hold among re-routing plans" in md
+    assert "`optimal`, its proven bound and the lower bounds hold among re-routing plans" in md
     assert "## Quality" in md and "## Planning latency" in md and "## Ablation" in md
     ablation = list(csv.DictReader((out / "ablation.csv").open()))
     assert {(r["decouple_backward"], r["stagger_optimizer"]) for r in ablation} == {

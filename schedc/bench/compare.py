@@ -333,7 +333,8 @@ def run_benchmark(out: Path, *, quick: bool = False, time_limit: float = 1.0, sc
           f"(scale points {scale_time_limit} s); {len(matrix)} quality scenarios; total "
           f"{time.perf_counter() - started:.0f} s. Times are steady-state iteration times (simulated, "
           "every schedule verified); `vs X` is cpsat's throughput relative to X (X's time / cpsat's). "
-          f"cpsat's status `optimal` and its proven bound hold among {PLAN_SPACE} (the plans it searches: "
+          f"cpsat's status `optimal`, its proven bound and the lower bounds hold among {PLAN_SPACE} (the plans "
+          "it searches: "
           "failed GPUs' work moved to their data-parallel peers); a plan of another kind, such as "
           "`redundant`'s, can be faster.\n",
           "## Quality\n", qtab, "", summary(quality), "## Planning latency (solve time, seconds)\n", ltab, ""]

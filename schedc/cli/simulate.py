@@ -45,7 +45,7 @@ def summary_table(metrics) -> str:
                                        + (f" ({m.fault_free_solver}'s fault-free plan)" if m.fault_free_solver else ""))
          if m.fault_free_iteration_time else "-"),
         ("slowdown", f"{m.slowdown:.3f}x" if m.slowdown is not None else "-"),
-        ("lower bound", _ms(m.lower_bound)),
+        ("lower bound", f"{_ms(m.lower_bound)} for {PLAN_SPACE}"),
         ("ratio to lower bound", f"{m.ratio_to_lower_bound:.3f}"),
         ("bubble ratio (mean / max)", f"{100 * m.mean_bubble_ratio:.1f}% / {100 * m.max_bubble_ratio:.1f}%"),
         ("peak memory (max / limit)", f"{_gib(m.max_peak_memory)} / {_gib(m.memory_limit)}"),
