@@ -9,7 +9,6 @@ a legend, and the key metrics in the title.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
