@@ -20,7 +20,12 @@ and process groups are real) and reports:
   training, per second, over a sliding window) against time since the
   fault, one line per method.
 
-    python bench/live_recovery.py [-o DIR] [--iterations N] [--quick]
+    python bench/live_recovery.py [-o DIR] [--iterations N] [--quick] [--scenario NAME ...]
+    python bench/live_recovery.py --replot DIR/live_recovery.json [-o DIR]   # the plots again, no run
+
+docs/figures/live-one-gpu.svg and live-node.svg are this script's
+throughput-one-GPU.svg and throughput-a-node.svg (`--scenario "one GPU"
+--scenario "a node"`, a few minutes).
 
 Assumptions, stated: checkpoints in --emulate mode hold no tensors, so
 `restart` pays process start-up and a lost partial interval of K
@@ -143,6 +148,23 @@ def plot(series: dict[str, list[tuple[float, int]]], fault: dict[str, float], ti
     return chart.svg()
 
 
+def plot_file(out: Path, name: str, series: dict, faults: dict) -> Path:
+    path = out / f"throughput-{name.replace(' ', '-')}.svg"
+    path.write_text(plot(series, faults, f"16 GPUs, --emulate: {name} killed at iteration {FAULT_AT}"))
+    return path
+
+
+def replot(rows: list[dict], out: Path) -> list[Path]:
+    """The plots of a live_recovery.json's rows (each row keeps the series it was drawn from)."""
+    by: dict[str, tuple[dict, dict]] = {}
+    for row in rows:
+        series, faults = by.setdefault(row["scenario"], ({}, {}))
+        series[row["method"]] = [tuple(p) for p in row["series"]]
+        if row.get("t_fault") is not None:
+            faults[row["method"]] = row["t_fault"]
+    return [plot_file(out, name, series, faults) for name, (series, faults) in by.items()]
+
+
 def fmt(x, digits=2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -166,12 +188,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out", default="bench/results/live", help="where results go")
     parser.add_argument("--iterations", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="one scenario, reroute and restart only")
+    parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), metavar="NAME",
+                        help=f"run only this scenario (repeatable): {', '.join(map(repr, SCENARIOS))}")
+    parser.add_argument("--replot", metavar="JSON", help="draw the plots from a live_recovery.json, run nothing")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        for path in replot(json.loads(Path(args.replot).read_text()), out):
+            print(f"wrote {path}")
+        return 0
     plan_dir = out / "plan"
     schedc.compile(SPEC).write(plan_dir)
     scenarios = {"one GPU": SCENARIOS["one GPU"]} if args.quick else SCENARIOS
+    if args.scenario:
+        scenarios = {name: SCENARIOS[name] for name in args.scenario}
     methods = ["reroute", "restart"] if args.quick else METHODS
     rows = []
     for name, inject in scenarios.items():
@@ -189,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:10s} {method:14s} first iteration {fmt(row.get('first_iteration_s'))} s after the fault, "
                   f"after/sim {row['after_s'] / row['predicted_after_s']:.3f}, all iterations: "
                   f"{row['all_iterations']} ({time.monotonic() - started:.0f} s)", flush=True)
-        slug = name.replace(" ", "-")
-        (out / f"throughput-{slug}.svg").write_text(plot(series, faults, f"16 GPUs, --emulate: {name} killed at "
-                                                                         f"iteration {FAULT_AT}"))
+        plot_file(out, name, series, faults)
     text = table(rows)
     (out / "live_recovery.md").write_text(text + "\n")
     (out / "live_recovery.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")

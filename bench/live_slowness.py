@@ -18,6 +18,10 @@ Reported:
   the supervisor's decisions marked.
 
     python bench/live_slowness.py [-o DIR] [--quiet-iterations N] [--quick]
+    python bench/live_slowness.py --replot DIR/report.json [-o DIR]   # the plots again, no run
+
+docs/figures/live-slow-0.5.svg and live-slow-0.8.svg are this script's
+slow-0.5.svg and slow-0.8.svg; report.json keeps what they are drawn from.
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ def plot(docs: dict[str, dict], title: str) -> str:
     xs = [x for p in pts.values() for x, _ in p]
     ys = [y for p in pts.values() for _, y in p]
     chart = Chart((min(xs), max(xs)), (0.0, max(ys) * 1.2), title=title, width=760, height=380,
-                  margins=(60, 170, 40, 45), x_format=".0f",
+                  margins=(60, 170, 40, 45),
                   xlabel=f"seconds since the slowdown began (iteration {FROM})", ylabel="useful iterations per second")
     if "unmitigated" in docs:  # the slow window, as the unmitigated run lived it
         start = {r["iteration"]: r["start"] for r in docs["unmitigated"]["iterations"]}
@@ -106,6 +110,17 @@ def plot(docs: dict[str, dict], title: str) -> str:
         for j, (x, label, colour) in enumerate(sorted(marks)):
             chart.marker(x, label, colour, row=1 + j % 4)
     return chart.svg()
+
+
+def plot_title(speed: float) -> str:
+    return f"16 GPUs (4 x 4, emulated): GPU (1, 1) at speed {speed} for iterations {FROM}-{UNTIL - 1}"
+
+
+def plotted(doc: dict) -> dict:
+    """What `plot` reads of a run: iteration times, slow reports, switches (kept in report.json)."""
+    return {"iterations": [{k: r[k] for k in ("iteration", "start", "end")} for r in doc["iterations"]],
+            "events": [{k: e[k] for k in ("kind", "t", "speed", "rank")} for e in slow_events(doc)],
+            "switches": [{k: s[k] for k in ("kind", "t_decide")} for s in doc["switches"]]}
 
 
 def slow_cases(out: Path, quick: bool) -> tuple[list[dict], dict]:
@@ -128,10 +143,10 @@ def slow_cases(out: Path, quick: bool) -> tuple[list[dict], dict]:
                                                     "stall_s")} for s in mi["switches"]],
                      "decisions": [{k: d[k] for k in ("verdict", "action", "speed", "gain_us", "reason")}
                                    for d in mi["decisions"]],
-                     "false_alarms": [e["message"] for e in slow_events(mi) if e["rank"] != SLOW_RANK]})
-        docs = {"no slowdown": none, "unmitigated": un, "mitigated": mi}
-        (out.parent / f"slow-{speed}.svg").write_text(
-            plot(docs, f"16 GPUs (4 x 4, emulated): GPU (1, 1) at speed {speed} for iterations {FROM}-{UNTIL - 1}"))
+                     "false_alarms": [e["message"] for e in slow_events(mi) if e["rank"] != SLOW_RANK],
+                     "plotted": {k: plotted(d) for k, d in (("no slowdown", none), ("unmitigated", un),
+                                                            ("mitigated", mi))}})
+        (out.parent / f"slow-{speed}.svg").write_text(plot(rows[-1]["plotted"], plot_title(speed)))
         docs_all[f"slow {speed} unmitigated"] = un
         docs_all[f"slow {speed} mitigated"] = mi
         print(f"slow {speed}: detected after {det['delay_iterations']} iteration(s) "
@@ -208,9 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", default="bench/results/live-slowness", help="where results go")
     ap.add_argument("--quiet-iterations", type=int, default=500)
     ap.add_argument("--quick", action="store_true", help="fewer iterations and sizes (a smoke run)")
+    ap.add_argument("--replot", metavar="JSON", help="draw the plots from a report.json, run nothing")
     args = ap.parse_args(argv)
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        for row in json.loads(Path(args.replot).read_text())["slow"]:
+            path = root / f"slow-{row['speed']}.svg"
+            path.write_text(plot(row["plotted"], plot_title(row["speed"])))
+            print(f"wrote {path}")
+        return 0
     out = root / "plan"
     schedc.compile(SPEC).write(out)
     report = {"spec": SPEC, "slow_rank": SLOW_RANK, "window": [FROM, UNTIL]}

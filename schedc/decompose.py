@@ -31,7 +31,7 @@ from typing import Callable
 
 from schedc.diagnostics import VerificationError
 from schedc.instance import Instance
-from schedc.schedule import Schedule, SolverInfo
+from schedc.schedule import Schedule, SolverInfo, status_text
 from schedc.symmetry import Layout, PipelineClass, SymmetricSchedule, part_instance
 
 #: Planned by classes from this many GPUs on (below it, planning every pipeline takes well
@@ -204,7 +204,7 @@ def plan_by_classes(instance: Instance, decomposition: Decomposition, solve: Sol
             verify_schedule(sched)
         known[decomposition.signatures[c]] = sched
         statuses.append(sched.solver.status)
-        details.append(f"{lay.classes[c].size} pipelines: {sched.solver.name} {sched.solver.status}")
+        details.append(f"{lay.classes[c].size} pipelines: {sched.solver.name} {status_text(sched.solver.status)}")
         if sched.solver.stopped_by == "deadline":
             stopped = "deadline"
     reused = len(decomposition.signatures) - len(todo)

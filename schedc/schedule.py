@@ -62,6 +62,18 @@ def _program_order(op: ScheduledOp) -> tuple:
     return (op.start, op.end, op.kind, op.dp, op.pp, -1 if op.mb is None else op.mb)
 
 
+#: The plans the solvers search, and so the plans their `optimal` and proven bound are about:
+#: the spec's layout kept, a failed GPU's work (and part of a slow GPU's) moved to its
+#: data-parallel peers. A plan of another kind can be faster than an `optimal` one, e.g. the
+#: `redundant` baseline (Bamboo: the previous GPU of the pipeline runs a failed stage from its copy).
+PLAN_SPACE = "re-routing plans"
+
+
+def status_text(status: str) -> str:
+    """A solver status as printed: `optimal` says which plans it is optimal among."""
+    return f"optimal among {PLAN_SPACE}" if status == "optimal" else status
+
+
 @dataclass(frozen=True)
 class SolverInfo:
     name: str

@@ -23,7 +23,8 @@ def test_bench_quick_smoke(tmp_path):
         assert lb <= proven <= cp <= gr
         assert int(row["peak_memory"]) <= int(row["memory_limit"])
     md = (out / "results.md").read_text()
-    assert "cpsat / proven bound" in md and "proven optimal in" in md
+    assert "cpsat / proven bound (re-routing plans)" in md and "proven optimal among re-routing plans in" in md
+    assert "`optimal`, its proven bound and the lower bounds hold among re-routing plans" in md
     assert "## Quality" in md and "## Planning latency" in md and "## Ablation" in md
     ablation = list(csv.DictReader((out / "ablation.csv").open()))
     assert {(r["decouple_backward"], r["stagger_optimizer"]) for r in ablation} == {
@@ -93,3 +94,32 @@ def test_scale_bench_point():
     assert row["files"] < 1024 and set(row["events"]) == {"fail gpu", "fail node", "slow gpu"}
     for ev in row["events"].values():
         assert ev["iteration_ms"] >= row["iteration_ms"] * 0.99 and "classes" in ev["classes"]
+
+
+def test_live_plots_redraw_from_the_json_the_scripts_write(tmp_path):
+    """bench/live_recovery.py and bench/live_slowness.py keep what their plots are drawn from, so
+    `--replot` draws them again without a run (the figures in docs/figures)."""
+    import json
+
+    from bench import live_recovery, live_slowness
+
+    rows = [{"scenario": "one GPU", "method": m, "t_fault": 4.0,
+             "series": [[float(t) * k, t] for t in range(12)]} for k, m in ((1, "reroute"), (1.5, "restart"))]
+    (tmp_path / "live_recovery.json").write_text(json.dumps(rows))
+    assert live_recovery.main(["--replot", str(tmp_path / "live_recovery.json"), "-o", str(tmp_path)]) == 0
+    svg = (tmp_path / "throughput-one-GPU.svg").read_text()
+    assert svg.count("<polyline") == 2 and "reroute" in svg and "restart" in svg
+
+    def run(period: float, switch: bool) -> dict:
+        doc = {"iterations": [{"iteration": i, "start": i * period, "end": (i + 1) * period, "speeds": {}}
+                              for i in range(live_slowness.UNTIL + 10)],
+               "events": [{"kind": "slow", "t": 31 * period, "speed": 0.51, "rank": 5, "message": "slow"}],
+               "switches": [{"kind": "rebalance", "t_decide": 33 * period}] if switch else []}
+        return live_slowness.plotted(doc)
+
+    report = {"slow": [{"speed": 0.5, "plotted": {"no slowdown": run(0.5, False), "unmitigated": run(0.9, False),
+                                                  "mitigated": run(0.6, True)}}]}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    assert live_slowness.main(["--replot", str(tmp_path / "report.json"), "-o", str(tmp_path)]) == 0
+    svg = (tmp_path / "slow-0.5.svg").read_text()
+    assert svg.count("<polyline") == 3 and "rebalance" in svg and "seen 0.51" in svg

@@ -242,18 +242,15 @@ def plot_svg(result, buckets: int = PLOT_BUCKETS) -> str:
         spans = [(t, changes[k + 1][0] if k + 1 < len(changes) else t1, f) for k, (t, f) in enumerate(changes)]
         live_line = steps(bucket_means(spans, t0, t1, buckets), t0, width)
     events = [t / 3600 for k, (t, f) in enumerate(changes) if k > 0 or f != 1.0]
-    top = max([1.0] + [v for pts in lines.values() for _, v in pts])
-    top = 1.2 if top <= 1.15 else math.ceil(top * 1.05 / 0.4) * 0.4  # ticks at round shares
-    hours = (t1 - t0) / 3600
+    top = max([1.0] + [v for pts in lines.values() for _, v in pts]) * 1.05  # the chart rounds it up to a tick
     notes = [f"Each policy: its throughput averaged over {_duration(width)} buckets, as a share of the fault-free "
              "plan's (0 while stalled or in a transition).",
              f"{result.gpus} GPUs; lost and returning GPUs picked uniformly at random (seed {result.seed}); "
              f"{result.events} event(s), ticked on the time axis."]
     title = f"Replay of {Path(result.trace).name} on {Path(result.spec).name}"
     chart = Chart((t0 / 3600, t1 / 3600), (0.0, top), title=title, xlabel="hours",
-                  ylabel="share of fault-free throughput", width=960, height=440 + 16 * len(notes),
-                  margins=(60, 190, 40, 50 + 16 * len(notes)),
-                  x_format=".2f" if hours < 2 else ".1f" if hours < 20 else ".0f", footnotes=notes)
+                  ylabel="share of fault-free throughput", width=960, height=440,
+                  margins=(60, 190, 40, 50), footnotes=notes)
     n = len(lines)
     for i, (name, pts) in enumerate(lines.items()):
         # The first line widest, drawn first: where policies agree, the later ones lie on top of it.

@@ -9,14 +9,14 @@ a legend, and the key metrics in the title.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from schedc.schedule import Schedule, is_rerouted
+from schedc.schedule import Schedule, is_rerouted, status_text
 from schedc.symmetry import first_copy_view
+from schedc.ticks import nice_step
 
 COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b", "R": "#9ecae9", "O": "#8e6c8a"}
 TEXT_ON = {"F": "#ffffff", "B": "#000000", "W": "#ffffff", "R": "#000000", "O": "#ffffff"}
@@ -31,19 +31,8 @@ STAGE_GAP = 14
 #: it stays a page or two tall at any scale; trace.json has every class.
 TIMELINE_HELPERS = 1
 TIMELINE_CLASSES = 4
+TIME_TICKS = 10  # the time axis is cut into at most this many steps (it is PLOT_W wide)
 FONT = "font-family='DejaVu Sans, Arial, Helvetica, sans-serif'"
-
-
-def _nice_step(span_us: float, target_ticks: int = 10) -> int:
-    """A tick spacing of 1, 2 or 5 x 10^k microseconds giving about `target_ticks` ticks."""
-    if span_us <= 0:
-        return 1
-    raw = span_us / target_ticks
-    base = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 5, 10):
-        if m * base >= raw:
-            return max(1, int(m * base))
-    return max(1, int(10 * base))
 
 
 def _ms(us: float) -> str:
@@ -51,7 +40,7 @@ def _ms(us: float) -> str:
 
 
 def _metric_line(schedule: Schedule, metrics: Any) -> str:
-    parts = [f"solver {schedule.solver.name} ({schedule.solver.status})"]
+    parts = [f"solver {schedule.solver.name} ({status_text(schedule.solver.status)})"]
     if metrics is None:
         parts.append(f"makespan {_ms(schedule.makespan)} ms")
         return "   |   ".join(parts)
@@ -119,7 +108,7 @@ def render_timeline(schedule: Schedule, metrics: Any = None, *, title: str = "")
                    "</text>")
 
     # time axis with a grid line per tick
-    step = _nice_step(horizon)
+    step = max(1, round(nice_step(horizon, TIME_TICKS)))  # 1, 2 or 5 x 10^k microseconds
     t = 0
     while t <= horizon:
         x = x0 + t * scale

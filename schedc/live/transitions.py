@@ -24,6 +24,7 @@ from schedc.live.protocol import Phase
 from schedc.live.recovery import Change, describe, failure_events, restored_name
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
+from schedc.schedule import status_text
 from schedc.solvers.sandbox import failure_of
 from schedc.spec import Failure
 
@@ -275,7 +276,7 @@ class Transitions:
         self._note("replan", f"replan: {'; '.join(events)} -> generation {old + 1}, "
                              f"{len([g for g in plan.spec.gpus if g.live])} ranks, "
                              f"{plan.metrics.iteration_time / 1e3:.2f} ms per iteration "
-                             f"(was {self.plan.metrics.iteration_time / 1e3:.2f}); {s.name} {s.status} in "
+                             f"(was {self.plan.metrics.iteration_time / 1e3:.2f}); {s.name} {status_text(s.status)} in "
                              f"{s.wall_s:.3f} s" + (" (the deadline ended its search)" if s.stopped_by == "deadline"
                                                     else ""),
                    events=events, solver=rec.solver, predicted_us=plan.metrics.iteration_time)
