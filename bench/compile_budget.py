@@ -67,7 +67,7 @@ print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": cpu() - c,
 
 def compile_once(name: str, text: str, time_limit: float) -> dict:
     out = subprocess.run([sys.executable, "-c", _ONE, name, str(time_limit)], input=text, text=True,
-                         capture_output=True, check=True, cwd=ROOT)
+                         capture_output=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
