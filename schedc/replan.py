@@ -12,8 +12,12 @@ new instance is planned by `cpsat` warm-started from the current schedule
 rejoin, they are re-timed and compete with greedy as CP-SAT's seed). The
 solver gets what is left of `deadline` after a reserve for verifying and
 simulating the result, so the whole call, verification and simulation
-included, ends within `deadline` (measured: `tests/test_replan.py`, and
-`schedc bench`). Every returned plan passed `verify_schedule`. Deterministic:
+included, ends within `deadline` (measured: `bench/replan_latency.py`, and
+`schedc bench`). The reserve is measured as the call goes: the checks' cost on
+an idle core times how much slower this call runs than its CPU time says
+(`_slowdown`: a busy machine), and at least a share of what is left; every
+search inside the solver also times itself and stops before a step it cannot
+finish, so what comes back is the best plan found by then, verified. Every returned plan passed `verify_schedule`. Deterministic:
 the same plan and events give the same new plan. Never prints, never exits;
 raises `SchedcError`s (E2xx for bad events, E301 when a stage loses every
 replica, E3xx when nothing fits in memory).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from dataclasses import replace
 from typing import Sequence
@@ -52,6 +57,12 @@ _CHECK_S_MIN = 0.02
 _CHECK_S_PER_GPU = 7e-6
 #: Share of the deadline the solver may use at most; the rest absorbs Python overheads.
 _SOLVER_SHARE = 0.8
+#: Share of what is left of the deadline when the solver starts that is kept for the checks
+#: after it, at least (a reserve that grows with the time left, so a long deadline on a busy
+#: machine keeps room in proportion), and the most the reserve is scaled up for a busy machine
+#: (`_slowdown`). Check: `python bench/replan_latency.py --busy 2`, max within the deadline.
+_RESERVE_SHARE = 0.25
+_MAX_SLOWDOWN = 4.0
 #: Work budget (`SolveOptions.time_limit`) per second of the solver's wall budget: small enough
 #: that on an idle machine the work budget, not the deadline, ends the search, so replans are
 #: reproducible (`stopped_by == "work"`). CP-SAT gets half the wall time left
@@ -82,8 +93,27 @@ def replan(plan: Plan, event: str | Failure | Sequence[str | Failure], deadline:
     before, so the call costs what the events touch, not the cluster's size.
     """
     started = time.monotonic()
+    cpu_started = time.thread_time()
     with _collector_paused():
-        return _replan(plan, event, deadline, solver, seed, started, symmetric)
+        return _replan(plan, event, deadline, solver, seed, (started, cpu_started), symmetric)
+
+
+def _slowdown(started: tuple[float, float]) -> float:
+    """How much slower than on an idle core this call runs: its wall time over its thread's CPU
+    time so far, when that window is long enough to tell (a few ms), or else the load average per
+    core (what a busy machine leaves to each runnable process); between 1 and `_MAX_SLOWDOWN`.
+    The checks' reserve is their idle-machine cost times this, so that on a busy machine the
+    solver stops early enough for them (measured as the call goes, not assumed)."""
+    wall = time.monotonic() - started[0]
+    cpu = time.thread_time() - started[1]
+    if wall >= 0.005 and cpu > 0:
+        factor = wall / cpu
+    else:
+        try:
+            factor = os.getloadavg()[0] / (os.cpu_count() or 1)
+        except OSError:
+            factor = 1.0
+    return min(_MAX_SLOWDOWN, max(1.0, factor))
 
 
 @contextlib.contextmanager
@@ -107,10 +137,11 @@ def _collector_paused():
             gc.enable()
 
 
-def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started: float,
+def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, clocks: tuple[float, float],
             symmetric: bool | None) -> Plan:
     from schedc.solvers import SolveOptions, get_solver
 
+    started = clocks[0]
     if deadline <= 0:
         raise InfeasibleError([error("E320", f"replan deadline must be positive, got {deadline}",
                                      hint="pass deadline in seconds, e.g. deadline=1.0")])
@@ -126,11 +157,14 @@ def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, started:
         new_pipelines = sum(cls.size for cls, sig in zip(dec.layout.classes, dec.signatures) if sig not in known)
         reserve = (_CHECK_S_PER_OP * _n_ops(replace(instance, dp=new_pipelines))
                    + _CHECK_S_PER_GPU * len(instance.gpus))
-    reserve = max(_CHECK_S_MIN, reserve)
-    budget = max(0.0, min(deadline * _SOLVER_SHARE, deadline - reserve - (time.monotonic() - started)))
-    # The work budget is what the wall budget buys on a quiet machine, so that there the search
-    # ends on it (reproducible: stopped_by "work"); the deadline ends it on a loaded one.
-    options = SolveOptions(time_limit=budget * _WORK_SHARE, seed=seed, hint=plan.schedule,
+    left = deadline - (time.monotonic() - started)
+    reserve = max(max(_CHECK_S_MIN, reserve) * _slowdown(clocks), _RESERVE_SHARE * left)
+    budget = max(0.0, min(deadline * _SOLVER_SHARE, left - reserve))
+    # The work budget is what the solver's share of the deadline buys on a quiet machine, so that
+    # there the search ends on it (reproducible: stopped_by "work"); the deadline ends it on a
+    # loaded one. A function of `deadline` alone, not of the time the call has taken so far, so
+    # that the same call gets the same budget.
+    options = SolveOptions(time_limit=deadline * _SOLVER_SHARE * _WORK_SHARE, seed=seed, hint=plan.schedule,
                            deadline=time.monotonic() + budget)
     if dec is not None:
         # Only the classes the events made new are planned; the others keep their programs.

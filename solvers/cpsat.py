@@ -2,7 +2,8 @@
 
 `solve(instance, options)` runs the greedy list scheduler first (a valid plan
 in milliseconds), hands its schedule to CP-SAT as a complete hint, and returns
-whichever of the two the simulator times faster. docs/planner.md explains the
+whichever of the two the simulator times faster. The two share the work budget
+`options.time_limit` (`SEED_SHARE`, `search_budget`). docs/planner.md explains the
 model; in short:
 
 - **Placement.** For each microbatch (d, m) at stage s, one literal per
@@ -75,12 +76,20 @@ MIN_SEARCH_S = 0.15
 WALL_SHARE = 0.5
 #: Calibration of the work budget, so that `time_limit` of work takes about `time_limit` of
 #: wall on 2 idle cores: seconds of wall per unit of CP-SAT's deterministic time, as (base, per
-#: 1,000 model variables). Fitted to (docs/planner.md) 1.9-4.2 s per unit at 273 variables,
-#: 2.9 at 529, 2.2 at 1,057-1,100, 1.6 at 2,081, 7.8 at 4,300 (and 44 s for the first 0.12
-#: units of a 4,400-variable model: presolve and the first LP are slow per unit). Check:
-#: `schedc bench --no-scale --no-ablation` on an idle machine, whose `cpsat solve s` column
-#: should stay near `--time-limit`.
-_WALL_S_PER_DET = (2.5, 1.0)
+#: 1,000 model variables). CP-SAT runs one subsolver task at a time (`interleave_batch_size`),
+#: so its CPU time is the wall time it would take on an idle machine; measured that way, at
+#: `time_limit = 1`, 2.0-10 s per unit on 27 models of 270-840 variables (median 4.4; most of it
+#: each full subsolver's first task, which loads the model: 0.6-1 s for 15-90 ms of
+#: deterministic time), 2.1-3.3 s at 1,040-2,080 variables, 7.8 at 4,300 (docs/planner.md).
+#: A rough fit, spread 2x either way: it cannot see which models load slowly. Check:
+#: `python bench/compile_budget.py`, whose `cpu s` column should stay near `--time-limit`.
+_WALL_S_PER_DET = (4.0, 1.0)
+#: Share of a compile's work budget greedy's local search may spend on the seed
+#: (`greedy.polish_work`); CP-SAT gets what the seed's counted work left (at least
+#: `MIN_SEARCH_SHARE`), less the model's build, so that seed and search together cost about
+#: `time_limit` (each got all of it before, and a compile took twice its `time_limit` and more).
+SEED_SHARE = 0.4
+MIN_SEARCH_SHARE = 0.3
 
 
 def deterministic_budget(time_limit: float, n_variables: int) -> float:
@@ -507,17 +516,19 @@ def warm_up() -> None:
 # -- the solver ----------------------------------------------------------------
 
 
-def _seeds(instance: Instance, options: SolveOptions) -> tuple[list[Schedule], bool]:
-    """(seeds, whether the deadline left one out or cut greedy's list short)."""
-    from schedc.solvers import get_solver
+def _seeds(instance: Instance, options: SolveOptions) -> tuple[list[Schedule], bool, float]:
+    """(seeds, whether the deadline left one out or cut greedy's list short, the work greedy
+    spent in calibrated seconds: `greedy.solve_counted`). Greedy's local search gets
+    `SEED_SHARE` of the work budget."""
+    from schedc.solvers.greedy import solve_counted
 
     # greedy first: it always returns a plan, and its first candidate is a good one, so a
     # tight deadline still gets a good plan. The previous plan (re-timed on the new
     # instance) is tried only if time is left; it comes first in the list so that it wins
     # ties (a launcher would rather keep its plan than switch to an equally fast one).
-    greedy = get_solver("greedy")
-    seeds = [greedy(instance, options)]
-    cut = seeds[0].solver.stopped_by == "deadline"
+    first, spent = solve_counted(instance, replace(options, time_limit=options.time_limit * SEED_SHARE))
+    seeds = [first]
+    cut = first.solver.stopped_by == "deadline"
     if options.hint is not None:
         if options.deadline is not None and time.monotonic() >= options.deadline:
             cut = True
@@ -525,7 +536,15 @@ def _seeds(instance: Instance, options: SolveOptions) -> tuple[list[Schedule], b
             warm = retime(instance, options.hint, SolverInfo(name=NAME, detail="warm start"))
             if warm is not None:
                 seeds.insert(0, warm)
-    return seeds, cut
+    return seeds, cut, spent
+
+
+def search_budget(time_limit: float, seed_spent: float, free_ops: int) -> float:
+    """CP-SAT's share of a work budget of `time_limit`: what the seed's counted work
+    (`seed_spent`) left, at least `MIN_SEARCH_SHARE` of it, less the model's estimated build
+    (`_BUILD_S_PER_OP` per free op). A function of counted quantities only (deterministic)."""
+    left = max(time_limit * MIN_SEARCH_SHARE, time_limit - seed_spent)
+    return max(0.0, left - _BUILD_S_PER_OP * free_ops)
 
 
 def _seed_time(seed: Schedule) -> int:
@@ -536,7 +555,9 @@ def _seed_time(seed: Schedule) -> int:
 
 
 def solve(instance: Instance, options: SolveOptions) -> Schedule:
-    """Plan `instance`: greedy first, then CP-SAT warm-started from it, within `options.time_limit`.
+    """Plan `instance`: greedy first, then CP-SAT warm-started from it, within `options.time_limit`
+    of work for both (greedy's local search gets `SEED_SHARE` of it, CP-SAT what greedy's counted
+    work left: `search_budget`).
 
     Returns the faster (by simulated iteration time) of the seed (greedy, or
     `options.hint` re-timed when it still fits the instance) and CP-SAT's plan.
@@ -552,7 +573,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     t0 = time.monotonic()
     deadline = options.deadline
     check_feasible(instance)
-    seeds, seeds_cut = _seeds(instance, options)
+    seeds, seeds_cut, seed_spent = _seeds(instance, options)
     lb = period_lower_bound(instance)
 
     def finish(schedule: Schedule, status: str, objective, bound, detail: str, cut: bool = False) -> Schedule:
@@ -586,7 +607,11 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
             return finish(best, "fallback", float(span_bound(best)), float(lb),
                           f"{seed_name}: no time to load OR-Tools before the deadline (call "
                           "schedc.solvers.cpsat.warm_up() at start-up)", cut=True)
-    res = _solve_model(instance, best, free, options, wall_left, lb)
+    work = search_budget(options.time_limit, seed_spent, n_free)
+    if work <= 0:
+        return finish(best, "fallback", float(span_bound(best)), float(lb),
+                      f"{seed_name}: the work budget does not cover building CP-SAT's model")
+    res = _solve_model(instance, best, free, replace(options, time_limit=work), wall_left, lb)
     if res.schedule is None:
         return finish(best, "fallback", float(span_bound(best)), float(lb), f"{seed_name}; {res.detail}",
                       cut=res.cut_by_deadline)

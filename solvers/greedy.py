@@ -222,10 +222,12 @@ def _large(instance: Instance) -> bool:
 
 #: Work units (`improve.evaluation_cost`) per second of work budget: the calibration that
 #: makes `time_limit` of local search take about `time_limit` of wall on 2 idle cores (a unit
-#: took 1.5-1.9 us on 4 x 4 x 8 to 8 x 8 x 32 clusters when this was set). Too high and a
-#: compile overruns its time limit, too low and the search stops early. Re-measure: time
-#: `improve.improve(..., work=W)` on those shapes and divide by W.
-UNITS_PER_S = 500_000
+#: took 1.5-1.9 us on 4 x 4 x 8 to 8 x 8 x 32 clusters, 1.9-2.7 us of CPU on 2 x 5 clusters with
+#: a failed GPU and one-pipeline grid specs, up to 5 us on a 1 x 8 x 32 grid spec). Too high
+#: and a compile overruns its time limit, too low and the search stops early. Re-measure: time
+#: `improve.improve(..., work=W)` on those shapes and divide by W, and
+#: `python bench/compile_budget.py`.
+UNITS_PER_S = 400_000
 
 
 def polish_work(time_limit: float) -> float:
@@ -264,8 +266,13 @@ def _rescheduler(instance: Instance, name: str) -> Callable[[Executor], tuple[di
 
 
 def solve(instance: Instance, options: SolveOptions) -> Schedule:
-    """The best of greedy's candidate plans; E315 if a stage has no live GPU, E310 if one
-    microbatch does not fit on some GPU.
+    """The best of greedy's candidate plans (`solve_counted`, without the count)."""
+    return solve_counted(instance, options)[0]
+
+
+def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, float]:
+    """(plan, work spent in calibrated seconds: `UNITS_PER_S`): the best of greedy's candidate
+    plans; E315 if a stage has no live GPU, E310 if one microbatch does not fit on some GPU.
 
     Candidates are tried in a fixed order (`_in_order_of_promise`) until one reaches the
     proven lower bound or the list ends: a counted amount of work, so the plan does not
@@ -277,6 +284,9 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     skipped a candidate, the local search (`solvers.improve`) then starts from each distinct
     list-scheduled placement, fastest first, and from the best plan's order, within
     `polish_work(options.time_limit)` units (and the deadline, which it then records too).
+    The work spent counts each candidate and each evaluation of the local search
+    (`improve.evaluation_cost`), so it is the same on any machine: `cpsat` gives CP-SAT what the
+    seed left of the budget.
     """
     started = time.perf_counter()
     check_stages_live(instance, solver=NAME)
@@ -289,6 +299,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     skipped = 0
     slowest = 0.0  # seconds per unit of `relative_cost` of the slowest candidate so far
     seen: set[tuple] = set()  # programs already timed (templates and rules often coincide)
+    units = 0  # work spent, counted (`improve.evaluation_cost`)
     search = not _large(instance)  # the local search may follow the candidates
     for name, build in _in_order_of_promise(instance):
         if best is not None and best[0] <= bound:
@@ -310,6 +321,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
         period = graph.period()
         slowest = max(slowest, (time.perf_counter() - began) / cost)
         tried += 1
+        units += evaluation_cost(instance, _rounds(name))
         if best is None or period < best[0]:
             best = (period, name, graph)
         if not _is_template(name) and search:
@@ -330,6 +342,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
                          bound=bound, deadline=deadline,
                          seconds_per_unit=slowest / evaluation_cost(instance, 1))
         cut = better.stopped_by == "deadline"
+        units += better.spent
         if better.period < period:
             period, graph = better.period, better.graph
             polished = (f"; then {better.placement_moves} placement and {better.order_moves} order "
@@ -343,4 +356,4 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
                              + (", the proven lower bound)" if optimal else ")")
                              + (f"; {skipped} more skipped at the deadline" if skipped else ""),
                       stopped_by="deadline" if cut and not optimal else "work")
-    return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info)
+    return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info), units / UNITS_PER_S

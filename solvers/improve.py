@@ -62,6 +62,7 @@ class Improved:
     order_moves: int
     evaluations: int
     stopped_by: str  # "work", "deadline", or "local optimum" (no move helps)
+    spent: int = 0  # work units the evaluations cost (counted: the same on any machine)
 
 
 def executor_of(instance: Instance, codes: dict[int, Sequence[int]]) -> Executor:
@@ -100,6 +101,7 @@ class _Budget:
         self.deadline = deadline
         self.slowest = seconds_per_unit  # of the slowest evaluation so far (or the caller's guess)
         self.evaluations = 0
+        self.spent = 0
         self.stopped_by = "local optimum"
 
     def allows(self, cost: int) -> bool:
@@ -113,6 +115,7 @@ class _Budget:
 
     def spend(self, cost: int, began: float) -> None:
         self.left -= cost
+        self.spent += cost
         self.evaluations += 1
         self.slowest = max(self.slowest, (time.perf_counter() - began) / cost)
 
@@ -166,7 +169,7 @@ def improve(instance: Instance, best: tuple[int, ProgramGraph], starts: Sequence
         budget.stopped_by = "local optimum"
         best, ordered = _search_order(instance, best, budget, bound)
     return Improved(graph=best[1], period=best[0], placement_moves=placed, order_moves=ordered,
-                    evaluations=budget.evaluations,
+                    evaluations=budget.evaluations, spent=budget.spent,
                     stopped_by="local optimum" if best[0] <= bound else budget.stopped_by)
 
 

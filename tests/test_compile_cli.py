@@ -182,3 +182,47 @@ def test_a_nul_byte_is_spec_text_with_a_diagnostic_not_a_path():
     with pytest.raises(SpecError) as exc:
         schedc.load("\x00")
     assert exc.value.codes == ["E101"]
+
+
+def _with_failure(failure: str) -> str:
+    return SPEC.replace('schedule { solver = "1f1b" }', f"failures {{ {failure} }}\nschedule {{ solver = greedy }}")
+
+
+def test_one_work_budget_covers_the_plan_and_its_fault_free_reference(monkeypatch):
+    """A spec with a failed GPU: its plan gets 1 - REFERENCE_SHARE of `time_limit` and the
+    fault-free reference the rest, so the whole compile spends one budget."""
+    import schedc.plan as plan_module
+    from schedc.solvers import get_solver
+
+    given = []
+
+    def spy(instance, options):
+        given.append((instance.fault_free, options.time_limit))
+        return get_solver("greedy")(instance, options)
+
+    monkeypatch.setattr(plan_module, "_REFERENCES", {})
+    monkeypatch.setattr(plan_module, "_solver", lambda spec, name: ("greedy", spy))
+    compile(schedc.load(_with_failure("fail gpu(dp=1, pp=1)")), time_limit=2.0)
+    share = plan_module.REFERENCE_SHARE
+    assert given == [(False, pytest.approx(2.0 * (1 - share))), (True, pytest.approx(2.0 * share))]
+
+
+def test_the_fault_free_reference_is_planned_once_for_every_failure_set(monkeypatch):
+    """Every failure set of a spec has the same fault-free job: planned once per process, and
+    what is kept is what planning it again gives (deterministic)."""
+    import schedc.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "_REFERENCES", {})
+    first = compile(schedc.load(_with_failure("fail gpu(dp=1, pp=1)")), time_limit=0.5)
+    assert len(plan_module._REFERENCES) == 1
+    calls = []
+    real = plan_module.verify_schedule
+    monkeypatch.setattr(plan_module, "verify_schedule", lambda s: calls.append(s.instance.fault_free) or real(s))
+    second = compile(schedc.load(_with_failure("fail gpu(dp=0, pp=2)")), time_limit=0.5)
+    assert calls == [False]  # its own plan only: the reference was not planned again
+    assert second.metrics.fault_free_iteration_time == first.metrics.fault_free_iteration_time
+    plan_module._REFERENCES.clear()
+    again = compile(schedc.load(_with_failure("fail gpu(dp=0, pp=2)")), time_limit=0.5)
+    assert (again.metrics.fault_free_iteration_time, again.metrics.fault_free_solver) == (
+        second.metrics.fault_free_iteration_time, second.metrics.fault_free_solver)
+    assert again.schedule.ops == second.schedule.ops

@@ -24,12 +24,16 @@ FAST = SolveOptions(time_limit=0.05)  # a work budget: small, so 100 examples st
 
 
 @given(instances(max_dp=3, max_pp=3, max_microbatches=4))
-def test_cpsat_is_valid_and_never_worse_than_greedy(instance):
+def test_cpsat_is_valid_and_never_worse_than_its_greedy_seed(instance):
+    import schedc.solvers.cpsat as cpsat
+
     schedule = solve(instance, FAST)
     verify_schedule(schedule)
     t = simulate(schedule).iteration_time
     assert t >= math.ceil(instance.lower_bound - 1e-9)
-    assert t <= simulate(get_solver("greedy")(instance, FAST)).iteration_time
+    # Its seed is greedy's plan with the seed's share of the work budget (`cpsat.SEED_SHARE`).
+    seed_options = SolveOptions(time_limit=FAST.time_limit * cpsat.SEED_SHARE)
+    assert t <= simulate(get_solver("greedy")(instance, seed_options)).iteration_time
     info = schedule.solver
     assert info.name == "cpsat" and info.status in ("optimal", "feasible", "fallback")
     # The solver's own objective is a period the schedule can repeat at: never below the simulation.
@@ -77,21 +81,40 @@ def cpsat_runs(monkeypatch):
     return runs
 
 
-def test_cpsat_stops_on_its_work_budget_not_on_the_clock(cpsat_runs):
+def test_cpsat_stops_on_its_work_budget_not_on_the_clock(monkeypatch, cpsat_runs):
     """Without a deadline, CP-SAT's search is limited by the work budget alone (deterministic
     time, the same on a quiet or a loaded machine) and has no wall-clock limit. What the budget
     costs in seconds is a benchmark figure (`schedc bench`: the cpsat_solve_s column), not a test's."""
     # Greedy's plan is above the proven bound here, so CP-SAT runs (see below).
+    import schedc.solvers.cpsat as cpsat
+
     inst = bench_explicit(slow={(1, 0): 0.5, (1, 3): 0.6})
+    given = []
+    real_budget = cpsat.search_budget
+    monkeypatch.setattr(cpsat, "search_budget", lambda *a: given.append(real_budget(*a)) or given[-1])
     schedule = solve(inst, SolveOptions(time_limit=0.2))
     verify_schedule(schedule)
     (run,) = cpsat_runs
-    assert run["max_det"] == pytest.approx(deterministic_budget(0.2, run["variables"]))
+    # CP-SAT's share of the budget (what greedy's seed left), as deterministic units.
+    (work,) = given
+    assert 0 < work <= 0.2
+    assert run["max_det"] == pytest.approx(deterministic_budget(work, run["variables"]))
     assert run["max_wall"] == math.inf  # nothing stops it on the clock
     # It ended on that budget (or a proof): the limit is checked between batches of work, so it
     # may overshoot a little, in deterministic units too (measured: 0.174 of 0.137).
     assert run["status"] == "OPTIMAL" or run["max_det"] <= run["det"] <= 1.5 * run["max_det"], run
     assert schedule.solver.stopped_by == "work"
+
+
+def test_seed_and_search_share_one_work_budget():
+    """CP-SAT gets what greedy's counted work left of the budget, at least its minimum share, less
+    the model's estimated build; nothing when the build alone would use it up."""
+    from schedc.solvers.cpsat import _BUILD_S_PER_OP, MIN_SEARCH_SHARE, search_budget
+
+    assert search_budget(1.0, 0.25, 0) == pytest.approx(0.75)
+    assert search_budget(1.0, 0.95, 0) == pytest.approx(MIN_SEARCH_SHARE)
+    assert search_budget(1.0, 0.25, 1000) == pytest.approx(0.75 - 1000 * _BUILD_S_PER_OP)
+    assert search_budget(0.01, 0.0, 10_000) == 0.0
 
 
 def test_cpsat_proves_the_bound_when_greedy_reaches_it():
@@ -275,7 +298,7 @@ def test_a_search_the_deadline_cuts_short_says_so(monkeypatch, cpsat_runs):
     # The seed is planned before the clock starts, so that however slow a loaded machine is,
     # the deadline falls in CP-SAT's search (not in greedy's, which has its own test), and the
     # deadline is far enough for the model to be built first.
-    monkeypatch.setattr(cpsat, "_seeds", lambda *_: ([greedy], False))
+    monkeypatch.setattr(cpsat, "_seeds", lambda *_: ([greedy], False, 0.0))
     began = time.monotonic()
     plan = cpsat.solve(inst, SolveOptions(time_limit=0.6, deadline=began + 5.0))
     # The search was given a wall limit inside the deadline, and ended before its work budget.

@@ -186,6 +186,7 @@ def _spec_text(dp: int, pp: int, mb: int, failure: str, gpus_per_node: int = 8) 
             f"train {{ microbatches = {mb} }}\nfailures {{ {failure} }}\nschedule {{ solver = greedy }}\n")
 
 
+@pytest.mark.slow  # three compiles of 1,024 GPUs: ~40 s
 def test_compile_plans_large_clusters_by_classes(tmp_path):
     """From 1,024 GPUs on compile plans by classes on its own; the plan is no slower than greedy's
     candidates for every pipeline, and writes one program per rank of each class.
@@ -271,6 +272,7 @@ def test_replan_reuses_classes_and_says_which_ranks_changed():
     assert changed_ranks(slower.schedule.expand(), back.schedule.expand()) == back.changed_ranks
 
 
+@pytest.mark.slow  # real gloo training processes: ~20 s
 def test_symmetric_programs_train_exactly(tmp_path):
     """Class programs (shared by copies, bound to their copy's ranks at load) on real gloo
     processes give the weights of single-process training."""
