@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = [(path, (ROOT / path).read_text(encoding="utf-8")) for path in args.specs]
     cases += [(f"random 2x5 seed {i}", random_spec(i, args.time_limit)) for i in range(args.random)]
-    print(f"| spec | time_limit s | wall s | cpu s | planning s | status |")
+    print("| spec | time_limit s | wall s | cpu s | planning s | status |")
     print("|---|---|---|---|---|---|")
     walls, cpus = [], []
     for name, text in cases:
