@@ -523,7 +523,9 @@ class Supervisor(Transitions):
     def _fail(self, diagnostics: list[Diagnostic]) -> None:
         if self._failure is None:
             self._failure = diagnostics
-            self._note("error", diagnostics[0].message)
+            # In the log, not on screen: the run raises these diagnostics, and whoever catches
+            # them (the CLI) shows them in full; a progress line too said it twice.
+            self._note("error", diagnostics[0].message, quiet=True)
         self.phase = Phase.FAILED
 
     def _teardown(self, reason: str) -> None:
