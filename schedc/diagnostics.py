@@ -96,6 +96,12 @@ class SchedcError(Exception):
     def render(self) -> str:
         return render_all(self.diagnostics, self.sources)
 
+    def __str__(self) -> str:
+        # What the CLI prints, carets, suggestions and hints included: a library caller's
+        # traceback (`schedc.replan(plan, "fial gpu(...)")`) says as much as `schedc` does.
+        # `args[0]` stays the one-line summary.
+        return self.render() if self.diagnostics else super().__str__()
+
 
 class SpecError(SchedcError):
     """The spec text is malformed (E1xx) or means something impossible (E2xx)."""

@@ -183,3 +183,20 @@ def test_replan_says_which_ranks_programs_changed(plan):
     # The recovered GPU is back in the plan, so it changed again.
     back = schedc.replan(new, "recover gpu(dp=1, pp=1)", deadline=DEADLINE)
     assert failed in back.changed_ranks
+
+
+def test_a_typo_in_an_event_reads_as_the_cli_would_print_it(plan):
+    """A library caller's traceback shows the caret and the suggestion, not only the code
+    (`schedc train --inject` printed both; `schedc.replan` said `E102 unknown statement`)."""
+    with pytest.raises(SpecError) as exc:
+        schedc.replan(plan, "fial gpu(dp=0, pp=0)")
+    assert str(exc.value) == exc.value.render()
+    assert str(exc.value).splitlines() == [
+        "error[E102]: unknown statement `fial`",
+        " --> <event>:1:1",
+        "  |",
+        "1 | fial gpu(dp=0, pp=0)",
+        "  | ^^^^ did you mean `fail`?",
+        "  = hint: statements start with `fail`, `slow` or `recover`",
+    ]
+    assert exc.value.args[0] == "error[E102]: unknown statement `fial`"  # the one-line summary

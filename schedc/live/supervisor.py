@@ -154,7 +154,7 @@ class Supervisor(Transitions):
         except SchedcError as exc:  # e.g. no checkpoint to resume, no plan after a failure
             self._fail(list(exc.diagnostics))
             self._teardown("failed")
-            raise TrainError(self._failure, self.result()) from None
+            raise TrainError(self._failure, self.result(), exc.sources) from None
         except BaseException:
             self._teardown("the supervisor failed")
             raise
@@ -564,8 +564,8 @@ class Supervisor(Transitions):
 class TrainError(RunError):
     """A live run that could not finish; `result` holds what it did until then."""
 
-    def __init__(self, diagnostics, result: TrainResult):
-        super().__init__(diagnostics)
+    def __init__(self, diagnostics, result: TrainResult, sources: dict[str, str] | None = None):
+        super().__init__(diagnostics, sources)  # sources: the texts the spans point into
         self.result = result
 
 
