@@ -180,9 +180,21 @@ EXCERPT_WIDTH = 100
 SHOWN_PER_CODE = 10
 
 
+#: Characters `str.splitlines` breaks at that are no line break in a spec: shown as spaces.
+_NOT_BREAKS = {c: " " for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines that spans count: separated by `\n`, `\r\n` or a lone `\r` (as the parser,
+    after `schedc.parse.normalize_newlines`, and editors count them), nothing else. Form feeds,
+    `\x85`, `\u2028` and the like are not breaks (`str.splitlines` would shift every line
+    after one); they come back as spaces, so columns stay right."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_NOT_BREAKS).split("\n")
+
+
 @lru_cache(maxsize=8)
 def _lines(text: str) -> list[str]:
-    return text.splitlines()  # once per source, not once per diagnostic
+    return source_lines(text)  # once per source, not once per diagnostic
 
 
 def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
