@@ -178,6 +178,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 EXCERPT_WIDTH = 100
 #: Diagnostics of one code shown in full; the rest are counted ("and 49,990 more like this").
 SHOWN_PER_CODE = 10
+#: Notes of one diagnostic shown with their excerpt; the rest are counted (an E301 after
+#: 10,000 `fail` lines has 10,000 notes).
+NOTES_SHOWN = 10
 
 
 #: Characters `str.splitlines` breaks at that are no line break in a spec: shown as spaces.
@@ -194,7 +197,8 @@ def source_lines(text: str) -> list[str]:
 
 @lru_cache(maxsize=8)
 def _lines(text: str) -> list[str]:
-    return source_lines(text)  # once per source, not once per diagnostic
+    # Once per source, not once per diagnostic: a long line is not copied per note.
+    return [line.expandtabs(1) for line in source_lines(text)]
 
 
 def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
@@ -204,7 +208,7 @@ def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
     lines = _lines(text)
     if not 1 <= span.line <= len(lines):
         return []
-    src = lines[span.line - 1].expandtabs(1)
+    src = lines[span.line - 1]
     width = len(str(span.line))
     gutter = " " * width
     start = max(span.column - 1, 0)
@@ -235,10 +239,12 @@ def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
         width = len(str(diag.span.line))
         out.append(f"{' ' * width}--> {diag.span}")
         out.extend(_excerpt(diag.span, sources, diag.label))
-    for note in diag.notes:
+    for note in diag.notes[:NOTES_SHOWN]:
         width = len(str(note.span.line))
         out.append(f"{' ' * width}--> {note.span}")
         out.extend(_excerpt(note.span, sources, note.message))
+    if len(diag.notes) > NOTES_SHOWN:
+        out.append(f"  ... and {len(diag.notes) - NOTES_SHOWN:,} more notes like these")
     if diag.detail:
         out.extend(diag.detail.rstrip("\n").splitlines())
     if diag.hint:
