@@ -25,7 +25,9 @@ from typing import Iterable, Sequence
 
 @dataclass(frozen=True)
 class Span:
-    """A region of a source text. Lines and columns are 1-based; `end_*` is exclusive."""
+    """A region of a source text. Lines (as `source_lines` counts them) and columns (in
+    characters) are 1-based; `end_*` is exclusive. Column n+1 of a line of n characters is
+    its end (where "unexpected end of input" points)."""
 
     file: str
     line: int
