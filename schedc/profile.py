@@ -46,10 +46,10 @@ TIMED = ("forward", "backward_input", "backward_weight", "optimizer")
 #: A timed figure is noisy when its median is over this many times its fastest repeat: at
 #: least half the repeats ran that much slower than the op can run, i.e. another job had the
 #: CPU or GPU (a median is what the block offers; one slow repeat alone does not move it).
-#: On an idle GPU every repeat lies within 2% of the others (docs/profile.md); under load a
-#: 0.13 ms CPU op showed a 79 ms median. 2x leaves an idle machine's jitter far below it and
-#: catches a median that load has doubled. Re-measure: `python bench/profile_models.py
-#: --quick` (and `--device cuda`) prints the worst median/fastest; idle it must stay under this.
+#: On an idle GPU the repeats lie within 2% of each other (docs/profile.md); under load a
+#: 0.13 ms CPU op showed a 79 ms median. 2x catches a median that load has doubled. Re-measure:
+#: `python bench/profile_models.py --quick` (and `--device cuda`) prints the worst
+#: median/fastest; on an idle machine it must stay well under this.
 NOISE_RATIO = 2.0
 #: ... and over the fastest by more than this many microseconds: a step that does almost
 #: nothing (no optimizer: ~1 us) sits at the timer's grain, where 2x means nothing, and an
