@@ -363,9 +363,9 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
         allreduce_us=ring_allreduce_time(grad_bytes, spec.cluster),
         activation=activation, stash=stash, static=static, send=send, params=params,
         split_layers=work.split_layers, passes=passes)
-    # Free this stage before the next is built (a large model profiled on one GPU).
+    # Free this stage before the next is built (a large model profiled on one GPU); the rest
+    # goes with this call's frame (and `one_round`, which holds it).
     work.module.to("cpu")
-    del work, optimizer
     return st, out
 
 
