@@ -22,7 +22,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import schedc  # noqa: E402
-from schedc.profile import profile  # noqa: E402
+from schedc.profile import NOISE_RATIO, profile  # noqa: E402
 
 SPEC = """
 model "{name}" {{
@@ -71,8 +71,11 @@ def main(argv=None) -> int:
                   f"| {r['forward']:.2f}, {r['backward_input']:.2f}, {r['backward_weight']:.2f} "
                   f"| {r['activation']:.2f}, {r['stash']:.3f} |")
         spread = max(max(st.forward.spread, st.backward_input.spread, st.backward_weight.spread) for st in p.stages)
+        # What `schedc.profile.NOISE_RATIO` is judged against: the worst median / fastest repeat.
+        ratio = max(t.median / t.low for st in p.stages for t in st.offered().values() if t.low > 0)
         print(f"(median of {args.repeats} after 3 warm-up rounds; largest spread (max-min)/median {spread:.0%}; "
-              f"cost model at {flops} x {eff})")
+              f"largest median/fastest {ratio:.2f} (noisy over {NOISE_RATIO:g}); passes "
+              f"{[st.passes for st in p.stages]}; cost model at {flops} x {eff})")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile.json").write_text(json.dumps(results, indent=1))

@@ -25,7 +25,9 @@ from typing import Iterable, Sequence
 
 @dataclass(frozen=True)
 class Span:
-    """A region of a source text. Lines and columns are 1-based; `end_*` is exclusive."""
+    """A region of a source text. Lines (as `source_lines` counts them) and columns (in
+    characters) are 1-based; `end_*` is exclusive. Column n+1 of a line of n characters is
+    its end (where "unexpected end of input" points)."""
 
     file: str
     line: int
@@ -95,6 +97,12 @@ class SchedcError(Exception):
 
     def render(self) -> str:
         return render_all(self.diagnostics, self.sources)
+
+    def __str__(self) -> str:
+        # What the CLI prints, carets, suggestions and hints included: a library caller's
+        # traceback (`schedc.replan(plan, "fial gpu(...)")`) says as much as `schedc` does.
+        # `args[0]` stays the one-line summary.
+        return self.render() if self.diagnostics else super().__str__()
 
 
 class SpecError(SchedcError):
@@ -172,11 +180,27 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 EXCERPT_WIDTH = 100
 #: Diagnostics of one code shown in full; the rest are counted ("and 49,990 more like this").
 SHOWN_PER_CODE = 10
+#: Notes of one diagnostic shown with their excerpt; the rest are counted (an E301 after
+#: 10,000 `fail` lines has 10,000 notes).
+NOTES_SHOWN = 10
+
+
+#: Characters `str.splitlines` breaks at that are no line break in a spec: shown as spaces.
+_NOT_BREAKS = {c: " " for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines that spans count: separated by `\n`, `\r\n` or a lone `\r` (as the parser,
+    after `schedc.parse.normalize_newlines`, and editors count them), nothing else. Form feeds,
+    `\x85`, `\u2028` and the like are not breaks (`str.splitlines` would shift every line
+    after one); they come back as spaces, so columns stay right."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_NOT_BREAKS).split("\n")
 
 
 @lru_cache(maxsize=8)
 def _lines(text: str) -> list[str]:
-    return text.splitlines()  # once per source, not once per diagnostic
+    # Once per source, not once per diagnostic: a long line is not copied per note.
+    return [line.expandtabs(1) for line in source_lines(text)]
 
 
 def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
@@ -186,7 +210,7 @@ def _excerpt(span: Span, sources: dict[str, str], label: str) -> list[str]:
     lines = _lines(text)
     if not 1 <= span.line <= len(lines):
         return []
-    src = lines[span.line - 1].expandtabs(1)
+    src = lines[span.line - 1]
     width = len(str(span.line))
     gutter = " " * width
     start = max(span.column - 1, 0)
@@ -217,10 +241,12 @@ def render(diag: Diagnostic, sources: dict[str, str] | None = None) -> str:
         width = len(str(diag.span.line))
         out.append(f"{' ' * width}--> {diag.span}")
         out.extend(_excerpt(diag.span, sources, diag.label))
-    for note in diag.notes:
+    for note in diag.notes[:NOTES_SHOWN]:
         width = len(str(note.span.line))
         out.append(f"{' ' * width}--> {note.span}")
         out.extend(_excerpt(note.span, sources, note.message))
+    if len(diag.notes) > NOTES_SHOWN:
+        out.append(f"  ... and {len(diag.notes) - NOTES_SHOWN:,} more notes like these")
     if diag.detail:
         out.extend(diag.detail.rstrip("\n").splitlines())
     if diag.hint:

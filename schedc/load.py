@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from schedc.diagnostics import Span, SpecError, error
+from schedc.diagnostics import Span, SpecError, error, source_lines
 from schedc.parse import parse_text
 from schedc.spec import Spec
 from schedc.validate import validate
@@ -95,17 +95,21 @@ def decode_spec(data: bytes, file: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        good = data[: exc.start].decode("utf-8")
-        line = good.count("\n") + 1
-        col = len(good) - (good.rfind("\n") + 1) + 1
+        # Lines as the parser counts them (a lone CR is a break too); the source shown is the
+        # text with every invalid byte as U+FFFD, so the caret sits on the first one.
+        lines = source_lines(_without_bom(data[: exc.start].decode("utf-8")))
+        line, col = len(lines), len(lines[-1]) + 1
         span = Span(file, line, col, line, col + 1)
         raise SpecError([error(
             "E106", f"the spec is not UTF-8 text: invalid byte 0x{data[exc.start]:02x} at byte offset {exc.start}",
-            span, hint="save the spec as UTF-8 text; is this a binary file?")],
-            {file: good + "\n"}) from None
-    if text.startswith("\ufeff"):  # a BOM is harmless; drop it so columns stay right
-        text = text[1:]
-    return text
+            span, label="not UTF-8", hint="save the spec as UTF-8 text; is this a binary file?")],
+            {file: _without_bom(data.decode("utf-8", "replace"))}) from None
+    return _without_bom(text)
+
+
+def _without_bom(text: str) -> str:
+    """A BOM is harmless; dropped so that columns count what an editor shows."""
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 def _too_large(file: str, size: int) -> SpecError:

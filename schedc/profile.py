@@ -22,6 +22,13 @@ can measure a network here); the profile says so.
 bytes; `Profile.stages_block()` is them as spec text; `Profile.analytic`
 are the cost model's figures for the same partition where the spec's
 `model` block lets schedc derive them (ratios in `Profile.ratios()`).
+
+Two refusals (docs/profile.md): a spec that names no `model.source` has no
+model to measure (E584; schedc's stand-in MLP is profiled only when named),
+and a figure whose median stays over `NOISE_RATIO` times its fastest repeat
+after `MAX_PASSES` passes of timed rounds is not offered as a cost (E585:
+`Profile.noisy` says which; `stage_costs()` and `stages_block()` raise).
+The clock is a seam (`profile(..., clock=...)`): tests make it noisy.
 """
 
 from __future__ import annotations
@@ -36,6 +43,21 @@ from schedc.spec import STAGE_KEYS, Spec, StageCosts
 
 #: Stage cost keys measured by time (the rest are byte counts).
 TIMED = ("forward", "backward_input", "backward_weight", "optimizer")
+#: A timed figure is noisy when its median is over this many times its fastest repeat: at
+#: least half the repeats ran that much slower than the op can run, i.e. another job had the
+#: CPU or GPU (a median is what the block offers; one slow repeat alone does not move it).
+#: On an idle GPU the repeats lie within 2% of each other (docs/profile.md); under load a
+#: 0.13 ms CPU op showed a 79 ms median. 2x catches a median that load has doubled. Re-measure:
+#: `python bench/profile_models.py --quick` (and `--device cuda`) prints the worst
+#: median/fastest; on an idle machine it must stay well under this.
+NOISE_RATIO = 2.0
+#: ... and over the fastest by more than this many microseconds: a step that does almost
+#: nothing (no optimizer: ~1 us) sits at the timer's grain, where 2x means nothing, and an
+#: error this small is below what a plan's link latencies already blur.
+NOISE_FLOOR_US = 50.0
+#: Passes of `repeats` timed rounds a stage gets at most: the first, then more while a figure
+#: is noisy (the samples pool, so a burst of load in one pass is outvoted by the quiet ones).
+MAX_PASSES = 3
 
 
 @dataclass(frozen=True)
@@ -61,6 +83,12 @@ class Timing:
         """(max - min) / median: how far apart the repeats lie."""
         return (self.high - self.low) / self.median if self.median > 0 else 0.0
 
+    @property
+    def noisy(self) -> bool:
+        """The median is over `NOISE_RATIO` x the fastest repeat (and `NOISE_FLOOR_US` above it):
+        not a figure to plan with."""
+        return self.median > NOISE_RATIO * self.low and self.median - self.low > NOISE_FLOOR_US
+
 
 @dataclass(frozen=True)
 class StageProfile:
@@ -80,6 +108,16 @@ class StageProfile:
     send: int
     params: int
     split_layers: int  # linear layers whose weight gradients W computes
+    passes: int = 1  # passes of timed rounds: more than 1 when a figure was noisy (`MAX_PASSES`)
+
+    def offered(self) -> dict[str, Timing]:
+        """The timings that become costs, by cost key (the full backward is for comparison only)."""
+        return {"forward": self.forward, "backward_input": self.backward_input,
+                "backward_weight": self.backward_weight, "optimizer": self.optimizer_step}
+
+    def noisy(self) -> tuple[str, ...]:
+        """The cost keys whose timing is noisy (`Timing.noisy`)."""
+        return tuple(k for k, t in self.offered().items() if t.noisy)
 
     def costs(self) -> StageCosts:
         """This stage's `StageCosts`: median times rounded up to whole microseconds (at least 1)."""
@@ -106,11 +144,37 @@ class Profile:
     stages: tuple[StageProfile, ...]
     analytic: tuple[StageCosts, ...] | None = None
 
+    @property
+    def noisy(self) -> tuple[tuple[int, str], ...]:
+        """(stage, cost key) of every figure still noisy after `MAX_PASSES` passes."""
+        return tuple((st.pp, k) for st in self.stages for k in st.noisy())
+
+    def noise_error(self) -> RunError | None:
+        """E585 naming the noisy figures, or None when every figure can be offered."""
+        if not self.noisy:
+            return None
+        by_stage = {st.pp: st for st in self.stages}
+        what = "; ".join(
+            f"stage {s} {k}: median {by_stage[s].offered()[k].median / 1e3:.3f} ms, fastest "
+            f"{by_stage[s].offered()[k].low / 1e3:.3f} ms" for s, k in self.noisy)
+        passes = max(st.passes for st in self.stages)
+        return RunError([error(
+            "E585", f"measurements too noisy to offer as costs after {passes} pass(es) of {self.repeats} rounds: "
+                    f"{what}",
+            hint=f"a median over {NOISE_RATIO:g}x the fastest repeat means another job had the "
+                 f"{'GPU' if self.device.startswith('cuda') else 'CPU'} most of the time: profile again on an "
+                 "idle machine (or pin it to free cores, e.g. `taskset -c 2,3 schedc profile ...`), "
+                 "with more --repeats; the table shows what was measured")])
+
     def stage_costs(self) -> tuple[StageCosts, ...]:
+        """The measured costs; E585 (`noise_error`) when a figure is noisy."""
+        problem = self.noise_error()
+        if problem is not None:
+            raise problem
         return tuple(st.costs() for st in self.stages)
 
     def stages_block(self) -> str:
-        """The measured costs as a `stages { ... }` block of spec text."""
+        """The measured costs as a `stages { ... }` block of spec text (E585 when a figure is noisy)."""
         from schedc.printer import stages_block
 
         return "\n".join(stages_block(self.stage_costs())) + "\n"
@@ -120,7 +184,7 @@ class Profile:
         if self.analytic is None:
             return None
         out = []
-        for got, model in zip(self.stage_costs(), self.analytic):
+        for got, model in zip((st.costs() for st in self.stages), self.analytic):
             out.append({k: (getattr(got, k) / getattr(model, k) if getattr(model, k) else math.nan)
                         for k in STAGE_KEYS})
         return out
@@ -142,6 +206,7 @@ class Profile:
                 "optimizer_step": timing(st.optimizer_step), "allreduce_estimate_us": st.allreduce_us,
                 "activation": st.activation, "stash": st.stash, "static": st.static, "send": st.send,
                 "costs": {k: getattr(st.costs(), k) for k in STAGE_KEYS},
+                "passes": st.passes, "noisy": list(st.noisy()),
             } for st in self.stages],
             "analytic": None if self.analytic is None else [
                 {k: getattr(c, k) for k in STAGE_KEYS} for c in self.analytic],
@@ -149,24 +214,30 @@ class Profile:
         }
 
 
-def profile(spec: Spec, *, device: str = "cpu", repeats: int = 10, warmup: int = 3) -> Profile:
-    """Measure every stage of `spec`'s model (see the module doc). Raises `RunError` (E5xx)."""
+def profile(spec: Spec, *, device: str = "cpu", repeats: int = 10, warmup: int = 3, clock=None) -> Profile:
+    """Measure every stage of `spec`'s model (see the module doc). Raises `RunError` (E5xx).
+
+    `clock`: what times the ops (default: CUDA events on a GPU, `time.perf_counter` on the
+    CPU); an object with `start(op) -> token`, `stop(token) -> raw` and `resolve(raw) -> us`,
+    where op is one of F, B, W, BW, O."""
     if repeats < 1 or warmup < 0:
         raise RunError([error("E582", f"profile needs repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")])
+    _check_model(spec)
     import torch
 
-    from schedc.runtime.manifest import (DEFAULT_SOURCE, build_layers, call_with_model_args, data_ref_of,
-                                         load_callable, model_args_of, spec_folder)
+    from schedc.runtime.manifest import (build_layers, call_with_model_args, data_ref_of, load_callable,
+                                         model_args_of, spec_folder)
 
     dev = _device(device)
     model = spec.model
-    source = model.source if model and model.source else DEFAULT_SOURCE
+    source = model.source
     model_args = model_args_of(model)
     search = (spec_folder(spec.source_name),)
     layers, loss_fn, partition = build_layers(source, model_args, spec.partition, spec.pp, search)
     data = load_callable(data_ref_of(source, model.data if model else None), "model.data", search)
     x, target = call_with_model_args(data, model_args, 0, 0, 0)
-    clock = _CudaClock(dev) if dev.type == "cuda" else _CpuClock()
+    if clock is None:
+        clock = _CudaClock(dev) if dev.type == "cuda" else _CpuClock()
     memory = _CudaMemory(dev) if dev.type == "cuda" else _CpuMemory()
     stages = []
     inp = x.to(dev)
@@ -181,6 +252,27 @@ def profile(spec: Spec, *, device: str = "cpu", repeats: int = 10, warmup: int =
     return Profile(spec_name=spec.source_name, source=source, device=str(dev),
                    device_name=_device_name(dev), repeats=repeats, warmup=warmup,
                    memory_from=memory.what, stages=tuple(stages), analytic=_analytic(spec, partition))
+
+
+def _check_model(spec: Spec) -> None:
+    """E584 when the spec names no model: there is nothing of the user's to measure.
+
+    A run of such a spec trains schedc's stand-in MLP, whose costs say nothing about the
+    `stages` the spec declares (specs/example.sched models a large model): offering them as
+    the spec's costs would overwrite its figures with a toy's. Naming the stand-in
+    (`source = "schedc.models.mlp:build"`) profiles it on purpose."""
+    from schedc.runtime.manifest import DEFAULT_SOURCE
+
+    if spec.model is not None and spec.model.source:
+        return
+    block = spec.span("model")
+    where = "its `model` block has no `source`" if block else "it has no `model` block"
+    raise RunError([error(
+        "E584", f"nothing to profile: `{spec.source_name}` names no model ({where})", block,
+        label="no `source` here",
+        hint='name your model in the spec: `model { source = "mypkg.model:build"  data = "mypkg.model:batch" }` '
+             "(build() returns (layers, loss_fn), batch(iteration, dp, microbatch) returns (input, target); "
+             f"docs/profile.md); to time schedc's stand-in MLP, name it: `source = \"{DEFAULT_SOURCE}\"`")])
 
 
 def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, target, dev, clock, memory, *,
@@ -201,49 +293,63 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
     with torch.no_grad():
         sample_out = run_layers(work.module, inp, layers_range[0])
     grad_template = None if loss_fn is not None else torch.randn_like(sample_out)
-    times: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "BW", "O")}
-    activation = stash = 0
-    for round_ in range(warmup + repeats):
-        keep = round_ >= warmup
+    raw: dict[str, list] = {k: [] for k in OPS}
+    times: dict[str, list[float]] = {k: [] for k in OPS}
+    held = [0, 0]  # the most one microbatch held after F and after B (a microbatch never holds more)
+
+    def one_round(keep: bool) -> None:
         # F, B, W as a decoupled schedule runs them; bytes held after F and after B.
         x = inp.detach().clone() if received else inp
         base = memory.baseline()
         with memory.watch_saved(work):
-            t = clock.start()
+            t = clock.start("F")
             out = work.forward(x, target, received=received)
             f_us = clock.stop(t)
         held_f = memory.held(base, [x, out])
         # A fresh output gradient per microbatch, as a rank receives one: W may keep it.
         grad_out = None if grad_template is None else grad_template.clone()
-        t = clock.start()
+        t = clock.start("B")
         grad_in, entries = work.backward(out, x, grad_out, wants_input=received, defer_weights=True)
         b_us = clock.stop(t)
         del out, x, grad_out, grad_in  # grad_in is sent upstream: a message, not the stash
         held_b = memory.held_entries(base, entries)
-        t = clock.start()
+        t = clock.start("W")
         work.weight(entries)
         w_us = clock.stop(t)
         del entries
         # The same microbatch with B and W in one backward.
         x = inp.detach().clone() if received else inp
         out = work.forward(x, target, received=received)
-        t = clock.start()
+        t = clock.start("BW")
         work.backward(out, x, grad_template, wants_input=received, defer_weights=False)
         bw_us = clock.stop(t)
         del out, x
         # The optimizer step as the runtime applies it (gradients in place, then step, then zero).
-        t = clock.start()
+        t = clock.start("O")
         if optimizer is not None:
             optimizer.step()
             for p in work.params:
                 p.grad.zero_()
         o_us = clock.stop(t)
         if keep:
-            for key, v in zip(("F", "B", "W", "BW", "O"), (f_us, b_us, w_us, bw_us, o_us)):
-                times[key].append(v)
-            activation = max(activation, held_f, held_b)  # a microbatch never holds more; stash <= activation
-            stash = max(stash, held_b)
-    times = {k: [clock.resolve(v) for v in vs] for k, vs in times.items()}
+            for key, v in zip(OPS, (f_us, b_us, w_us, bw_us, o_us)):
+                raw[key].append(v)
+            held[0] = max(held[0], held_f, held_b)  # stash <= activation
+            held[1] = max(held[1], held_b)
+
+    for _ in range(warmup):
+        one_round(keep=False)
+    passes = 0
+    while True:
+        passes += 1
+        for _ in range(repeats):
+            one_round(keep=True)
+        for key in OPS:  # (on CUDA, resolving waits for the device)
+            times[key] += [clock.resolve(v) for v in raw[key][len(times[key]):]]
+        offered = [_timing(times[k]) for k in ("F", "B", "W", "O")]
+        if passes >= MAX_PASSES or not any(t.noisy for t in offered):
+            break
+    activation, stash = held
     with torch.no_grad():
         out = run_layers(work.module, inp, layers_range[0]) if loss_fn is None else None
     params = sum(p.numel() for p in work.params)
@@ -256,10 +362,10 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
         backward_full=_timing(times["BW"]), optimizer_step=_timing(times["O"]),
         allreduce_us=ring_allreduce_time(grad_bytes, spec.cluster),
         activation=activation, stash=stash, static=static, send=send, params=params,
-        split_layers=work.split_layers)
-    # Free this stage before the next is built (a large model profiled on one GPU).
+        split_layers=work.split_layers, passes=passes)
+    # Free this stage before the next is built (a large model profiled on one GPU); the rest
+    # goes with this call's frame (and `one_round`, which holds it).
     work.module.to("cpu")
-    del work, optimizer
     return st, out
 
 
@@ -309,9 +415,13 @@ def _device_name(dev) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
+#: The ops a round times, in order: F, B and W decoupled, B+W in one backward, the optimizer step.
+OPS = ("F", "B", "W", "BW", "O")
+
+
 class _CpuClock:
     @staticmethod
-    def start():
+    def start(op: str = ""):
         return time.perf_counter()
 
     @staticmethod
@@ -332,7 +442,7 @@ class _CudaClock:
         self.torch = torch
         self.dev = dev
 
-    def start(self):
+    def start(self, op: str = ""):
         ev = self.torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
@@ -429,13 +539,14 @@ def render(p: Profile) -> str:
 
     for st in p.stages:
         spread = max(st.forward.spread, st.backward_input.spread, st.backward_weight.spread)
+        noisy = st.noisy()
         lines.append(
             f"{st.pp:>5} {f'{st.layers[0]}:{st.layers[1]}':>9} {st.params:>11,} {st.forward.median / 1e3:>9.3f} "
             f"{st.backward_input.median / 1e3:>9.3f} {st.backward_weight.median / 1e3:>9.3f} "
             f"{(st.backward_input.median + st.backward_weight.median) / 1e3:>9.3f} "
             f"{st.backward_full.median / 1e3:>9.3f} {st.optimizer_step.median / 1e3:>9.3f} {spread:>6.0%} "
             f"{human_bytes(st.activation):>11} {human_bytes(st.stash):>11} {human_bytes(st.static):>11} "
-            f"{human_bytes(st.send):>11}")
+            f"{human_bytes(st.send):>11}" + (f"  NOISY: {', '.join(noisy)}" if noisy else ""))
     lines.append("")
     lines.append("spread: (max - min) / median of the timed rounds, the worst of F, B and W. "
                  "stash: bytes held from B to W (what W needs).")
@@ -448,6 +559,13 @@ def render(p: Profile) -> str:
                   f"{'stage':>5} " + " ".join(f"{k:>15}" for k in STAGE_KEYS)]
         for s, r in enumerate(ratios):
             lines.append(f"{s:>5} " + " ".join(f"{r[k]:>15.2f}" for k in STAGE_KEYS))
+    remeasured = [st.pp for st in p.stages if st.passes > 1]
+    if remeasured:
+        lines.append(f"re-measured (a median over {NOISE_RATIO:g}x its fastest repeat): stage(s) "
+                     f"{', '.join(map(str, remeasured))}, up to {MAX_PASSES} passes of {p.repeats} rounds.")
+    if p.noisy:  # no block to paste: `schedc profile` then fails with E585 (`Profile.noise_error`)
+        lines += ["", "no stages block: the figures marked NOISY are not fit to plan with", ""]
+        return "\n".join(lines)
     lines += ["", "# measured by `schedc profile`; paste into the spec (or run with --write)", p.stages_block()]
     return "\n".join(lines)
 

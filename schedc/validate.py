@@ -379,6 +379,9 @@ def _explicit_stages(ctx: Collector, block: Block, cluster: ClusterSpec | None) 
         return None
     stages: list[StageCosts] = []
     ok = True
+    # (code, span) of what is reported, so a problem of `all` is said once, not per stage, in
+    # constant time per stage (a scan of the diagnostics per stage was quadratic in pp).
+    reported = {(d.code, d.span) for d in ctx.diags if d.span is not None}
     for s in range(cluster.pp):
         data: dict[str, Any] = {}
         sources: dict[str, str] = {}
@@ -406,14 +409,15 @@ def _explicit_stages(ctx: Collector, block: Block, cluster: ClusterSpec | None) 
             missing_message=lambda k, s=s: f"stage {s} has no `{k}`",
             missing_hint=lambda k, s=s: f"set `{k}` in `stages {{ all {{ ... }} }}` or in `stage {s} {{ ... }}`",
             sources=sources)
-        _dedupe_from_all(ctx, before)
+        _dedupe_from_all(ctx, before, reported)
         if checked is None:
             ok = False
             continue
         stage = StageCosts(pp=s, **checked.model_dump())
         if stage.stash > stage.activation:
             span = ctx.spans.get(f"stages.{s}.stash")
-            if not any(d.code == "E209" and d.span == span for d in ctx.diags):
+            if ("E209", span) not in reported:
+                reported.add(("E209", span))
                 ctx.add(error("E209", f"stage {s}: `stash` ({human_bytes(stage.stash)}) is larger than `activation` "
                                       f"({human_bytes(stage.activation)})", span, label="stash > activation",
                               hint="stash is the part of a microbatch's activation kept from B to W; "
@@ -424,13 +428,16 @@ def _explicit_stages(ctx: Collector, block: Block, cluster: ClusterSpec | None) 
     return tuple(stages) if ok else None
 
 
-def _dedupe_from_all(ctx: Collector, start: int) -> None:
-    """Drop diagnostics added since `start` that repeat one already reported for the same span (from `all`)."""
+def _dedupe_from_all(ctx: Collector, start: int, reported: set) -> None:
+    """Drop diagnostics added since `start` that repeat one already reported for the same span (from
+    `all`); `reported` holds the (code, span) of those reported, and gains the new ones."""
     fresh = ctx.diags[start:]
     del ctx.diags[start:]
     for d in fresh:
-        if d.span is not None and any(o.span == d.span and o.code == d.code for o in ctx.diags):
-            continue
+        if d.span is not None:
+            if (d.code, d.span) in reported:
+                continue
+            reported.add((d.code, d.span))
         ctx.diags.append(d)
 
 

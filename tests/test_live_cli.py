@@ -64,6 +64,7 @@ def test_bad_input_is_a_diagnostic_not_a_traceback(tmp_path, args, code, words):
     proc = _schedc(*[a.format(tmp=tmp_path, out=out) for a in args])
     assert proc.returncode == 1, proc.stderr
     assert f"error[{code}]" in proc.stderr and words in proc.stderr, proc.stderr
+    assert (proc.stdout + proc.stderr).count(words) == 1, (proc.stdout, proc.stderr)  # said once, not twice
     assert "Traceback" not in proc.stderr
     assert not (out / "live").exists()  # nothing ran
 

@@ -3,15 +3,19 @@ repaired GPU catches up and comes back, and the weights stay those of single-pro
 
 from __future__ import annotations
 
+import re
 import statistics
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from live_support import check_exact, compiled, wait_until
 from schedc.live import train
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.e2e
 
@@ -86,16 +90,30 @@ def test_a_rejoin_during_another_failures_recovery(tmp_path):
     check_exact(out, result, iterations)
 
 
-def test_schedc_rejoin_asks_a_running_job_to_take_a_gpu_back(tmp_path):
-    from schedc.runtime.launcher import free_port
+def _store_line_pattern() -> re.Pattern:
+    """The line `schedc rejoin --help` says the store address is on, as a pattern (HOST:PORT captured)."""
+    from schedc.cli.rejoin import STORE_LINE
 
+    text = re.escape(STORE_LINE).replace("N", r"\d+").replace("I", r"\d+")
+    return re.compile(text.replace("HOST:PORT", r"(\S+:\d+)") + "$")
+
+
+def test_the_store_address_is_where_rejoin_help_readme_and_docs_say():
+    from schedc.cli.rejoin import STORE_LINE
+
+    for doc in ("README.md", "docs/live.md"):
+        assert STORE_LINE in " ".join((ROOT / doc).read_text().split()), doc
+    assert _store_line_pattern().search("[   6.642 s] generation 0: 4 ranks running from iteration 0; "
+                                        "store 127.0.0.1:40837").group(1) == "127.0.0.1:40837"
+
+
+def test_schedc_rejoin_asks_a_running_job_to_take_a_gpu_back(tmp_path):
     out = compiled(tmp_path, forward="20ms")
-    port = free_port()
     lines: list[str] = []
     box = {}
 
     def run():
-        box["result"] = train(out, iterations=100, emulate=True, store_port=port, on_line=lines.append,
+        box["result"] = train(out, iterations=100, emulate=True, on_line=lines.append,
                               inject=["at iteration 2: fail gpu(dp=1, pp=0)"])
 
     t = threading.Thread(target=run)
@@ -103,10 +121,12 @@ def test_schedc_rejoin_asks_a_running_job_to_take_a_gpu_back(tmp_path):
     try:
         wait_until(lambda: any("generation 1" in ln for ln in lines), "the run's generation 1 (after the failure)",
                    state=lambda: lines[-3:])
-        wrong = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", f"127.0.0.1:{port}",
+        # The address where `schedc rejoin --help` says it is printed.
+        (store,) = [m.group(1) for ln in lines if (m := _store_line_pattern().search(ln))]
+        wrong = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", store,
                                 "recover gpu(dp=5, pp=0)"], capture_output=True, text=True, timeout=60)
         assert wrong.returncode == 1 and "the run has no GPU (dp=5, pp=0)" in wrong.stderr, wrong.stderr
-        done = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", f"127.0.0.1:{port}",
+        done = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", store,
                                "recover gpu(dp=1, pp=0)"], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert "asked the run" in done.stdout

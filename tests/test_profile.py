@@ -9,13 +9,14 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import schedc
-from schedc.profile import profile, write_stages_block
+from schedc.profile import profile, render, write_stages_block
 from schedc.runtime.weightgrad import held_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,25 @@ schedule { solver = greedy }
 """
 
 
+class ThreadCpuClock:
+    """Times ops by this thread's CPU time (`time.thread_time`): real figures that another job on
+    the machine does not inflate (time it waits for a core is not counted), for the tests about
+    what a profile offers and where it goes, not about noise. Ops that torch spreads over several
+    threads read low; these models are too small for that to matter."""
+
+    @staticmethod
+    def start(op):
+        return time.thread_time()
+
+    @staticmethod
+    def stop(t0):
+        return (time.thread_time() - t0) * 1e6
+
+    @staticmethod
+    def resolve(v):
+        return v
+
+
 def _gpt_stash_bytes(spec, stage: int) -> int:
     """The cost model's stash of a stage: 16sbh*4 per layer, plus sbh*4 + sbV*4 for the head (fp32)."""
     m = spec.model
@@ -52,7 +72,7 @@ def _gpt_stash_bytes(spec, stage: int) -> int:
 
 def test_shipped_mlp_profile_is_positive_and_plugs_into_compile(tmp_path):
     spec = schedc.load(ROOT / "specs" / "mlp-2x2.sched")
-    p = profile(spec, repeats=3, warmup=1)
+    p = profile(spec, repeats=3, warmup=1, clock=ThreadCpuClock())
     assert [st.pp for st in p.stages] == [0, 1]
     for st in p.stage_costs():
         assert min(st.forward, st.backward_input, st.backward_weight, st.optimizer) >= 1
@@ -125,7 +145,7 @@ def test_decoupled_weight_gradients_equal_autograd():
 def test_a_users_model_gets_its_declared_arguments_and_profiles(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     spec = schedc.load(USER_SPEC)
-    p = profile(spec, repeats=2, warmup=1)
+    p = profile(spec, repeats=2, warmup=1, clock=ThreadCpuClock())
     assert p.stages[0].params == (8 * 24 + 24) + (24 * 24 * 3 + 24) + (24 * 24 + 24)  # hidden = 24 reached build()
     assert [st.split_layers for st in p.stages] == [2, 2]  # Linear + Mixer.proj | Mixer.proj + Linear
     for st in p.stage_costs():
@@ -133,12 +153,14 @@ def test_a_users_model_gets_its_declared_arguments_and_profiles(tmp_path):
     assert p.analytic is None and p.ratios() is None
 
 
-def test_cli_writes_the_block_into_the_spec_and_compile_uses_it(tmp_path):
+def test_cli_writes_the_block_into_the_spec_and_compile_uses_it(tmp_path, monkeypatch, capsys):
+    from schedc.cli import main
+
+    monkeypatch.setattr("schedc.profile._CpuClock", ThreadCpuClock)  # (wall time can be noisy: E585)
     spec = tmp_path / "mlp.sched"
     spec.write_text((ROOT / "specs" / "mlp-2x2.sched").read_text())
-    out = _schedc("profile", str(spec), "--repeats", "2", "--warmup", "0", "--write", "--json")
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    assert main(["profile", str(spec), "--repeats", "2", "--warmup", "0", "--write", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
     assert report["written"] == str(spec)
     loaded = schedc.load(spec)
     assert [c.forward for c in loaded.stages] == [s["costs"]["forward"] for s in report["stages"]]
@@ -169,6 +191,98 @@ def test_write_stages_block_appends_when_there_is_none():
     new = write_stages_block("g.sched", text, "stages {\n    all { forward = 1ms }\n}\n")
     assert new.startswith(text.rstrip("\n")) and new.rstrip().endswith("}")
     assert math.isfinite(len(new))
+
+
+def test_a_spec_naming_no_model_is_refused_not_profiled_as_a_stand_in(tmp_path):
+    """specs/example.sched declares a large model's costs and names no `model.source`: profiling
+    schedc's stand-in MLP instead, and offering its block, would overwrite those costs with a toy's."""
+    spec = tmp_path / "example.sched"
+    spec.write_text((ROOT / "specs" / "example.sched").read_text())
+    out = _schedc("profile", str(spec), "--write")
+    assert out.returncode == 1 and "error[E584]" in out.stderr and "Traceback" not in out.stderr
+    assert "names no model" in out.stderr and 'source = "schedc.models.mlp:build"' in out.stderr
+    assert out.stdout == "" and spec.read_text() == (ROOT / "specs" / "example.sched").read_text()
+    # A `model` block without `source`: the caret points at it.
+    text = USER_SPEC.replace('source = "profile_model:build"  data = "profile_model:batch"  ', "")
+    with pytest.raises(schedc.RunError) as exc:
+        profile(schedc.load(text, name="m.sched"))
+    assert exc.value.codes == ["E584"] and exc.value.diagnostics[0].span.line == 2
+
+
+class ScriptedClock:
+    """A clock whose readings are made up: every op takes `base` us, except the F calls that
+    `slow(n)` picks (n counts F calls from 0), which take 79 ms, as under another job's load."""
+
+    base = {"F": 130.0, "B": 150.0, "W": 100.0, "BW": 250.0, "O": 20.0}
+
+    def __init__(self, slow):
+        self.slow = slow
+        self.f_calls = 0
+
+    def start(self, op):
+        return op
+
+    def stop(self, op):
+        if op != "F":
+            return self.base[op]
+        n, self.f_calls = self.f_calls, self.f_calls + 1
+        return 79_000.0 if self.slow(n) else self.base["F"]
+
+    def resolve(self, v):
+        return v
+
+
+def _profile_with(clock):
+    return profile(schedc.load(ROOT / "specs" / "mlp-2x2.sched"), repeats=10, warmup=0, clock=clock)
+
+
+def test_one_slow_repeat_does_not_move_the_median_and_is_not_remeasured():
+    p = _profile_with(ScriptedClock(lambda n: n % 10 == 3))
+    assert [st.passes for st in p.stages] == [1, 1] and p.noisy == ()
+    assert p.stages[0].forward.spread > 100  # shown in the table, yet the median stands
+    assert [c.forward for c in p.stage_costs()] == [130, 130]
+
+
+def test_a_burst_of_load_is_remeasured_and_outvoted():
+    p = _profile_with(ScriptedClock(lambda n: n < 7))  # 7 of stage 0's first 10 F rounds
+    assert p.stages[0].passes == 2 and p.stages[1].passes == 1
+    assert p.noisy == () and [c.forward for c in p.stage_costs()] == [130, 130]
+    assert "forward = 130us" in p.stages_block()
+    assert "re-measured" in render(p)
+
+
+def test_figures_that_stay_noisy_are_not_offered():
+    """F = 79 ms for a 0.13 ms op in most rounds of every pass: the figures are shown, marked,
+    and refused as costs (E585 names the op and says what to do)."""
+    from schedc.profile import MAX_PASSES
+
+    p = _profile_with(ScriptedClock(lambda n: n % 10 < 7))
+    assert [st.passes for st in p.stages] == [MAX_PASSES, MAX_PASSES]
+    assert p.noisy == ((0, "forward"), (1, "forward"))
+    for offer in (p.stage_costs, p.stages_block):
+        with pytest.raises(schedc.RunError) as exc:
+            offer()
+        assert exc.value.codes == ["E585"]
+    text = exc.value.render()
+    assert "stage 0 forward: median 79.000 ms, fastest 0.130 ms" in text and "idle machine" in text
+    shown = render(p)
+    assert "NOISY: forward" in shown and "stages {" not in shown
+    assert json.loads(json.dumps(p.to_json()))["stages"][0]["noisy"] == ["forward"]
+
+
+def test_cli_with_noisy_figures_fails_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from schedc.cli import main
+
+    monkeypatch.setattr("schedc.profile._CpuClock", lambda: ScriptedClock(lambda n: n % 10 < 7))
+    spec = tmp_path / "mlp.sched"
+    spec.write_text((ROOT / "specs" / "mlp-2x2.sched").read_text())
+    assert main(["profile", str(spec), "--write"]) == 1
+    out, err = capsys.readouterr()
+    assert "NOISY: forward" in out and "stages {" not in out and "error[E585]" in err
+    assert spec.read_text() == (ROOT / "specs" / "mlp-2x2.sched").read_text()
+    assert main(["profile", str(spec), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["ok"] and report["stages_block"] is None and report["diagnostics"][0]["code"] == "E585"
 
 
 def _schedc(*args: str, input: str | None = None) -> subprocess.CompletedProcess:

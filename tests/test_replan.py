@@ -197,3 +197,20 @@ def test_the_reserve_grows_on_a_busy_machine():
     assert replan_module._slowdown((now - 10.0, cpu)) == replan_module._MAX_SLOWDOWN
     assert replan_module._slowdown((now - 10.0, cpu - 5.0)) == pytest.approx(2.0, rel=0.01)
     assert 1.0 <= replan_module._slowdown((time.monotonic(), time.thread_time())) <= replan_module._MAX_SLOWDOWN
+
+
+def test_a_typo_in_an_event_reads_as_the_cli_would_print_it(plan):
+    """A library caller's traceback shows the caret and the suggestion, not only the code
+    (`schedc train --inject` printed both; `schedc.replan` said `E102 unknown statement`)."""
+    with pytest.raises(SpecError) as exc:
+        schedc.replan(plan, "fial gpu(dp=0, pp=0)")
+    assert str(exc.value) == exc.value.render()
+    assert str(exc.value).splitlines() == [
+        "error[E102]: unknown statement `fial`",
+        " --> <event>:1:1",
+        "  |",
+        "1 | fial gpu(dp=0, pp=0)",
+        "  | ^^^^ did you mean `fail`?",
+        "  = hint: statements start with `fail`, `slow` or `recover`",
+    ]
+    assert exc.value.args[0] == "error[E102]: unknown statement `fial`"  # the one-line summary

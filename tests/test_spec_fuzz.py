@@ -21,21 +21,82 @@ FUZZ = settings(max_examples=max(20, _BASE * 2), deadline=None,
 _VALID = open(os.path.join(os.path.dirname(__file__), "..", "specs", "example.sched"), encoding="utf-8").read()
 
 
+def _input_lines(text: str) -> list[str]:
+    """The input's lines as an editor shows them: `\n`, `\r\n` and a lone `\r` end a line
+    (the parser reads a lone `\r` as a break, as `str.splitlines` does); nothing else does."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _assert_within_lines(exc: SpecError, text: str) -> None:
+    """Every span (and note) of `exc` lies on a line of `text`. A line of n characters has
+    columns 1..n+1 (n+1: its end, where an "unexpected end" caret goes); a span's end column,
+    exclusive, is at most one past that."""
+    lines = _input_lines(text)
+    for d in exc.diagnostics:
+        for span in (d.span, *(n.span for n in d.notes)):
+            if span is None:
+                continue
+            assert 1 <= span.line <= span.end_line <= len(lines), (d, text)
+            assert 1 <= span.column <= len(lines[span.line - 1]) + 1, (d, text)
+            assert 1 <= span.end_column <= len(lines[span.end_line - 1]) + 2, (d, text)
+            assert (span.end_line, span.end_column) >= (span.line, span.column), (d, text)
+
+
 def _assert_clean(text: str) -> None:
     """A valid Spec or a SpecError whose diagnostics all point inside the input."""
     try:
         load_text(text, name="fuzz")
     except SpecError as exc:
         assert exc.diagnostics
-        # Spans count lines by "\n" (a lone "\r" is a line break too: it is normalized first).
-        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        for d in exc.diagnostics:
-            exc.render()
-            if d.span is None:
-                continue
-            assert 1 <= d.span.line <= len(lines) + 1, d
-            width = len(lines[d.span.line - 1]) if d.span.line <= len(lines) else 0
-            assert 1 <= d.span.column <= width + 1, (d, text)
+        exc.render()
+        _assert_within_lines(exc, text)
+
+
+#: Pieces of specs, line breaks of every kind (and characters `str.splitlines` breaks at that a
+#: spec does not), and bytes that are not UTF-8.
+_PIECES = st.one_of(
+    st.sampled_from(["cluster", "{", "}", "=", "dp", "pp", " ", "\t", "1", "2GiB", "1ms", '"s"', "#c",
+                     "stages", "all", "fail gpu(dp=0, pp=0)", "failures", "train"]).map(str.encode),
+    st.sampled_from([b"\r", b"\n", b"\r\n", b"\x0c", "\u2028".encode(), "\x85".encode(), b"\xef\xbb\xbf"]),
+    st.binary(min_size=1, max_size=2))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), st.lists(_PIECES, max_size=60).map(b"".join)))
+def test_every_diagnostic_of_any_input_points_within_its_lines(data):
+    """Bytes through `schedc.load`: E106 (not UTF-8) counts lines as the parser does (a lone CR
+    is a break: `0d d8` is line 2, column 1), and so does every later diagnostic."""
+    try:
+        schedc.load(data)
+    except SpecError as exc:
+        exc.render()
+        text = data.decode("utf-8", "replace")
+        _assert_within_lines(exc, text[1:] if text.startswith("\ufeff") else text)
+
+
+def test_a_bad_byte_after_a_lone_carriage_return_is_on_the_next_line():
+    try:
+        schedc.load(b"\r\xd8")
+    except SpecError as exc:
+        (d,) = exc.diagnostics
+        assert d.code == "E106" and (d.span.line, d.span.column, d.span.end_column) == (2, 1, 2)
+        assert exc.render().splitlines()[1:5] == [" --> <spec>:2:1", "  |", "2 | \ufffd", "  | ^ not UTF-8"]
+    else:
+        raise AssertionError("`0d d8` loaded")
+
+
+def test_an_excerpt_is_the_line_the_span_counts():
+    """A form feed is no line break to the parser: the excerpt of a replan event's typo is the
+    line its span counts, not the one before (`str.splitlines` would split at the form feed)."""
+    from schedc.events import parse_events
+
+    try:
+        parse_events("fail gpu(dp=0,\x0c pp=0)\nfial gpu(dp=1, pp=0)")
+    except SpecError as exc:
+        rendered = exc.render().splitlines()
+        assert exc.diagnostics[0].span.line == 2 and rendered[3] == "2 | fial gpu(dp=1, pp=0)", rendered
+    else:
+        raise AssertionError("parsed")
 
 
 @FUZZ

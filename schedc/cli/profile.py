@@ -4,6 +4,8 @@ Prints a table per stage, the ratio to the cost model where the spec's
 `model` block allows one, and a `stages { ... }` block to paste into the
 spec; `--write` puts that block into SPEC itself (replacing its `stages`
 block, atomically), so `schedc compile SPEC` plans with measured costs.
+A spec that names no `model.source` is refused (E584); figures still noisy
+after re-measuring are printed but not offered, and the command fails (E585).
 torch is imported only here.
 """
 
@@ -15,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from schedc.diagnostics import RunError, error
+from schedc.diagnostics import RunError, SchedcError, error
 from schedc.load import load_argument, load_text
 
 
@@ -41,7 +43,20 @@ def run(args: argparse.Namespace) -> int:
         from schedc.plan import check_output_file
 
         check_output_file(args.spec, "--write: the spec")
-    result = profile(spec, device=args.device, repeats=args.repeats, warmup=args.warmup)
+    try:
+        result = profile(spec, device=args.device, repeats=args.repeats, warmup=args.warmup)
+    except SchedcError as exc:
+        exc.sources.setdefault(name, text)  # so a span into the spec shows its line
+        raise
+    noise = result.noise_error()
+    if noise is not None:  # the figures are shown, never offered, never written
+        if args.json:
+            print(json.dumps({"ok": False, **result.to_json(), "stages_block": None, "written": None,
+                              "diagnostics": [d.to_json() for d in noise.diagnostics]}, indent=2))
+            return 1
+        sys.stdout.write(render(result))
+        sys.stdout.flush()
+        raise noise
     written = None
     if args.write:
         new_text = write_stages_block(args.spec, text, result.stages_block())

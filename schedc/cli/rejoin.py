@@ -14,10 +14,16 @@ import time
 from schedc.cli.store import connect
 from schedc.diagnostics import RunError, error
 
+#: Where the user finds the address: the line of the run's first generation (`schedc.live.transitions`,
+#: its "running" note); README.md and docs/live.md quote it (tests/test_live_failslow.py checks all three).
+STORE_LINE = "generation 0: N ranks running from iteration I; store HOST:PORT"
+STORE_WHERE = f"is `schedc train` running? its line `{STORE_LINE}` gives the address"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, metavar="HOST:PORT",
-                        help="the run's store, as `schedc train` prints it with --hosts, or --store-host/--store-port")
+                        help=f"the run's store: `schedc train` prints it at the end of its line `{STORE_LINE}` "
+                             "(choose it beforehand with train's --store-host/--store-port)")
     parser.add_argument("event", metavar="EVENT", help='the GPU, e.g. "recover gpu(dp=1, pp=2)"')
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
                         help="seconds to keep trying to reach the store (default 10)")
@@ -31,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if len(events) != 1 or events[0].kind != "recover_gpu":
         raise RunError([error("E557", f"`{args.event}` is not one `recover gpu(dp=D, pp=S)`",
                               hint='e.g. schedc rejoin --store 10.0.0.1:29500 "recover gpu(dp=1, pp=2)"')])
-    job = connect(args.store, args.timeout, hint="is `schedc train` running? use the store address on its first line")
+    job = connect(args.store, args.timeout, hint=STORE_WHERE)
     (ev,) = events
     dp, pp = job.config().cluster
     if not (0 <= ev.dp < dp and 0 <= ev.pp < pp):

@@ -154,7 +154,7 @@ class Supervisor(Transitions):
         except SchedcError as exc:  # e.g. no checkpoint to resume, no plan after a failure
             self._fail(list(exc.diagnostics))
             self._teardown("failed")
-            raise TrainError(self._failure, self.result()) from None
+            raise TrainError(self._failure, self.result(), exc.sources) from None
         except BaseException:
             self._teardown("the supervisor failed")
             raise
@@ -523,7 +523,9 @@ class Supervisor(Transitions):
     def _fail(self, diagnostics: list[Diagnostic]) -> None:
         if self._failure is None:
             self._failure = diagnostics
-            self._note("error", diagnostics[0].message)
+            # In the log, not on screen: the run raises these diagnostics, and whoever catches
+            # them (the CLI) shows them in full; a progress line too said it twice.
+            self._note("error", diagnostics[0].message, quiet=True)
         self.phase = Phase.FAILED
 
     def _teardown(self, reason: str) -> None:
@@ -562,8 +564,8 @@ class Supervisor(Transitions):
 class TrainError(RunError):
     """A live run that could not finish; `result` holds what it did until then."""
 
-    def __init__(self, diagnostics, result: TrainResult):
-        super().__init__(diagnostics)
+    def __init__(self, diagnostics, result: TrainResult, sources: dict[str, str] | None = None):
+        super().__init__(diagnostics, sources)  # sources: the texts the spans point into
         self.result = result
 
 
