@@ -8,6 +8,7 @@ terminal's Ctrl-C does, once the command is in the state named (a condition, nev
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,3 +155,35 @@ def test_ctrl_c_and_sigterm_mid_run(tmp_path):
                         group=group)
         cmd.assert_one_line(line)
         assert f"interrupted ({how}): stopping every worker" in cmd.stdout.read_text()  # the run's own note
+
+
+ORPHAN_LINE = re.compile(r"schedc run: torch rank (\d+): its launcher is gone; the rank stops")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("when", ["the ranks meet", "the ranks train"])
+def test_ranks_whose_launcher_is_killed_stop_with_one_line_each(tmp_path, when):
+    """SIGKILL to `schedc run`'s launcher (the OOM killer's way): nobody reads the ranks' reports
+    any more, nor serves the store they meet at. Each rank ends by itself, with one line at most
+    and no traceback (a `BrokenPipeError` from its report, or a lost store, was one), whether it
+    was still meeting its peers or training."""
+    cmd = Command(tmp_path, "run", compiled(tmp_path), "--iterations", "100000")
+
+    def ranks() -> list[int]:
+        return [r for server in cmd.children("multiprocessing.forkserver") for r in children_of(server, "")]
+
+    seen: list[int] = []  # the ranks at the kill
+
+    def ready() -> bool:
+        seen[:] = ranks()
+        return len(seen) == 4 and (when == "the ranks meet" or "iteration 0:" in cmd.stdout.read_text())
+
+    cmd.signal_when(ready, when, sig=signal.SIGKILL, group=False)
+    assert cmd.proc.returncode == -signal.SIGKILL and len(seen) == 4, seen
+    wait_until(lambda: not cmd.session(), "every rank (and the forkserver) to end", state=cmd.session)
+    err = cmd.stderr.read_text()
+    assert "Traceback" not in err and "Error" not in err, err
+    lines = err.splitlines()
+    assert all(ORPHAN_LINE.fullmatch(line) for line in lines), err
+    ranks_said = [ORPHAN_LINE.fullmatch(line).group(1) for line in lines]
+    assert len(ranks_said) == len(set(ranks_said)) <= 4, err
