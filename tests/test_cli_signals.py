@@ -157,6 +157,68 @@ def test_ctrl_c_and_sigterm_mid_run(tmp_path):
         assert f"interrupted ({how}): stopping every worker" in cmd.stdout.read_text()  # the run's own note
 
 
+def _forked(cmd: Command) -> dict[int, str]:
+    """The command's forkserver and workers (every process of its session whose command line is
+    the forkserver's: the workers are forked from it), pid -> start time (/proc/PID/stat field
+    22: a pid used again later is another process)."""
+    found = {}
+    for pid in cmd.session():
+        if "multiprocessing.forkserver" in _read(f"/proc/{pid}/cmdline").replace("\0", " "):
+            stat = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
+            if len(stat) > 19:
+                found[pid] = stat[19]
+    return found
+
+
+def _still_running(started: dict[int, str]) -> list[int]:
+    """Those of `started` that still run (a zombie has ended: only its exit status is left)."""
+    left = []
+    for pid, start in started.items():
+        stat = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
+        if len(stat) > 19 and stat[19] == start and stat[0] != "Z":
+            left.append(pid)
+    return left
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("how", ["to the end", "Ctrl-C mid-run"])
+def test_train_leaves_no_forkserver_or_worker_behind(tmp_path, how):
+    """`schedc train` started a forkserver and its workers: when the command has exited, none of
+    them runs any more, at a normal end (exit 0) as after a real Ctrl-C mid-run (exit 130).
+    (The forkserver used to end by itself once the command and every worker had closed its
+    pipe, then tear down its torch import: an orphan for seconds.)"""
+    out = compiled(tmp_path)
+    seen: dict[int, str] = {}
+
+    def workers_run() -> bool:  # the forkserver and its 4 workers, recorded while they run
+        seen.update(_forked(cmd))
+        return len(seen) >= 5
+
+    if how == "to the end":
+        cmd = Command(tmp_path, "train", out, "--iterations", "30")
+        try:
+            wait_until(lambda: workers_run() or not cmd.running(), "the workers to run", poll=0.002,
+                       state=cmd.stderr.read_text)
+            cmd.proc.wait(timeout=WAIT_S)
+        finally:
+            if cmd.running():
+                os.killpg(cmd.proc.pid, signal.SIGKILL)
+        assert cmd.proc.returncode == 0, cmd.stderr.read_text()
+        assert "30 iterations done" in cmd.stdout.read_text()
+    else:
+        cmd = Command(tmp_path, "train", out, "--iterations", "1000")
+        cmd.signal_when(lambda: workers_run() and "iteration    1" in cmd.stdout.read_text(), "iteration 1's line")
+        assert cmd.proc.returncode == 130, cmd.stderr.read_text()
+    assert len(seen) >= 5, f"the test saw {sorted(seen)}, not a forkserver and 4 workers: it proves nothing"
+    # The command has exited: what it started has ended before it (no wait here).
+    assert _still_running(seen) == [], f"still running after the command exited: {_still_running(seen)}"
+    if how == "to the end":
+        wait_until(lambda: not cmd.session(), "every process of the command to end", state=cmd.session)
+        assert cmd.stderr.read_text() == ""
+    else:
+        cmd.assert_one_line()
+
+
 ORPHAN_LINE = re.compile(r"schedc run: torch rank (\d+): its launcher is gone; the rank stops")
 
 
