@@ -13,10 +13,13 @@ reflect the events, in order:
   failing an already failed GPU changes nothing.
 * `fail node N`: every GPU of node N is failed (their own lines are dropped).
 * `slow gpu(...) speed = X`: adds or replaces that GPU's speed; a failed GPU
-  cannot be slowed (E208: recover it first).
+  cannot be slowed (E208: recover it first). `speed = 1.0` is full speed: the
+  GPU is no longer slow (its `slow` line goes, as a `recover` would remove it),
+  and a healthy GPU stays healthy.
 * `recover gpu(...)`: removes that GPU's failure or slowness; a GPU failed by
   `fail node` is recovered alone (the node line becomes one line per other
-  GPU); recovering a healthy GPU is an error (E216).
+  GPU); recovering a healthy GPU is an error (E216), and so is recovering
+  one at full speed (`slow ... speed = 1.0`, in the events or the spec).
 
 The result is re-validated: E207 for a GPU that does not exist, E301 when a
 stage loses its last live GPU. Errors in event text are `SpecError`s whose
@@ -28,13 +31,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from schedc.diagnostics import Diagnostic, SpecError, error
+from schedc.diagnostics import Diagnostic, Label, SpecError, error
 from schedc.failures import describe_failure, failure_from_statement, failure_ranks, validate_failures
 from schedc.parse import parse_statements
 from schedc.spec import Failure, Spec
 
 def parse_events(event: str | Failure | Sequence[str | Failure]) -> tuple[Failure, ...]:
     """Events as `Failure`s. A string may hold several statements (separated by spaces or newlines)."""
+    return _parse_events(event)[0]
+
+
+def _parse_events(event: str | Failure | Sequence[str | Failure]) -> tuple[tuple[Failure, ...], dict[str, str]]:
+    """The events, and their text by the file name their spans give (`<event>`, `<event N>`)."""
     items: Sequence[str | Failure]
     items = [event] if isinstance(event, (str, Failure)) else list(event)
     out: list[Failure] = []
@@ -64,20 +72,29 @@ def parse_events(event: str | Failure | Sequence[str | Failure]) -> tuple[Failur
                 out.append(f)
     if diags:
         raise SpecError(diags, sources)
-    return tuple(out)
+    return tuple(out), sources
 
 
 def apply_events(spec: Spec, events: str | Failure | Sequence[str | Failure]) -> Spec:
     """A new validated `Spec` with `events` applied to its failures (see the module docstring)."""
-    parsed = parse_events(events)
+    parsed, sources = _parse_events(events)
     failures = list(spec.failures)
     cluster = spec.cluster
     for ev in parsed:
         ranks, problem = failure_ranks(cluster, ev)
         if problem is not None:
-            raise SpecError([problem])
-        failures = _apply(spec, failures, ev, ranks)
-    return validate_failures(spec, failures)
+            raise SpecError([problem], sources)
+        try:
+            failures = _apply(spec, failures, ev, ranks)
+        except SpecError as exc:
+            raise SpecError(exc.diagnostics, sources) from None
+    # A GPU at full speed is not slow: its line says nothing (kept until here for E216's note).
+    return validate_failures(spec, [f for f in failures if not _full_speed(f)])
+
+
+def _full_speed(f: Failure) -> bool:
+    """A `slow` line at speed 1.0: full speed, so the GPU is not slow."""
+    return f.kind == "slow_gpu" and f.speed is not None and f.speed >= 1.0
 
 
 def _covering(spec: Spec, failures: list[Failure], rank: int) -> list[Failure]:
@@ -104,10 +121,14 @@ def _apply(spec: Spec, failures: list[Failure], ev: Failure, ranks: list[int]) -
                                    hint=f"recover it first: `recover gpu(dp={ev.dp}, pp={ev.pp})`")])
         return [f for f in failures if f not in lines] + [ev]
     # recover
-    if not lines:
+    if all(_full_speed(f) for f in lines):
+        notes = [Label(f.span, "`speed = 1.0` is full speed: the GPU is not slow from here on")
+                 for f in lines if f.span is not None]
+        hint = "only a GPU with a `fail` line, or a `slow` line below speed 1.0, can recover"
+        hint += ("; `speed = 1.0` already put this one back at full speed" if lines else
+                 " (`slow ... speed = 1.0` is full speed: it ends a GPU's slowness as `recover` does)")
         raise SpecError([error("E216", f"GPU (dp={ev.dp}, pp={ev.pp}) is neither failed nor slow", ev.span,
-                               label="nothing to recover",
-                               hint="only a GPU with a `fail` or `slow` line can recover")])
+                               label="nothing to recover", notes=notes, hint=hint)])
     out: list[Failure] = []
     for f in failures:
         if f not in lines:

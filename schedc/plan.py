@@ -19,8 +19,10 @@ place, so a failure leaves nothing half-written.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -93,7 +95,7 @@ class Plan:
         out = Path(dir)
         check_output_dir(out)
         _remove_stale_temporaries(out)
-        tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(out), dir=out.parent))
+        tmp = _new_folder_beside(out)
         try:
             write_schedule(tmp / "schedule.json", self.schedule, self.metrics)
             write_trace(tmp / "trace.json", self.schedule)
@@ -108,6 +110,7 @@ class Plan:
                 os.replace(tmp, out)
             else:
                 _keep_other_files(out, tmp)
+                shutil.copymode(out, tmp)  # a folder written again keeps the mode it had
                 _switch(tmp, out)  # one atomic step: `out` is the old plan or the new, never a mix
         finally:
             if tmp.exists():
@@ -125,6 +128,21 @@ def _is_written(name: str) -> bool:
 
 def _temporary_prefix(out: Path) -> str:
     return f".{out.name}.schedc-{os.getpid()}-"
+
+
+def _new_folder_beside(out: Path) -> Path:
+    """A new empty folder beside `out` (named by `_temporary_prefix`) that becomes `out`, made as
+    `mkdir` makes any folder: 0777 less the umask (0755 under umask 022). `tempfile.mkdtemp`
+    makes it 0700 whatever the umask, and the rename would hand that to `out`."""
+    prefix = _temporary_prefix(out)
+    for _ in range(100):  # (a name taken: a left-over of this pid, or a 1-in-4-billion clash)
+        path = out.parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free name for a temporary folder", str(out.parent))
 
 
 def _remove_stale_temporaries(out: Path) -> None:

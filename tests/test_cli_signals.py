@@ -8,6 +8,7 @@ terminal's Ctrl-C does, once the command is in the state named (a condition, nev
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,3 +155,97 @@ def test_ctrl_c_and_sigterm_mid_run(tmp_path):
                         group=group)
         cmd.assert_one_line(line)
         assert f"interrupted ({how}): stopping every worker" in cmd.stdout.read_text()  # the run's own note
+
+
+def _forked(cmd: Command) -> dict[int, str]:
+    """The command's forkserver and workers (every process of its session whose command line is
+    the forkserver's: the workers are forked from it), pid -> start time (/proc/PID/stat field
+    22: a pid used again later is another process)."""
+    found = {}
+    for pid in cmd.session():
+        if "multiprocessing.forkserver" in _read(f"/proc/{pid}/cmdline").replace("\0", " "):
+            stat = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
+            if len(stat) > 19:
+                found[pid] = stat[19]
+    return found
+
+
+def _still_running(started: dict[int, str]) -> list[int]:
+    """Those of `started` that still run (a zombie has ended: only its exit status is left)."""
+    left = []
+    for pid, start in started.items():
+        stat = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
+        if len(stat) > 19 and stat[19] == start and stat[0] != "Z":
+            left.append(pid)
+    return left
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("how", ["to the end", "Ctrl-C mid-run"])
+def test_train_leaves_no_forkserver_or_worker_behind(tmp_path, how):
+    """`schedc train` started a forkserver and its workers: when the command has exited, none of
+    them runs any more, at a normal end (exit 0) as after a real Ctrl-C mid-run (exit 130).
+    (The forkserver used to end by itself once the command and every worker had closed its
+    pipe, then tear down its torch import: an orphan for seconds.)"""
+    out = compiled(tmp_path)
+    seen: dict[int, str] = {}
+
+    def workers_run() -> bool:  # the forkserver and its 4 workers, recorded while they run
+        seen.update(_forked(cmd))
+        return len(seen) >= 5
+
+    if how == "to the end":
+        cmd = Command(tmp_path, "train", out, "--iterations", "30")
+        try:
+            wait_until(lambda: workers_run() or not cmd.running(), "the workers to run", poll=0.002,
+                       state=cmd.stderr.read_text)
+            cmd.proc.wait(timeout=WAIT_S)
+        finally:
+            if cmd.running():
+                os.killpg(cmd.proc.pid, signal.SIGKILL)
+        assert cmd.proc.returncode == 0, cmd.stderr.read_text()
+        assert "30 iterations done" in cmd.stdout.read_text()
+    else:
+        cmd = Command(tmp_path, "train", out, "--iterations", "1000")
+        cmd.signal_when(lambda: workers_run() and "iteration    1" in cmd.stdout.read_text(), "iteration 1's line")
+        assert cmd.proc.returncode == 130, cmd.stderr.read_text()
+    assert len(seen) >= 5, f"the test saw {sorted(seen)}, not a forkserver and 4 workers: it proves nothing"
+    # The command has exited: what it started has ended before it (no wait here).
+    assert _still_running(seen) == [], f"still running after the command exited: {_still_running(seen)}"
+    if how == "to the end":
+        wait_until(lambda: not cmd.session(), "every process of the command to end", state=cmd.session)
+        assert cmd.stderr.read_text() == ""
+    else:
+        cmd.assert_one_line()
+
+
+ORPHAN_LINE = re.compile(r"schedc run: torch rank (\d+): its launcher is gone; the rank stops")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("when", ["the ranks meet", "the ranks train"])
+def test_ranks_whose_launcher_is_killed_stop_with_one_line_each(tmp_path, when):
+    """SIGKILL to `schedc run`'s launcher (the OOM killer's way): nobody reads the ranks' reports
+    any more, nor serves the store they meet at. Each rank ends by itself, with one line at most
+    and no traceback (a `BrokenPipeError` from its report, or a lost store, was one), whether it
+    was still meeting its peers or training."""
+    cmd = Command(tmp_path, "run", compiled(tmp_path), "--iterations", "100000")
+
+    def ranks() -> list[int]:
+        return [r for server in cmd.children("multiprocessing.forkserver") for r in children_of(server, "")]
+
+    seen: list[int] = []  # the ranks at the kill
+
+    def ready() -> bool:
+        seen[:] = ranks()
+        return len(seen) == 4 and (when == "the ranks meet" or "iteration 0:" in cmd.stdout.read_text())
+
+    cmd.signal_when(ready, when, sig=signal.SIGKILL, group=False)
+    assert cmd.proc.returncode == -signal.SIGKILL and len(seen) == 4, seen
+    wait_until(lambda: not cmd.session(), "every rank (and the forkserver) to end", state=cmd.session)
+    err = cmd.stderr.read_text()
+    assert "Traceback" not in err and "Error" not in err, err
+    lines = err.splitlines()
+    assert all(ORPHAN_LINE.fullmatch(line) for line in lines), err
+    ranks_said = [ORPHAN_LINE.fullmatch(line).group(1) for line in lines]
+    assert len(ranks_said) == len(set(ranks_said)) <= 4, err

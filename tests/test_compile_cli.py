@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,40 @@ def test_the_fault_free_reference_is_planned_once_for_every_failure_set(monkeypa
     assert (again.metrics.fault_free_iteration_time, again.metrics.fault_free_solver) == (
         second.metrics.fault_free_iteration_time, second.metrics.fault_free_solver)
     assert again.schedule.ops == second.schedule.ops
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_compile_output_folders_follow_the_umask(spec_path, tmp_path, umask):
+    """`schedc compile -o OUT` (a process of its own, under `umask`) makes OUT as `mkdir` would:
+    0777 less the umask, like its files (0666 less the umask), never 0700 whatever the umask."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "new" / "out"
+    proc = subprocess.run([sys.executable, "-m", "schedc", "compile", str(spec_path), "-o", str(out)],
+                          capture_output=True, text=True, preexec_fn=lambda: os.umask(umask))
+    assert proc.returncode == 0, proc.stderr
+    assert _mode(out) == 0o777 & ~umask
+    assert _mode(out.parent) == 0o777 & ~umask  # (made by the command too)
+    assert {_mode(f) for f in out.iterdir()} == {0o666 & ~umask}
+
+
+def test_a_generation_folder_follows_the_umask_and_a_rewritten_folder_keeps_its_mode(spec_path, tmp_path):
+    """`schedc train` writes OUT/live/gen-000N with `Plan.write(..., programs=...)`: the folder is
+    made under the umask of the moment. Written again into a folder that exists, the folder keeps
+    the mode its owner gave it."""
+    plan = compile(spec_path)
+    old = os.umask(0o002)
+    try:
+        gen = plan.write(tmp_path / "OUT" / "live" / "gen-0001", programs=plan.programs())
+    finally:
+        os.umask(old)
+    assert _mode(gen) == 0o775 and _mode(gen / "schedule.json") == 0o664
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    kept.chmod(0o750)
+    assert _mode(plan.write(kept)) == 0o750

@@ -129,6 +129,29 @@ def test_replan_updates_the_spec(plan):
     assert schedc.load(schedc.print_spec(back.spec)) == back.spec
 
 
+def test_slow_at_speed_one_is_full_speed_so_a_recover_after_it_is_e216(plan):
+    """`speed = 1.0` is full speed: the GPU is no longer slow (no `slow` line stays, every GPU
+    runs at speed 1), and `recover` of it finds nothing to recover (E216), whether the two
+    events come in two replans or in one list (there the diagnostic points at the slow line)."""
+    slow, recover = "slow gpu(dp=1, pp=1) speed = 1.0", "recover gpu(dp=1, pp=1)"
+    full = schedc.replan(plan, slow)
+    assert full.spec.failures == () and all(g.live and g.speed == 1.0 for g in full.spec.gpus)
+    assert full.instance.fault_free and not full.instance.slow_gpus
+    with pytest.raises(SpecError) as exc:
+        schedc.replan(full, recover)
+    assert exc.value.codes == ["E216"], exc.value.render()
+    assert "`slow ... speed = 1.0` is full speed" in exc.value.diagnostics[0].hint
+    with pytest.raises(SpecError) as exc:
+        schedc.replan(plan, [slow, recover])
+    (d,) = exc.value.diagnostics
+    assert d.code == "E216" and "already put this one back at full speed" in d.hint
+    assert [n.message for n in d.notes] == ["`speed = 1.0` is full speed: the GPU is not slow from here on"]
+    assert "1 | slow gpu(dp=1, pp=1) speed = 1.0" in exc.value.render()
+    # Slowed below full speed, then back to it: the slowness ends as a `recover` would end it.
+    back = schedc.replan(schedc.replan(plan, "slow gpu(dp=1, pp=1) speed = 0.5"), slow)
+    assert back.spec.failures == () and back.spec.gpu(1, 1).speed == 1.0
+
+
 def test_replan_reports_a_lost_stage(plan):
     with pytest.raises(InfeasibleError) as exc:
         schedc.replan(plan, ["fail gpu(dp=0, pp=1)", "fail gpu(dp=1, pp=1)", "fail gpu(dp=2, pp=1)"])

@@ -66,6 +66,39 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command `argv` (default: this process's own) and return its exit code. As the
+    `schedc` program itself, a command that loaded torch ends the process here instead
+    (`_end_now`): torch's teardown would keep it seconds after its last line."""
+    code = _main(argv)
+    if argv is None and "torch" in sys.modules and getattr(sys.modules.get("schedc"), "_run_as_the_command",
+                                                           lambda: False)():
+        _end_now(code)
+    return code
+
+
+def _end_now(code: int) -> None:
+    """End this process with `code` once its output is written and its exit handlers have run,
+    skipping the interpreter's own teardown: with torch loaded, freeing every module's objects
+    takes seconds of CPU after the command is done (more on a loaded machine), and its
+    C++ destructors may run under threads torch still keeps. Everything the command wrote is
+    closed by now; the exit handlers (multiprocessing's among them) run as they would."""
+    import atexit
+
+    _flush()
+    atexit._run_exitfuncs()
+    _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the reader is gone (`| head`), or the stream is closed
+            pass
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         _interruptible()
         argv = sys.argv[1:] if argv is None else list(argv)
@@ -141,11 +174,7 @@ def _interrupted(signal_name: str) -> int:
     supervisor's teardown), so with any other thread alive the process ends at once instead."""
     print("interrupted" if signal_name == "SIGINT" else f"terminated ({signal_name})", file=sys.stderr)
     if _other_threads():
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+        _flush()
         os._exit(130)
     return 130
 

@@ -78,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from schedc.live.supervisor import Supervisor, TrainError, TrainOptions
+    from schedc.runtime.processes import stop_forkserver
 
     for path, what in ((args.save_weights, "--save-weights"), (args.log, "--log")):
         if path:
@@ -107,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             _write_log(args.log, sup.result(), quiet=True)
             raise
+        finally:
+            # The run started the workers' forkserver: it ends with the run (its workers are
+            # stopped by now), not seconds after this process, as an orphan.
+            stop_forkserver()
     if args.save_weights:
         import torch
 

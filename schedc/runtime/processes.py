@@ -95,6 +95,84 @@ def forkserver_pid() -> int | None:
     return getattr(server, "_forkserver_pid", None)
 
 
+#: Seconds `stop_forkserver` waits for the SIGKILLed forkserver (and orphans it leaves) to be
+#: gone: SIGKILL ends a process within milliseconds; this only bounds a wait that ends at once.
+STOP_WAIT = 5.0
+
+
+def stop_forkserver(timeout: float = STOP_WAIT) -> int | None:
+    """End this process's forkserver now, by its pid, and wait (at most `timeout` seconds) until
+    it is gone; its pid, or None when none ran. For the end of a command whose workers are all
+    stopped (`LocalProcesses.stop_all`): left alone, the forkserver ends only once every holder
+    of its "alive" pipe has (this process and every worker) and then tears down a torch import,
+    seconds after the command; a rank forked but never known (`_end_strays`) would outlive it.
+
+    SIGKILL, not the pipe: it cannot be blocked (the forkserver blocks Ctrl-C) and skips that
+    teardown. Any process it forked that still runs is then this process's child (its
+    subreaper) and is killed too. The stdlib's record of the forkserver is cleared, so a later
+    worker starts a new one."""
+    server = getattr(mp_forkserver, "_forkserver", None)
+    pid = forkserver_pid()
+    if server is None or pid is None:
+        return None
+    with server._lock:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _wait_gone([pid], timeout)
+        _reap(pid)
+        if server._forkserver_alive_fd is not None:
+            os.close(server._forkserver_alive_fd)
+        address = server._forkserver_address
+        if address is not None and not util.is_abstract_socket_namespace(address):
+            try:
+                os.unlink(address)
+            except OSError:
+                pass
+        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+    strays = _children("multiprocessing.forkserver")
+    for stray in strays:
+        try:
+            os.kill(stray, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _wait_gone(strays, timeout)
+    for stray in strays:
+        _reap(stray)
+    return pid
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Until every process of `pids` has ended (its pidfd readable), at most `timeout` seconds."""
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except (AttributeError, OSError):  # ended and reaped already (or no pidfds: nothing to wait on)
+            pass
+    deadline = time.monotonic() + timeout
+    try:
+        while fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for fd in wait_sentinels(fds, left):
+                fds.remove(fd)
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of child `pid` if it has ended (a zombie no longer)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def _start_server() -> None:
     """Start the forkserver (and the stdlib's resource tracker) unless it runs, with Ctrl-C
     blocked, so that it never gets one: the terminal sends Ctrl-C to the whole process group,

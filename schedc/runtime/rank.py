@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -93,21 +94,72 @@ def run_rank(out_dir: Path, dist_rank: int, init_method: str, *, iterations: int
 def child_main(out_dir: str, dist_rank: int, init_method: str, options: dict, conn) -> None:
     """Entry of a process started by `schedc run`: reports, and errors as diagnostics, go to the
     launcher over this rank's own pipe `conn` (a queue shared by all ranks would be wedged for
-    every rank if one were killed while writing to it)."""
+    every rank if one were killed while writing to it).
+
+    The launcher holds the pipe's other end alone: once it is gone (killed: SIGKILL, the OOM
+    killer), nobody reads this rank's reports or stops it, so the rank ends at once with one
+    line (`_orphaned`): a thread notices the end closed even while the rank waits in C++ (for
+    the launcher's store, for a peer), and a report that finds it closed ends the same way."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _watch_launcher(conn, dist_rank)
+
+    def send(msg) -> None:
+        try:
+            conn.send(msg)
+        except OSError:  # BrokenPipeError: the launcher is gone
+            _orphaned(dist_rank)
+
     try:
-        run_rank(Path(out_dir), dist_rank, init_method, report=conn.send, **options)
+        run_rank(Path(out_dir), dist_rank, init_method, report=send, **options)
     except SchedcError as exc:
-        conn.send(WorkerError(rank=dist_rank, diagnostics=tuple(d.to_json() for d in exc.diagnostics)))
+        send(WorkerError(rank=dist_rank, diagnostics=tuple(d.to_json() for d in exc.diagnostics)))
         conn.close()
         os._exit(1)
     except BaseException as exc:  # a bug or a broken model: still a diagnostic, with the frame
         msg = f"{type(exc).__name__}: {exc} (at {exception_site(exc)})"
-        conn.send(WorkerError(rank=dist_rank, diagnostics=({"code": "E590", "message": f"schedule rank "
-                                                       f"{_schedule_rank(out_dir, dist_rank)} failed: {msg}"},)))
+        send(WorkerError(rank=dist_rank, diagnostics=({"code": "E590", "message": f"schedule rank "
+                                                  f"{_schedule_rank(out_dir, dist_rank)} failed: {msg}"},)))
         conn.close()
         os._exit(1)
     conn.close()
+
+
+_ORPHANED = threading.Lock()  # taken by the first thread that finds the launcher gone
+
+
+def _orphaned(dist_rank: int) -> None:
+    """The launcher is gone: one line on stderr (from one thread), and the process ends now,
+    without the interpreter's teardown (the process group, its peers gone too, could block it)."""
+    if _ORPHANED.acquire(blocking=False):
+        try:
+            print(f"schedc run: torch rank {dist_rank}: its launcher is gone; the rank stops",
+                  file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+        os._exit(1)
+    while True:  # another thread is ending the process
+        time.sleep(1.0)
+
+
+def _watch_launcher(conn, dist_rank: int) -> None:
+    """A daemon thread that calls `_orphaned` once the read end of `conn` (the launcher's) is
+    closed: the write end of a pipe polls POLLERR then (Linux; elsewhere only a report finds out)."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return
+    poller = select.poll()
+    poller.register(conn.fileno(), 0)  # (POLLERR and POLLHUP are reported whatever the mask)
+
+    def watch() -> None:
+        while True:
+            for _, events in poller.poll():
+                if events & select.POLLNVAL:
+                    return  # this process closed `conn` itself: it is ending (or has reported its end)
+                if events & (select.POLLERR | select.POLLHUP):
+                    _orphaned(dist_rank)
+
+    threading.Thread(target=watch, name="schedc-launcher-watch", daemon=True).start()
 
 
 def _torchrun_placement() -> tuple[str, str]:
