@@ -18,6 +18,9 @@ tensors, not --emulate) is trained on a host that other processes load:
         [--throttle-loops 2] [-o DIR]
 
 Prints one line per run and writes DIR/false_alarms.json (and each run's log, DIR/<case>.json).
+Each fault-free run's per-rank log speeds against its peers', as the fail-slow policy judges
+them, go to DIR/loaded_trace-<loops>.json (tests/data/loaded_trace.json is one: the change-point
+detector must find nothing in it).
 """
 
 from __future__ import annotations
@@ -110,6 +113,21 @@ def train_run(out: Path, iterations: int, during=None) -> tuple[dict, Supervisor
     return doc, sup
 
 
+def peer_trace(doc: dict, loops: int) -> dict:
+    """Each rank's log speed against the median of the other ranks' in every iteration (what
+    `schedc.live.slowness` feeds the change-point detector), rounded to 4 places."""
+    import math
+    import statistics
+
+    ranks: dict[str, list[float]] = {}
+    for rec in doc["iterations"]:
+        logs = {r: math.log(v) for r, v in (rec.get("speeds") or {}).items() if v}
+        for r, y in logs.items():
+            rel = y - statistics.median(v for q, v in logs.items() if q != r)
+            ranks.setdefault(r, []).append(round(rel, 4))
+    return {"source": f"bench/live_false_alarms.py: fault-free, {loops} busy loops", "ranks": ranks}
+
+
 def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
     procs = busy_loops(loops)
     try:
@@ -117,6 +135,7 @@ def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
     finally:
         end(procs)
     (out.parent / f"fault-free-{loops}.json").write_text(json.dumps(doc))
+    (out.parent / f"loaded_trace-{loops}.json").write_text(json.dumps(peer_trace(doc, loops)))
     a = alarms(doc)
     row = {"case": f"fault-free, {loops} busy loops", "loops": loops, "iterations": iterations,
            "done": len(doc["iterations"]), "wall_s": round(doc["bench_wall_s"], 1), "error": doc["bench_error"],

@@ -159,13 +159,23 @@ class SpeedTracker:
         if abs(speed - self._reported) < bar or abs(recent - self._reported) < bar \
                 or (speed < self._reported) != (recent < self._reported):
             return None
-        # ... and by more than noise: z standard errors of the regime's median (1.25 x noise / sqrt(n)).
-        if abs(math.log(speed / self._reported)) < self.z * 1.2533 * self._noise / math.sqrt(held):
+        # ... and by more than noise: z standard errors of the difference between the regime's median
+        # and the level's (1.25 x noise x sqrt(1/n + 1/m), m the observations the level is made of:
+        # a long regime is known no better than the level it is compared with; without m, a regime
+        # of 300 iterations on a loaded host, whose level wanders by 25% over 50 iterations, passed
+        # as a slowdown of 15%).
+        if abs(math.log(speed / self._reported)) < self.z * 1.2533 * self._noise * math.sqrt(
+                1 / held + 1 / self._level_size()):
             return None
         # A regime that began after the current one has lasted `confirm` iterations, and differs.
         self._last_change = start
         self._reported = speed
         return Shift(speed=speed, since=iteration - held + 1, confirmed_at=iteration)
+
+    def _level_size(self) -> int:
+        """How many observations the healthy level is the median of."""
+        lag = int(self._confirm_span()) + self.confirm
+        return max(self.warmup, min(self.healthy, len(self._healthy) - lag))
 
     def _confirm_span(self) -> float:
         return self.confirm * max(1.0, self._noise / self.quiet)

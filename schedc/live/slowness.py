@@ -94,6 +94,7 @@ class Slowness:
         self._rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log speed, waiting for its peers'
         self._walls: dict[int, float] = {}  # iteration -> its longest wall time over the members' reports
         self._pace: list[float] = []  # the walls of the first iterations under the current plan: its pace
+        self._pace_rates: list[float] = []  # the members' median heartbeat rate meanwhile
         self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
@@ -152,13 +153,28 @@ class Slowness:
 
     def _run_slowed(self, wall: float | None) -> bool:
         """Whether this iteration took clearly longer (PACE_SLACK) than the current plan's pace,
-        the median of its first PACE_ITERATIONS iterations (while those are measured: no)."""
+        the median of its first PACE_ITERATIONS iterations (while those are measured: no), and
+        longer than the host's slowdown explains: a host slowed for everyone (other processes on its CPUs) slows
+        every rank's heartbeat thread too, by the members' median heartbeat rate against that
+        during the pace's iterations; one rank that holds the run up does not."""
         if wall is None:
             return False
+        host = self._host_rate()
         if len(self._pace) < PACE_ITERATIONS:
             self._pace.append(wall)
+            if host is not None:
+                self._pace_rates.append(host)
             return False
-        return wall > statistics.median(self._pace) * PACE_SLACK
+        slack = PACE_SLACK
+        if host is not None and self._pace_rates:
+            slack /= min(1.0, host / statistics.median(self._pace_rates))
+        return wall > statistics.median(self._pace) * slack
+
+    def _host_rate(self) -> float | None:
+        """The members' median heartbeat rate now (None before there are three)."""
+        members = set(self.ctl.members)
+        rates = [v for r, v in self._rates.items() if r in members and v > 0]
+        return statistics.median(rates) if len(rates) >= 3 else None
 
     def _availability(self) -> dict[int, float]:
         """Log of each member's heartbeat rate against the median of the other members': a
@@ -338,7 +354,7 @@ class Slowness:
         (an excluded GPU's return is priced again from its next probes)."""
         ctl = self.ctl
         self.ladder.cancel_all()
-        self._pace = []  # the new plan's pace is measured anew
+        self._pace, self._pace_rates = [], []  # the new plan's pace is measured anew
         for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
