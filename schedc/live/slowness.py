@@ -19,8 +19,8 @@
   switch; the switch itself is a planned generation change at an iteration
   boundary (`Controller.switch`).
 * **Excluded GPUs** stay up on standby and probe their own speed, judged
-  against the host's speed now (`host_speed`); once five probes in a row say
-  healthy, the ladder prices taking them back, and a
+  against the host's speed now (`host_speed`); once the fastest of the last five
+  says healthy, the ladder prices taking them back, and a
   rejoin (`schedc.live.rejoin`: catch-up, then a switch) does it.
 """
 
@@ -36,7 +36,7 @@ from schedc.live.mitigate import Decision, Ladder, Option
 from schedc.live.protocol import IterationDone, Phase, Probe
 from schedc.spec import Failure
 
-#: Probes in a row that must say "healthy" before an excluded GPU is priced back in.
+#: Probes a GPU's speed is judged from (the fastest of them: see `Slowness.probe`).
 HEALTHY_PROBES = 5
 #: An iteration's speeds are judged when the report of an iteration this much later arrives (or
 #: when the iteration completes): by then every member's report of it is in.
@@ -81,7 +81,7 @@ class Slowness:
         self.trackers: dict[int, SpeedTracker] = {}  # rank -> its compute speed against its peers'
         self.beat_trackers: dict[int, SpeedTracker] = {}  # rank -> its heartbeat rate against its peers'
         self.speeds: dict[int, float] = {}  # rank -> the lower of the two, as last reported
-        self.probes: dict[int, list[float]] = {}
+        self.probes: dict[int, list[tuple[int, float]]] = {}  # rank -> its last probes (iterations done, speed)
         self.excluded: set[int] = set()
         self.decisions: list[dict] = []
         period = ctl.plan.metrics.iteration_time / 1e6
@@ -215,16 +215,24 @@ class Slowness:
         """A probe of a GPU's speed: an excluded one on standby, or a member its plan gives no
         compute (all its work moved to its peers), whose iterations time nothing. Judged
         against the host's speed now: a probe on a host that every rank finds slower is no
-        sign of a slow GPU."""
+        sign of a slow GPU.
+
+        The GPU's speed is the fastest of its last HEALTHY_PROBES probes: a probe's noise only
+        ever adds time (its thread preempted, or waiting for the interpreter while the rank's
+        other threads run), and a GPU at speed x never probes faster than x. On a loaded host
+        a computed probe (a forward of microseconds) read 25 times its healthy time more often
+        than not, and their median once reported a GPU at 0.04 that ran at 0.1, as planned.
+        A change found is dated from the first probe that read the speed found."""
         ctl, rank = self.ctl, rep.rank
         if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
-        seen.append(min(1.0, rep.speed / self.host_speed()))
+        seen.append((ctl.completed, min(1.0, rep.speed / self.host_speed())))
         del seen[:-HEALTHY_PROBES]
         if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
             return
-        speed = statistics.median(seen)
+        speed = max(v for _, v in seen)
+        since = next(c for c, v in seen if v >= speed * (1 - SpeedTracker.min_change))  # (its first probe)
         if rank in self.excluded:
             if speed >= 1 - SpeedTracker.min_change:
                 self._price_return(rank)
@@ -232,7 +240,7 @@ class Slowness:
             plan_speed = ctl.base_plan.spec.gpus[rank].speed
             if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
                 self.probes.pop(rank)
-                self._shift(rank, speed, ctl.completed, ctl.completed)
+                self._shift(rank, speed, since, ctl.completed)
 
     # -- deciding ------------------------------------------------------------------------------
 
@@ -303,7 +311,7 @@ class Slowness:
         options = [Option("keep", ctl.base_plan.metrics.iteration_time), Option("restore", plan.metrics.iteration_time,
                                                                                  plan)]
         ctl.note("slow", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) probes healthy again (speed "
-                         f"{statistics.median(self.probes[rank]):.2f})", rank=rank)
+                         f"{max(v for _, v in self.probes[rank]):.2f})", rank=rank)
         d = self.ladder.open(rank, 1.0, ctl.completed, options, ctl.completed)
         if d.verdict == "switch":
             self._act(d)
