@@ -29,8 +29,8 @@ noise many times larger (a CPU rank's millisecond ops catch other
 processes' time slices: 35-45% per iteration among two busy loops), so the
 bar follows it: the noise is re-measured over the last `spread`
 iterations (from successive differences: a change of level moves one), a
-regime must also differ by `z` standard errors of its median (1.25 x
-noise / sqrt(its length)), and it must last `confirm` x noise / `quiet`
+regime must also differ by `z` standard errors of its median's difference
+from the level (1.25 x noise x sqrt(1/its length + 1/the level's)), and it must last `confirm` x noise / `quiet`
 iterations when the noise is above `quiet`. The healthy level is the
 median of the last `healthy` iterations while the GPU is reported
 healthy, not of the first few alone (8 noisy iterations put it 20% off),
