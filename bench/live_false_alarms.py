@@ -71,8 +71,8 @@ def end(procs: list[subprocess.Popen]) -> None:
 def alarms(doc: dict, exclude_rank: int | None = None) -> dict:
     """Ranks declared failed, slow reports (speed under 0.88) and switches, excluding one rank's."""
     failed = [e["message"] for e in doc["events"] if e["kind"] == "failure" and e.get("rank") != exclude_rank]
-    slow = [e["message"] for e in doc["events"] if e["kind"] == "slow" and e.get("speed", 1.0) < 0.88
-            and e.get("rank") != exclude_rank]
+    slow = [f"{e['message']} [{e.get('signal', '?')}]" for e in doc["events"] if e["kind"] == "slow"
+            and e.get("speed", 1.0) < 0.88 and e.get("rank") != exclude_rank]
     switches = [s["kind"] for s in doc["switches"] if exclude_rank is None or exclude_rank not in s.get("ranks", [])]
     return {"failed": failed, "slow": slow, "switches": switches}
 
@@ -195,7 +195,8 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
                                 and e.get("rank") == THROTTLED],
            "others": other, "false_alarms": len(other["failed"]) + len(other["slow"])}
     print(f"{row['case']}: throttled from iteration {marks.get('start_it')} to {marks.get('end_it')}; "
-          + (f"reported slow (speed {first['speed']:.2f}) after {row['delay_iterations']} iterations, "
+          + (f"reported slow (speed {first['speed']:.2f}, {first.get('signal', '?')}) after "
+             f"{row['delay_iterations']} iterations, "
              f"{row['delay_s']} s" if first else "never reported slow")
           + f"; its switches {back}; other ranks: {len(other['failed'])} declared failed, "
             f"{len(other['slow'])} slow reports" + (f"; error: {row['error']}" if row["error"] else ""), flush=True)

@@ -89,7 +89,7 @@ class Slowness:
         # drains and fills again: less than an iteration) and at least 0.1 s (new process groups);
         # measured at 0.4-0.5 periods in bench/live_slowness.py.
         self.ladder = Ladder(cost_s=max(0.1, period))
-        self._pending: list[tuple[int, object, int]] = []  # shifts seen while not running
+        self._pending: list[tuple[int, Shift, int, str]] = []  # shifts seen while not running
         self._quiet_until: dict[int, int] = {}  # rank -> iteration before which its probes are not priced
         self._rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log speed, waiting for its peers'
         self._walls: dict[int, float] = {}  # iteration -> its longest wall time over the members' reports
@@ -146,10 +146,11 @@ class Slowness:
                 continue  # (one signal went back while the other still says slow)
             self.speeds[rank] = speed
             shift = Shift(speed, min(sh.since for sh in shifts), it)
+            signal = "heartbeat" if speed < compute else "compute"
             if self.ctl.phase == Phase.RUNNING:
-                self._shift(rank, shift.speed, shift.since, it)
+                self._shift(rank, shift.speed, shift.since, it, signal)
             else:
-                self._pending.append((rank, shift, it))
+                self._pending.append((rank, shift, it, signal))
 
     def _run_slowed(self, wall: float | None) -> bool:
         """Whether this iteration took clearly longer (PACE_SLACK) than the current plan's pace,
@@ -240,29 +241,31 @@ class Slowness:
             plan_speed = ctl.base_plan.spec.gpus[rank].speed
             if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
                 self.probes.pop(rank)
-                self._shift(rank, speed, since, ctl.completed)
+                self._shift(rank, speed, since, ctl.completed, "probe")
 
     # -- deciding ------------------------------------------------------------------------------
 
     def tick(self, iteration: int) -> None:
         """An iteration was completed (the run is `running`)."""
         self._judge_rounds(iteration)
-        for rank, shift, it in self._pending:
-            self._shift(rank, shift.speed, shift.since, it)
+        for rank, shift, it, signal in self._pending:
+            self._shift(rank, shift.speed, shift.since, it, signal)
         self._pending.clear()
         for d in self.ladder.tick(iteration):
             self._act(d)
 
-    def _shift(self, rank: int, speed: float, since: int, iteration: int) -> None:
+    def _shift(self, rank: int, speed: float, since: int, iteration: int, signal: str) -> None:
+        """A GPU's speed changed, as `signal` (compute, heartbeat or probe: in the event, for
+        telling false alarms apart) says."""
         ctl = self.ctl
         g = ctl.plan.spec.gpus[rank]
         where = f"rank {rank} GPU (dp={g.dp}, pp={g.pp})"
         if speed >= 1 - SpeedTracker.min_change:
             ctl.note("slow", f"{where} is back to full speed since iteration {since} (seen at {iteration})",
-                      rank=rank, speed=round(speed, 3), since=since, seen=iteration)
+                      rank=rank, speed=round(speed, 3), since=since, seen=iteration, signal=signal)
         else:
             ctl.note("slow", f"{where} runs at speed {speed:.2f} since iteration {since} (seen at {iteration})",
-                      rank=rank, speed=round(speed, 3), since=since, seen=iteration)
+                      rank=rank, speed=round(speed, 3), since=since, seen=iteration, signal=signal)
         plan_speed = ctl.base_plan.spec.gpus[rank].speed
         if abs(speed - plan_speed) < SpeedTracker.min_change * plan_speed:
             d = self.ladder.close(rank, iteration, "back to the speed the plan assumes")
