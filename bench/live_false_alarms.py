@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -148,6 +149,14 @@ def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
     return row
 
 
+def beat_ratio(seen: dict, rank: int) -> float | None:
+    """`rank`'s heartbeat rate against the median of the other ranks' (None without three)."""
+    rates = {int(r): v for r, v in seen.items() if v > 0}
+    if rank not in rates or len(rates) < 3:
+        return None
+    return rates[rank] / statistics.median(v for r, v in rates.items() if r != rank)
+
+
 def throttle_run(out: Path, iterations: int, loops: int) -> dict:
     marks: dict = {}
 
@@ -184,6 +193,11 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
     first = found[0] if found else None
     back = [s["kind"] for s in doc["switches"] if THROTTLED in s.get("ranks", [])]
     other = alarms(doc, exclude_rank=THROTTLED)
+    # Its heartbeat rate against the median of the others' while throttled (the fail-slow
+    # policy's second measure; BEAT_SLOW is the bar it must pass on its own).
+    ratios = sorted(beat_ratio(seen, THROTTLED) for t, _, seen in doc["bench_beat_rates"]
+                    if marks.get("start_t", 1e9) + 2.0 <= t <= marks.get("end_t", 0)
+                    and beat_ratio(seen, THROTTLED) is not None)
     row = {"case": f"rank {THROTTLED} throttled 50% (SIGSTOP/SIGCONT), {loops} busy loops", "loops": loops,
            "iterations": iterations, "done": len(doc["iterations"]), "error": doc["bench_error"],
            "throttle": marks,
@@ -191,6 +205,8 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
            "delay_s": round(first["t"] - marks["start_t"], 2) if first else None,
            "reported_speed": first["speed"] if first else None,
            "switches_of_throttled": back,
+           "beat_ratio": ([round(ratios[len(ratios) // 10], 2), round(statistics.median(ratios), 2),
+                           round(ratios[-1 - len(ratios) // 10], 2)] if ratios else None),
            "failed_throttled": [e["message"] for e in doc["events"] if e["kind"] == "failure"
                                 and e.get("rank") == THROTTLED],
            "others": other, "false_alarms": len(other["failed"]) + len(other["slow"])}
@@ -198,6 +214,8 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
           + (f"reported slow (speed {first['speed']:.2f}, {first.get('signal', '?')}) after "
              f"{row['delay_iterations']} iterations, "
              f"{row['delay_s']} s" if first else "never reported slow")
+          + (f"; its beat rate {row['beat_ratio'][1]:.2f} of its peers' (10-90%: {row['beat_ratio'][0]:.2f}-"
+             f"{row['beat_ratio'][2]:.2f})" if row["beat_ratio"] else "")
           + f"; its switches {back}; other ranks: {len(other['failed'])} declared failed, "
             f"{len(other['slow'])} slow reports" + (f"; error: {row['error']}" if row["error"] else ""), flush=True)
     for m in row["failed_throttled"] + other["failed"] + other["slow"]:
