@@ -220,10 +220,13 @@ class Slowness:
 
         The GPU's speed is the fastest of its last HEALTHY_PROBES probes: a probe's noise only
         ever adds time (its thread preempted, or waiting for the interpreter while the rank's
-        other threads run), and a GPU at speed x never probes faster than x. On a loaded host
-        a computed probe (a forward of microseconds) read 25 times its healthy time more often
-        than not, and their median once reported a GPU at 0.04 that ran at 0.1, as planned.
-        A change found is dated from the first probe that read the speed found."""
+        other threads run), and a GPU at speed x never probes faster than x. A member's probes
+        say only that it got faster than its plan assumes (well again): its probe thread runs
+        beside the rank's own main thread, and in a CPU rank the two share one interpreter;
+        with an injected slowdown spinning on the main thread, under four busy loops, the
+        fastest of five probes read 0.03-0.05 of a GPU that ran at 0.1 as planned (their median
+        had reported it "at 0.04 since iteration 46"). A GPU given no compute slower still costs
+        the run next to nothing. A change found is dated from the first probe that read it."""
         ctl, rank = self.ctl, rep.rank
         if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
@@ -239,7 +242,7 @@ class Slowness:
                 self._price_return(rank)
         elif rank in ctl.members:
             plan_speed = ctl.base_plan.spec.gpus[rank].speed
-            if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
+            if speed - plan_speed >= SpeedTracker.min_change * plan_speed:
                 self.probes.pop(rank)
                 self._shift(rank, speed, since, ctl.completed, "probe")
 
