@@ -32,8 +32,9 @@ iterations (from successive differences: a change of level moves one), a
 regime must also differ by `z` standard errors of its median's difference
 from the level (1.25 x noise x sqrt(1/its length + 1/the level's)) and
 more than `wander` times the spread of the healthy level's `block`-iteration
-medians (a loaded host moves a rank's level against its peers' by spells), and it must last `confirm` x noise / `quiet`
-iterations when the noise is above `quiet`. The healthy level is the
+medians (a loaded host moves a rank's level against its peers' by
+spells), and it must last `confirm` x noise / `quiet` iterations when the
+noise is above `quiet`. The healthy level is the
 median of the last `healthy` iterations while the GPU is reported
 healthy, not of the first few alone (8 noisy iterations put it 20% off),
 leaving out the newest confirmation's worth. Speeds are capped at 1: a
