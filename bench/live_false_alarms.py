@@ -189,7 +189,8 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
         end(procs)
     (out.parent / f"throttle-{loops}.json").write_text(json.dumps(doc))
     found = [e for e in doc["events"] if e["kind"] == "slow" and e.get("rank") == THROTTLED
-             and e.get("speed", 1.0) < 0.88 and e["t"] >= marks.get("start_t", 0)]
+             and e.get("speed", 1.0) < 0.88 and e["t"] >= marks.get("start_t", 0)
+             and e.get("since", 0) <= marks.get("end_it", 1 << 30)]  # (a report dated after it is no finding)
     first = found[0] if found else None
     back = [s["kind"] for s in doc["switches"] if THROTTLED in s.get("ranks", [])]
     other = alarms(doc, exclude_rank=THROTTLED)
