@@ -324,6 +324,20 @@ def test_a_member_without_compute_is_judged_by_its_fastest_probe(plan):
     assert note.startswith("rank 2 GPU (dp=1, pp=0) is back to full speed since iteration 47")
 
 
+
+def test_a_starved_rank_is_found_when_the_plans_first_iterations_were_slow(plan):
+    # The first iterations took twice the steady pace (warm-up, a loaded start); from iteration
+    # 30 rank 2 is stopped half the time: it beats half as often and the run takes 1.6 x the
+    # steady pace, less than its first iterations took (a pace taken from them alone hid it).
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(60), noise=0.05,
+          rates_of=lambda r, i: 10.0 if r == 2 and i >= 30 else 20.0,
+          wall_of=lambda i: 2.0 if i < 8 else 1.6 if i >= 30 else 1.0)
+    (note,) = _slow_notes(ctl)
+    _assert_slow(note, rank=2, speed=0.5, since=30)
+
+
 def _slow_notes(ctl):
     return [m for k, m in ctl.notes if k == "slow"]
 
