@@ -247,6 +247,25 @@ def is_forkserver_cmd(cmd: str) -> bool:
     return "multiprocessing.forkserver" in cmd
 
 
+def roles(procs: dict[int, Proc], sid: int, workers: set[int]) -> tuple[set[int], set[int]]:
+    """(forkservers, workers) among a run's live processes. A worker is forked from a forkserver
+    and shares its command line; once its forkserver is killed it is re-parented to `schedc
+    train` (its agent is the subreaper), just where a forkserver lives: so a worker is a
+    forkserver-like process ever seen as a forkserver's child (`workers`) or one now, and a
+    forkserver is one started by `schedc train` that is no worker. (Told apart by the parent
+    alone, a campaign once killed eight healthy workers as "the forkserver" and could no longer
+    signal them as workers.)"""
+    forkservers, found = set(), set()
+    for p in procs.values():
+        if p.pid == sid or p.state == "Z" or not is_forkserver_cmd(p.cmd):
+            continue
+        if p.pid in workers or p.ppid != sid:
+            found.add(p.pid)
+        else:
+            forkservers.add(p.pid)
+    return forkservers, found
+
+
 @dataclass
 class Ranks:
     """Worker pid -> rank, in the order workers are started (see the module docstring)."""
@@ -319,6 +338,7 @@ class Run:
         self.touched: set[int] = set()
         self.ranks = Ranks(pending=list(range(RANKS)))
         self.known: set[int] = set()
+        self.workers: set[int] = set()  # every worker pid seen (as a forkserver's child)
         self.max_iteration = -1
         self.lines: list[tuple[float, str]] = []
         self.doubts: list[str] = []
@@ -414,6 +434,7 @@ class Run:
                if p.pid not in self.known and is_forkserver_cmd(p.cmd) and p.ppid != self.sid]
         for p in procs:
             self.known.add(p)
+        self.workers.update(new)
         if new:
             self.ranks.born(new, self.now())
         for i, f in enumerate(self.faults):
@@ -431,8 +452,7 @@ class Run:
     def _fire(self, i: int, f: Fault, procs: dict[int, Proc], t: float) -> None:
         targets: list[tuple[int, str]] = []  # (pid, what)
         if f.target == "worker":
-            alive = {p for p, proc in procs.items() if is_forkserver_cmd(proc.cmd) and p != self.sid
-                     and proc.ppid != self.sid and proc.state != "Z"}
+            alive = roles(procs, self.sid, self.workers)[1]
             for want in f.ranks:  # that rank, else the next rank (cyclically) that has a process
                 for k in range(RANKS):
                     r = (want + k) % RANKS
@@ -441,14 +461,11 @@ class Run:
                         targets.append((pid, f"rank {r}"))
                         self.touched.add(r)
                         break
+        elif f.target == "forkserver":
+            targets = [(pid, "forkserver") for pid in sorted(roles(procs, self.sid, self.workers)[0])]
         else:
-            for p in procs.values():
-                if p.state == "Z":
-                    continue
-                if f.target == "forkserver" and is_forkserver_cmd(p.cmd) and p.ppid == self.sid:
-                    targets.append((p.pid, "forkserver"))
-                if f.target == "tracker" and "multiprocessing.resource_tracker" in p.cmd:
-                    targets.append((p.pid, "resource tracker"))
+            targets = [(p.pid, "resource tracker") for p in procs.values()
+                       if p.state != "Z" and "multiprocessing.resource_tracker" in p.cmd]
         sig = signal.SIGKILL if f.action == "kill" else signal.SIGSTOP
         done = []
         for pid, what in targets:
@@ -508,7 +525,9 @@ class Run:
         if p.pid == self.sid:
             return "schedc train"
         if is_forkserver_cmd(p.cmd):
-            return "forkserver" if p.ppid == self.sid else f"worker rank {self.ranks.of.get(p.pid, '?')}"
+            if p.ppid == self.sid and p.pid not in self.workers:
+                return "forkserver"
+            return f"worker rank {self.ranks.of.get(p.pid, '?')}"
         return "resource tracker" if "resource_tracker" in p.cmd else p.cmd[:60]
 
     def _dump(self, procs: dict[int, Proc], name: str) -> None:

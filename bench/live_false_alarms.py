@@ -18,6 +18,9 @@ tensors, not --emulate) is trained on a host that other processes load:
         [--throttle-loops 2] [-o DIR]
 
 Prints one line per run and writes DIR/false_alarms.json (and each run's log, DIR/<case>.json).
+Each fault-free run's per-rank log speeds against its peers', as the fail-slow policy judges
+them, go to DIR/loaded_trace-<loops>.json (tests/data/loaded_trace.json is one: the change-point
+detector must find nothing in it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -68,8 +72,8 @@ def end(procs: list[subprocess.Popen]) -> None:
 def alarms(doc: dict, exclude_rank: int | None = None) -> dict:
     """Ranks declared failed, slow reports (speed under 0.88) and switches, excluding one rank's."""
     failed = [e["message"] for e in doc["events"] if e["kind"] == "failure" and e.get("rank") != exclude_rank]
-    slow = [e["message"] for e in doc["events"] if e["kind"] == "slow" and e.get("speed", 1.0) < 0.88
-            and e.get("rank") != exclude_rank]
+    slow = [f"{e['message']} [{e.get('signal', '?')}]" for e in doc["events"] if e["kind"] == "slow"
+            and e.get("speed", 1.0) < 0.88 and e.get("rank") != exclude_rank]
     switches = [s["kind"] for s in doc["switches"] if exclude_rank is None or exclude_rank not in s.get("ranks", [])]
     return {"failed": failed, "slow": slow, "switches": switches}
 
@@ -110,6 +114,21 @@ def train_run(out: Path, iterations: int, during=None) -> tuple[dict, Supervisor
     return doc, sup
 
 
+def peer_trace(doc: dict, loops: int) -> dict:
+    """Each rank's log speed against the median of the other ranks' in every iteration (what
+    `schedc.live.slowness` feeds the change-point detector), rounded to 4 places."""
+    import math
+    import statistics
+
+    ranks: dict[str, list[float]] = {}
+    for rec in doc["iterations"]:
+        logs = {r: math.log(v) for r, v in (rec.get("speeds") or {}).items() if v}
+        for r, y in logs.items():
+            rel = y - statistics.median(v for q, v in logs.items() if q != r)
+            ranks.setdefault(r, []).append(round(rel, 4))
+    return {"source": f"bench/live_false_alarms.py: fault-free, {loops} busy loops", "ranks": ranks}
+
+
 def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
     procs = busy_loops(loops)
     try:
@@ -117,6 +136,7 @@ def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
     finally:
         end(procs)
     (out.parent / f"fault-free-{loops}.json").write_text(json.dumps(doc))
+    (out.parent / f"loaded_trace-{loops}.json").write_text(json.dumps(peer_trace(doc, loops)))
     a = alarms(doc)
     row = {"case": f"fault-free, {loops} busy loops", "loops": loops, "iterations": iterations,
            "done": len(doc["iterations"]), "wall_s": round(doc["bench_wall_s"], 1), "error": doc["bench_error"],
@@ -127,6 +147,14 @@ def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
     for m in a["failed"] + a["slow"]:
         print(f"    {m}", flush=True)
     return row
+
+
+def beat_ratio(seen: dict, rank: int) -> float | None:
+    """`rank`'s heartbeat rate against the median of the other ranks' (None without three)."""
+    rates = {int(r): v for r, v in seen.items() if v > 0}
+    if rank not in rates or len(rates) < 3:
+        return None
+    return rates[rank] / statistics.median(v for r, v in rates.items() if r != rank)
 
 
 def throttle_run(out: Path, iterations: int, loops: int) -> dict:
@@ -161,10 +189,16 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
         end(procs)
     (out.parent / f"throttle-{loops}.json").write_text(json.dumps(doc))
     found = [e for e in doc["events"] if e["kind"] == "slow" and e.get("rank") == THROTTLED
-             and e.get("speed", 1.0) < 0.88 and e["t"] >= marks.get("start_t", 0)]
+             and e.get("speed", 1.0) < 0.88 and e["t"] >= marks.get("start_t", 0)
+             and e.get("since", 0) <= marks.get("end_it", 1 << 30)]  # (a report dated after it is no finding)
     first = found[0] if found else None
     back = [s["kind"] for s in doc["switches"] if THROTTLED in s.get("ranks", [])]
     other = alarms(doc, exclude_rank=THROTTLED)
+    # Its heartbeat rate against the median of the others' while throttled (the fail-slow
+    # policy's second measure; BEAT_SLOW is the bar it must pass on its own).
+    ratios = sorted(beat_ratio(seen, THROTTLED) for t, _, seen in doc["bench_beat_rates"]
+                    if marks.get("start_t", 1e9) + 2.0 <= t <= marks.get("end_t", 0)
+                    and beat_ratio(seen, THROTTLED) is not None)
     row = {"case": f"rank {THROTTLED} throttled 50% (SIGSTOP/SIGCONT), {loops} busy loops", "loops": loops,
            "iterations": iterations, "done": len(doc["iterations"]), "error": doc["bench_error"],
            "throttle": marks,
@@ -172,12 +206,17 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
            "delay_s": round(first["t"] - marks["start_t"], 2) if first else None,
            "reported_speed": first["speed"] if first else None,
            "switches_of_throttled": back,
+           "beat_ratio": ([round(ratios[len(ratios) // 10], 2), round(statistics.median(ratios), 2),
+                           round(ratios[-1 - len(ratios) // 10], 2)] if ratios else None),
            "failed_throttled": [e["message"] for e in doc["events"] if e["kind"] == "failure"
                                 and e.get("rank") == THROTTLED],
            "others": other, "false_alarms": len(other["failed"]) + len(other["slow"])}
     print(f"{row['case']}: throttled from iteration {marks.get('start_it')} to {marks.get('end_it')}; "
-          + (f"reported slow (speed {first['speed']:.2f}) after {row['delay_iterations']} iterations, "
+          + (f"reported slow (speed {first['speed']:.2f}, {first.get('signal', '?')}) after "
+             f"{row['delay_iterations']} iterations, "
              f"{row['delay_s']} s" if first else "never reported slow")
+          + (f"; its beat rate {row['beat_ratio'][1]:.2f} of its peers' (10-90%: {row['beat_ratio'][0]:.2f}-"
+             f"{row['beat_ratio'][2]:.2f})" if row["beat_ratio"] else "")
           + f"; its switches {back}; other ranks: {len(other['failed'])} declared failed, "
             f"{len(other['slow'])} slow reports" + (f"; error: {row['error']}" if row["error"] else ""), flush=True)
     for m in row["failed_throttled"] + other["failed"] + other["slow"]:

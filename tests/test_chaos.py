@@ -3,8 +3,8 @@ which declared failures count as healthy GPUs excluded, and how worker pids get 
 
 from __future__ import annotations
 
-from bench.chaos import (OUTCOMES, RANKS, TOLERANCE, Fault, Ranks, classify, declared, healthy_excluded,
-                         plan_faults)
+from bench.chaos import (OUTCOMES, RANKS, TOLERANCE, Fault, Proc, Ranks, classify, declared, healthy_excluded,
+                         plan_faults, roles)
 
 
 def test_faults_are_a_function_of_the_seed():
@@ -99,3 +99,17 @@ def test_targets_can_be_restricted_without_changing_the_default_plans():
     assert plan_faults(11, 100) == plan_faults(11, 100, targets=("worker", "forkserver", "tracker"))
     for seed in range(200):
         assert {f.target for f in plan_faults(seed, 100, targets=("worker", "tracker"))} <= {"worker", "tracker"}
+
+
+def test_workers_whose_forkserver_was_killed_stay_workers():
+    fs = "python -c from multiprocessing.forkserver import main; main(...)"
+    sid = 10
+    procs = {10: Proc(10, 1, "S", "python -m schedc train out"), 20: Proc(20, 10, "S", fs),
+             21: Proc(21, 20, "S", fs), 22: Proc(22, 20, "S", fs), 30: Proc(30, 10, "S", "python -c resource_tracker")}
+    assert roles(procs, sid, workers={21, 22}) == ({20}, {21, 22})
+    # The forkserver is killed: its workers are re-parented to `schedc train`, where it lived;
+    # they are still workers, and there is no forkserver until a new one starts.
+    procs = {10: procs[10], 21: Proc(21, 10, "S", fs), 22: Proc(22, 10, "S", fs), 20: Proc(20, 10, "Z", fs)}
+    assert roles(procs, sid, workers={21, 22}) == (set(), {21, 22})
+    procs[40] = Proc(40, 10, "S", fs)  # the agent starts a new forkserver
+    assert roles(procs, sid, workers={21, 22}) == ({40}, {21, 22})

@@ -27,19 +27,30 @@ def _kinds(result) -> list[str]:
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_a_slowed_gpu_is_found_and_rebalanced_exactly(tmp_path, optimizer):
     # Computed ops; GPU (1, 0) spins 10x longer from iteration 10 (after the detector's warm-up)
-    # to 44: found, and a plan that moves work off it; every switch is exact. (On a loaded host
-    # the detector, judging against the noise it sees, confirms later: 12-18 iterations were seen
-    # with two other jobs running; the window leaves room for that and for the switch.)
+    # to 44: found while it is slow, and a plan that moves work off it; every switch is exact.
+    # (On a loaded host the detector, judging against the noise it sees, confirms later: 12-18
+    # iterations were seen with two other jobs running, 14-24 under four busy loops; the window
+    # leaves room for that and for the switch.)
     out = compiled(tmp_path, optimizer=optimizer, microbatches=4)
     iterations = 60
     result = train(out, iterations=iterations, want_weights=True,
                    inject=["at iteration 10: slow gpu(dp=1, pp=0) speed = 0.1 until iteration 45"])
+    messages = [e["message"] for e in result.events]
     slow = [e for e in result.events if e["kind"] == "slow" and e.get("rank") == 2]
-    # (a first, partial report may come before the full slowdown is confirmed: under load, one
-    # read "speed 0.86 since iteration 20" first)
-    assert any(e["speed"] < 0.5 and 9 <= e["since"] <= 14 for e in slow), result.events
-    kinds = _kinds(result)
-    assert kinds and kinds[0] in ("rebalance", "exclude"), [e["message"] for e in result.events]
+    # Found during the slowdown and dated inside it. (Under load a first, partial report may
+    # come before the full slowdown is confirmed, "speed 0.86 since iteration 20"; the full one
+    # is then dated from that report on, as a regime must begin after the last one reported.
+    # How exactly a change is dated is tests/test_live_slowness.py's to check.)
+    assert any(e["speed"] < 0.5 and 9 <= e["since"] < 45 for e in slow), messages
+    # A plan that moves work off it (not necessarily the first switch: under load a rank declared
+    # hung for its silence comes back by a switch of its own).
+    sw = next((s for s in result.switches if s.kind in ("rebalance", "exclude") and 2 in s.ranks), None)
+    assert sw is not None, messages
+    # Once it runs that plan, it is never said slower than the plan assumes (its probes, the only
+    # measure of a GPU its plan gives no compute, once read "speed 0.04 since iteration 46"; a
+    # first report of its recovery may still be partial under load: "0.55 since iteration 46").
+    priced = next(d["speed"] for d in result.decisions if d["verdict"] == "switch" and d["rank"] == 2)
+    assert not any(e["speed"] < 0.88 * priced for e in slow if e["seen"] >= sw.start_at), messages
     assert all(d["reason"] for d in result.decisions)
     check_exact(out, result, iterations)
 

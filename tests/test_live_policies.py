@@ -284,6 +284,60 @@ def test_a_rank_that_beats_less_often_while_the_run_keeps_its_pace_is_not_slow(p
     assert _slow_notes(ctl) == []
 
 
+
+def test_a_rank_that_beats_less_often_on_a_host_slowed_for_everyone_is_not_slow(plan):
+    # Other processes take the CPUs from iteration 20: every iteration takes twice as long, every
+    # heartbeat thread beats half as often, and rank 2's, starved a little more, at 0.6 of its
+    # peers' (bench/live_false_alarms.py saw a healthy rank at 0.65 under two busy loops). The run
+    # is as slow as the host is: nobody holds it up, nobody is slow.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(60), noise=0.05,
+          rates_of=lambda r, i: (20.0 if i < 20 else 10.0) * (0.6 if r == 2 and i >= 20 else 1.0),
+          wall_of=lambda i: 2.0 if i >= 20 else 1.0)
+    assert _slow_notes(ctl) == []
+
+
+
+def test_a_member_without_compute_is_judged_by_its_fastest_probe(plan):
+    # Rank 2 runs at 0.1 and its plan says so; it has only its probes to show its speed (a
+    # rebalanced plan may give it no F, B or W). Its probes compete with its own main thread and
+    # a loaded host: most read far slower than the GPU runs, some all five of a window (under
+    # four busy loops the fastest of five read 0.03-0.05). It still runs as planned: nothing to
+    # report (the median of five once reported it at 0.04). Well again, its first fast probe says so.
+    from schedc.live.protocol import Probe
+
+    slow = schedc.replan(plan, [Failure("slow_gpu", dp=1, pp=0, speed=0.1)], deadline=5.0, solver="greedy")
+    ctl = FakeController(slow, completed=30)
+    slowness = Slowness(ctl)
+    for k in range(10):
+        slowness.probe(Probe(rank=2, speed=0.1 if k % 3 == 0 else 0.004, t=0.0))
+    for k in range(10):
+        slowness.probe(Probe(rank=2, speed=0.03, t=0.0))
+    assert _slow_notes(ctl) == []
+    ctl.completed = 46
+    slowness.probe(Probe(rank=2, speed=0.04, t=0.0))
+    assert _slow_notes(ctl) == []
+    ctl.completed = 47
+    slowness.probe(Probe(rank=2, speed=1.0, t=0.0))
+    (note,) = _slow_notes(ctl)
+    assert note.startswith("rank 2 GPU (dp=1, pp=0) is back to full speed since iteration 47")
+
+
+
+def test_a_starved_rank_is_found_when_the_plans_first_iterations_were_slow(plan):
+    # The first iterations took twice the steady pace (warm-up, a loaded start); from iteration
+    # 30 rank 2 is stopped half the time: it beats half as often and the run takes 1.6 x the
+    # steady pace, less than its first iterations took (a pace taken from them alone hid it).
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(60), noise=0.05,
+          rates_of=lambda r, i: 10.0 if r == 2 and i >= 30 else 20.0,
+          wall_of=lambda i: 2.0 if i < 8 else 1.6 if i >= 30 else 1.0)
+    (note,) = _slow_notes(ctl)
+    _assert_slow(note, rank=2, speed=0.5, since=30)
+
+
 def _slow_notes(ctl):
     return [m for k, m in ctl.notes if k == "slow"]
 

@@ -29,9 +29,12 @@ noise many times larger (a CPU rank's millisecond ops catch other
 processes' time slices: 35-45% per iteration among two busy loops), so the
 bar follows it: the noise is re-measured over the last `spread`
 iterations (from successive differences: a change of level moves one), a
-regime must also differ by `z` standard errors of its median (1.25 x
-noise / sqrt(its length)), and it must last `confirm` x noise / `quiet`
-iterations when the noise is above `quiet`. The healthy level is the
+regime must also differ by `z` standard errors of its median's difference
+from the level (1.25 x noise x sqrt(1/its length + 1/the level's)) and
+more than `wander` times the spread of the healthy level's `block`-iteration
+medians (a loaded host moves a rank's level against its peers' by
+spells), and it must last `confirm` x noise / `quiet` iterations when the
+noise is above `quiet`. The healthy level is the
 median of the last `healthy` iterations while the GPU is reported
 healthy, not of the first few alone (8 noisy iterations put it 20% off),
 leaving out the newest confirmation's worth. Speeds are capped at 1: a
@@ -92,6 +95,8 @@ class SpeedTracker:
     quiet: float = 0.15  # noise (of log speed) up to which `confirm` iterations confirm a regime
     spread: int = 50  # last observations whose spread is the noise now
     healthy: int = 100  # last observations, while reported healthy, whose median is the healthy level
+    block: int = 20  # observations per block whose medians show how the healthy level wanders
+    wander: float = 2.0  # how many times that wander a change must exceed
     _log_r: list[float] = field(default_factory=list)  # log posterior over run length 0..len-1
     _runs: list[_Run] = field(default_factory=list)
     _ys: list[float] = field(default_factory=list)  # the last `window` observations
@@ -159,13 +164,42 @@ class SpeedTracker:
         if abs(speed - self._reported) < bar or abs(recent - self._reported) < bar \
                 or (speed < self._reported) != (recent < self._reported):
             return None
-        # ... and by more than noise: z standard errors of the regime's median (1.25 x noise / sqrt(n)).
-        if abs(math.log(speed / self._reported)) < self.z * 1.2533 * self._noise / math.sqrt(held):
+        # ... and by more than noise: z standard errors of the difference between the regime's median
+        # and the level's (1.25 x noise x sqrt(1/n + 1/m), m the observations the level is made of:
+        # a long regime is known no better than the level it is compared with; without m, a regime
+        # of 300 iterations on a loaded host, whose level wanders by 25% over 50 iterations, passed
+        # as a slowdown of 15%).
+        if abs(math.log(speed / self._reported)) < self.z * 1.2533 * self._noise * math.sqrt(
+                1 / held + 1 / self._level_size()):
+            return None
+        # ... and by more than the level itself wanders while healthy (`wander` x the spread of
+        # its `block`-iteration medians): under four busy loops a rank's level against its peers'
+        # moved by 1.6x between 25-iteration spells, with nothing wrong, and a 50-iteration spell
+        # at 0.64 was reported and switched for.
+        if abs(math.log(speed / self._reported)) < self.wander * self._wander():
             return None
         # A regime that began after the current one has lasted `confirm` iterations, and differs.
         self._last_change = start
         self._reported = speed
         return Shift(speed=speed, since=iteration - held + 1, confirmed_at=iteration)
+
+    def _wander(self) -> float:
+        """How much the healthy level moves from block to block: 1.48 x the median absolute
+        deviation of the medians of the settled healthy observations' `block`-iteration blocks
+        (0 until there are four blocks)."""
+        lag = int(self._confirm_span()) + self.confirm
+        settled = self._healthy[:-lag]
+        blocks = [statistics.median(settled[i:i + self.block])
+                  for i in range(len(settled) % self.block, len(settled), self.block)]
+        if len(blocks) < 4:
+            return 0.0
+        mid = statistics.median(blocks)
+        return 1.4826 * statistics.median(abs(b - mid) for b in blocks)
+
+    def _level_size(self) -> int:
+        """How many observations the healthy level is the median of."""
+        lag = int(self._confirm_span()) + self.confirm
+        return max(self.warmup, min(self.healthy, len(self._healthy) - lag))
 
     def _confirm_span(self) -> float:
         return self.confirm * max(1.0, self._noise / self.quiet)

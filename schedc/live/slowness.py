@@ -19,8 +19,8 @@
   switch; the switch itself is a planned generation change at an iteration
   boundary (`Controller.switch`).
 * **Excluded GPUs** stay up on standby and probe their own speed, judged
-  against the host's speed now (`host_speed`); once five probes in a row say
-  healthy, the ladder prices taking them back, and a
+  against the host's speed now (`host_speed`); once the fastest of the last five
+  says healthy, the ladder prices taking them back, and a
   rejoin (`schedc.live.rejoin`: catch-up, then a switch) does it.
 """
 
@@ -36,7 +36,7 @@ from schedc.live.mitigate import Decision, Ladder, Option
 from schedc.live.protocol import IterationDone, Phase, Probe
 from schedc.spec import Failure
 
-#: Probes in a row that must say "healthy" before an excluded GPU is priced back in.
+#: Probes a GPU's speed is judged from (the fastest of them: see `Slowness.probe`).
 HEALTHY_PROBES = 5
 #: An iteration's speeds are judged when the report of an iteration this much later arrives (or
 #: when the iteration completes): by then every member's report of it is in.
@@ -81,7 +81,7 @@ class Slowness:
         self.trackers: dict[int, SpeedTracker] = {}  # rank -> its compute speed against its peers'
         self.beat_trackers: dict[int, SpeedTracker] = {}  # rank -> its heartbeat rate against its peers'
         self.speeds: dict[int, float] = {}  # rank -> the lower of the two, as last reported
-        self.probes: dict[int, list[float]] = {}
+        self.probes: dict[int, list[tuple[int, float]]] = {}  # rank -> its last probes (iterations done, speed)
         self.excluded: set[int] = set()
         self.decisions: list[dict] = []
         period = ctl.plan.metrics.iteration_time / 1e6
@@ -89,11 +89,13 @@ class Slowness:
         # drains and fills again: less than an iteration) and at least 0.1 s (new process groups);
         # measured at 0.4-0.5 periods in bench/live_slowness.py.
         self.ladder = Ladder(cost_s=max(0.1, period))
-        self._pending: list[tuple[int, object, int]] = []  # shifts seen while not running
+        self._pending: list[tuple[int, Shift, int, str]] = []  # shifts seen while not running
         self._quiet_until: dict[int, int] = {}  # rank -> iteration before which its probes are not priced
         self._rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log speed, waiting for its peers'
         self._walls: dict[int, float] = {}  # iteration -> its longest wall time over the members' reports
         self._pace: list[float] = []  # the walls of the first iterations under the current plan: its pace
+        self._pace_rates: list[float] = []  # the members' median heartbeat rate meanwhile
+        self._window: list[tuple[float, float | None]] = []  # the last walls (and host rates)
         self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
@@ -145,20 +147,44 @@ class Slowness:
                 continue  # (one signal went back while the other still says slow)
             self.speeds[rank] = speed
             shift = Shift(speed, min(sh.since for sh in shifts), it)
+            signal = "heartbeat" if speed < compute else "compute"
             if self.ctl.phase == Phase.RUNNING:
-                self._shift(rank, shift.speed, shift.since, it)
+                self._shift(rank, shift.speed, shift.since, it, signal)
             else:
-                self._pending.append((rank, shift, it))
+                self._pending.append((rank, shift, it, signal))
 
     def _run_slowed(self, wall: float | None) -> bool:
         """Whether this iteration took clearly longer (PACE_SLACK) than the current plan's pace,
-        the median of its first PACE_ITERATIONS iterations (while those are measured: no)."""
+        and longer than the host's slowdown explains: a host slowed for everyone (other
+        processes on its CPUs) slows every rank's heartbeat thread too, by the members' median
+        heartbeat rate against that during the pace's iterations; one rank that holds the run
+        up does not. The pace is the fastest median of PACE_ITERATIONS iterations in a row
+        under the plan so far (while the first are measured: not slowed): a plan's first
+        iterations are slow (warm-up, a loaded start), and a pace taken from them alone, 0.084 s
+        against 0.05 s after, hid a throttle that slowed the run to 0.088 s."""
         if wall is None:
             return False
+        host = self._host_rate()
         if len(self._pace) < PACE_ITERATIONS:
             self._pace.append(wall)
+            if host is not None:
+                self._pace_rates.append(host)
+            self._window.append((wall, host))
             return False
-        return wall > statistics.median(self._pace) * PACE_SLACK
+        self._window = (self._window + [(wall, host)])[-PACE_ITERATIONS:]
+        if statistics.median(w for w, _ in self._window) < statistics.median(self._pace):
+            self._pace = [w for w, _ in self._window]
+            self._pace_rates = [h for _, h in self._window if h is not None]
+        slack = PACE_SLACK
+        if host is not None and self._pace_rates:
+            slack /= min(1.0, host / statistics.median(self._pace_rates))
+        return wall > statistics.median(self._pace) * slack
+
+    def _host_rate(self) -> float | None:
+        """The members' median heartbeat rate now (None before there are three)."""
+        members = set(self.ctl.members)
+        rates = [v for r, v in self._rates.items() if r in members and v > 0]
+        return statistics.median(rates) if len(rates) >= 3 else None
 
     def _availability(self) -> dict[int, float]:
         """Log of each member's heartbeat rate against the median of the other members': a
@@ -199,46 +225,59 @@ class Slowness:
         """A probe of a GPU's speed: an excluded one on standby, or a member its plan gives no
         compute (all its work moved to its peers), whose iterations time nothing. Judged
         against the host's speed now: a probe on a host that every rank finds slower is no
-        sign of a slow GPU."""
+        sign of a slow GPU.
+
+        The GPU's speed is the fastest of its last HEALTHY_PROBES probes: a probe's noise only
+        ever adds time (its thread preempted, or waiting for the interpreter while the rank's
+        other threads run), and a GPU at speed x never probes faster than x. A member's probes
+        say only that it got faster than its plan assumes (well again): its probe thread runs
+        beside the rank's own main thread, and in a CPU rank the two share one interpreter;
+        with an injected slowdown spinning on the main thread, under four busy loops, the
+        fastest of five probes read 0.03-0.05 of a GPU that ran at 0.1 as planned (their median
+        had reported it "at 0.04 since iteration 46"). A GPU given no compute slower still costs
+        the run next to nothing. A change found is dated from the first probe that read it."""
         ctl, rank = self.ctl, rep.rank
         if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
-        seen.append(min(1.0, rep.speed / self.host_speed()))
+        seen.append((ctl.completed, min(1.0, rep.speed / self.host_speed())))
         del seen[:-HEALTHY_PROBES]
         if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
             return
-        speed = statistics.median(seen)
+        speed = max(v for _, v in seen)
+        since = next(c for c, v in seen if v >= speed * (1 - SpeedTracker.min_change))  # (its first probe)
         if rank in self.excluded:
             if speed >= 1 - SpeedTracker.min_change:
                 self._price_return(rank)
         elif rank in ctl.members:
             plan_speed = ctl.base_plan.spec.gpus[rank].speed
-            if abs(speed - plan_speed) >= SpeedTracker.min_change * plan_speed:
+            if speed - plan_speed >= SpeedTracker.min_change * plan_speed:
                 self.probes.pop(rank)
-                self._shift(rank, speed, ctl.completed, ctl.completed)
+                self._shift(rank, speed, since, ctl.completed, "probe")
 
     # -- deciding ------------------------------------------------------------------------------
 
     def tick(self, iteration: int) -> None:
         """An iteration was completed (the run is `running`)."""
         self._judge_rounds(iteration)
-        for rank, shift, it in self._pending:
-            self._shift(rank, shift.speed, shift.since, it)
+        for rank, shift, it, signal in self._pending:
+            self._shift(rank, shift.speed, shift.since, it, signal)
         self._pending.clear()
         for d in self.ladder.tick(iteration):
             self._act(d)
 
-    def _shift(self, rank: int, speed: float, since: int, iteration: int) -> None:
+    def _shift(self, rank: int, speed: float, since: int, iteration: int, signal: str) -> None:
+        """A GPU's speed changed, as `signal` (compute, heartbeat or probe: in the event, for
+        telling false alarms apart) says."""
         ctl = self.ctl
         g = ctl.plan.spec.gpus[rank]
         where = f"rank {rank} GPU (dp={g.dp}, pp={g.pp})"
         if speed >= 1 - SpeedTracker.min_change:
             ctl.note("slow", f"{where} is back to full speed since iteration {since} (seen at {iteration})",
-                      rank=rank, speed=round(speed, 3), since=since, seen=iteration)
+                      rank=rank, speed=round(speed, 3), since=since, seen=iteration, signal=signal)
         else:
             ctl.note("slow", f"{where} runs at speed {speed:.2f} since iteration {since} (seen at {iteration})",
-                      rank=rank, speed=round(speed, 3), since=since, seen=iteration)
+                      rank=rank, speed=round(speed, 3), since=since, seen=iteration, signal=signal)
         plan_speed = ctl.base_plan.spec.gpus[rank].speed
         if abs(speed - plan_speed) < SpeedTracker.min_change * plan_speed:
             d = self.ladder.close(rank, iteration, "back to the speed the plan assumes")
@@ -287,7 +326,7 @@ class Slowness:
         options = [Option("keep", ctl.base_plan.metrics.iteration_time), Option("restore", plan.metrics.iteration_time,
                                                                                  plan)]
         ctl.note("slow", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) probes healthy again (speed "
-                         f"{statistics.median(self.probes[rank]):.2f})", rank=rank)
+                         f"{max(v for _, v in self.probes[rank]):.2f})", rank=rank)
         d = self.ladder.open(rank, 1.0, ctl.completed, options, ctl.completed)
         if d.verdict == "switch":
             self._act(d)
@@ -338,7 +377,7 @@ class Slowness:
         (an excluded GPU's return is priced again from its next probes)."""
         ctl = self.ctl
         self.ladder.cancel_all()
-        self._pace = []  # the new plan's pace is measured anew
+        self._pace, self._pace_rates, self._window = [], [], []  # the new plan's pace is measured anew
         for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
