@@ -41,6 +41,15 @@ def test_a_slowdown_and_its_end_are_found_with_their_start(slow):
     assert up[0] == pytest.approx(1.0, abs=0.05) and abs(up[1] - 100) <= 1 and 100 < up[2] <= 108
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("slow", [0.5, 0.3])
+def test_a_slowdown_is_dated_from_its_first_slow_iteration(seed, slow):
+    """"since iteration 14" was reported for a slowdown injected at 15: a regime that begins
+    with an observation was scored as if the old regime predicted it."""
+    (down, up) = _shifts(_trace([1.0] * 30 + [slow] * 30 + [1.0] * 30, seed=seed))
+    assert (down[1], up[1]) == (30, 60)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_noise_and_single_slow_iterations_raise_no_alarm_in_500_iterations(seed):
     ys = _trace([1.0] * 500, noise=0.05, seed=seed, spikes=0.03)

@@ -138,7 +138,10 @@ class SpeedTracker:
             return None
         log_h, log_1h = math.log(self.hazard), math.log1p(-self.hazard)
         preds = [lr + run.log_pred(y) for lr, run in zip(self._log_r, self._runs)]
-        change = _logsumexp(preds) + log_h
+        # A run that begins with y: y is predicted by the prior (the new regime), not by the runs
+        # before it; with the old regime's prediction the regime that explained y best was the one
+        # begun an observation earlier, and every change was reported one iteration early.
+        change = log_h + prior.log_pred(y)  # (the posterior `_log_r` sums to 1)
         grown = [p + log_1h for p in preds]
         new_log_r = [change] + grown
         new_runs = [prior.updated(y)] + [run.updated(y) for run in self._runs]
