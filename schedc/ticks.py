@@ -16,13 +16,16 @@ import math
 #: 0.6 leaves room for capitals. Re-measure by rendering a long line and dividing its width by
 #: its length and font size.
 CHAR_WIDTH = 0.6
+#: A data range narrower than this is drawn as one value (no chart plots such a span, and the
+#: arithmetic of a step underflows below it).
+TINY_SPAN = 1e-300
 
 
 def nice_step(span: float, target: int = 5) -> float:
     """The smallest step of 1, 2 or 5 x 10^k that cuts `span` into at most `target` parts."""
-    if not span > 0:
-        return 1.0
     raw = span / target
+    if not raw > 0 or not math.isfinite(raw):  # no span, or one too small to divide (5e-324 / 6 is 0)
+        return 1.0
     base = 10.0 ** math.floor(math.log10(raw))
     for m in (1, 2, 5, 10):
         if m * base >= raw * (1 - 1e-9):
@@ -42,7 +45,8 @@ def linear_ticks(lo: float, hi: float, *, most: int = 7, integer: bool = False) 
     `hi`: at least 3 and at most `most` of them (the finest step that stays within `most`)."""
     if hi < lo:
         lo, hi = hi, lo
-    if hi - lo <= 1e-9 * max(abs(lo), abs(hi)):  # one value (up to rounding): a range around it
+    # One value (up to rounding, or a span no chart draws): a range around it.
+    if hi - lo <= max(1e-9 * max(abs(lo), abs(hi)), TINY_SPAN):
         pad = abs(lo) / 2 or 1.0
         lo, hi = (lo - pad if lo - pad >= 0 or lo < 0 else 0.0), hi + pad
     step = nice_step(hi - lo, most - 1)  # the finest step: any finer needs more than `most` ticks
@@ -55,6 +59,11 @@ def linear_ticks(lo: float, hi: float, *, most: int = 7, integer: bool = False) 
             first += 1
         if _clean((last - 1) * step, step) >= hi:
             last -= 1
+        # ... or a hair over one (-5e-324 / 2 underflows to -0.0, whose floor is 0)
+        if _clean(first * step, step) > lo:
+            first -= 1
+        if _clean(last * step, step) < hi:
+            last += 1
         if last - first + 1 <= most:
             break
         step = nice_step(step * 1.01, 1)  # the next 1-2-5 step up
@@ -87,6 +96,9 @@ def log_ticks(lo: float, hi: float, *, most: int = 7) -> list[float]:
     first = max(v for v in values if v <= lo * (1 + 1e-9))
     last = min(v for v in values if v >= hi * (1 - 1e-9))
     ticks = [_clean(v, v / 10) for v in values if first <= v <= last]
+    if len(ticks) < 3:  # a range narrower than two 1-2-5 steps: the 1-2-5 values around it
+        below = [v for v in values if v < first]
+        ticks = [_clean(v, v / 10) for v in below[-(3 - len(ticks)):]] + ticks
     if 3 <= len(ticks) <= most:
         return ticks
     return [t for t in linear_ticks(lo, hi, most=most) if t > 0] or ticks

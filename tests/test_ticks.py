@@ -69,6 +69,14 @@ def test_the_ticks_the_issue_saw_come_out_round():
     assert nice_ticks(1, 2, integer=True) == [0, 1, 2]
 
 
+def test_ranges_too_narrow_to_divide_still_get_round_ticks():
+    """Cases Hypothesis found: a span that underflows when divided (a math domain error), and a
+    log range narrower than two 1-2-5 steps (it fell back to ticks a millionth apart)."""
+    assert nice_ticks(0.0, 5e-324) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert nice_ticks(-5e-324, 6.0) == [-2, 0, 2, 4, 6]
+    assert nice_ticks(31.622776, 31.622781, log=True) == [10, 20, 50]
+
+
 def _texts(svg: str):
     width = float(re.search(r'<svg[^>]* width="([\d.]+)"', svg).group(1))
     height = float(re.search(r'<svg[^>]* height="([\d.]+)"', svg).group(1))

@@ -132,9 +132,10 @@ def _orphaned(dist_rank: int) -> None:
     without the interpreter's teardown (the process group, its peers gone too, could block it)."""
     if _ORPHANED.acquire(blocking=False):
         try:
-            print(f"schedc run: torch rank {dist_rank}: its launcher is gone; the rank stops",
-                  file=sys.stderr, flush=True)
-        except (OSError, ValueError):
+            # One write for the whole line: the ranks share the launcher's stderr, and print()'s
+            # separate write of the newline interleaved two ranks' lines.
+            os.write(2, f"schedc run: torch rank {dist_rank}: its launcher is gone; the rank stops\n".encode())
+        except OSError:
             pass
         os._exit(1)
     while True:  # another thread is ending the process
