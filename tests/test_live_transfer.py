@@ -145,6 +145,7 @@ class Child:
     def __exit__(self, *exc) -> None:
         if self.process.is_alive():
             self.kill()
+        self.process.join(WAIT)  # reaped, not left a zombie of the test process
 
 
 @pytest.fixture
