@@ -17,9 +17,9 @@ included, ends within `deadline` (measured: `bench/replan_latency.py`, and
 an idle core times how much slower this call runs than its CPU time says
 (`_slowdown`: a busy machine), and at least a share of what is left; every
 search inside the solver also times itself and stops before a step it cannot
-finish, so what comes back is the best plan found by then, verified. Every returned plan passed `verify_schedule`. Deterministic:
-the same plan and events give the same new plan. Never prints, never exits;
-raises `SchedcError`s (E2xx for bad events, E301 when a stage loses every
+finish, so what comes back is the best plan found by then, verified. Every
+returned plan passed `verify_schedule`. Deterministic: the same plan and
+events give the same new plan. Never prints, never exits; raises `SchedcError`s (E2xx for bad events, E301 when a stage loses every
 replica, E3xx when nothing fits in memory).
 """
 

@@ -73,6 +73,7 @@ class Solved:
     """A CP-SAT response, read as `CpSolver` reads its own."""
 
     response: object  # ortools' CpSolverResponse
+    helper: object  # ortools' ResponseHelper (values of variables and literals in `response`)
 
     @property
     def status(self):
@@ -95,14 +96,16 @@ class Solved:
         return self.response.deterministic_time
 
     def value(self, expression) -> int:
-        from ortools.sat.python.cp_model import cmh
-
-        return cmh.ResponseHelper.value(self.response, expression)
+        return self.helper.value(self.response, expression)
 
     def boolean_value(self, literal) -> bool:
-        from ortools.sat.python.cp_model import cmh
+        return self.helper.boolean_value(self.response, literal)
 
-        return cmh.ResponseHelper.boolean_value(self.response, literal)
+
+def _solved(response) -> Solved:
+    from ortools.sat.python.cp_model import cmh
+
+    return Solved(response, cmh.ResponseHelper)
 
 
 def solve_contained(solver, model, stop_at: float | None = None) -> Solved:
@@ -133,7 +136,7 @@ def solve_contained(solver, model, stop_at: float | None = None) -> Solved:
 
         response = cmh.CpSolverResponse()
         if response.parse_text_format(text.decode()):
-            return Solved(response)
+            return _solved(response)
         raise SolverFailed("CP-SAT's response could not be read back")
     raise SolverFailed(_how_it_ended(status, err))
 
@@ -157,10 +160,7 @@ def _child(solver, model, stop_at: float | None, out_w: int, err_w: int) -> None
         os.closerange(3, out_w)
         os.closerange(out_w + 1, 1 << 20)
         _die_with_parent()
-        if stop_at is not None:
-            timer = threading.Timer(max(0.0, stop_at - time.monotonic()), solver.StopSearch)
-            timer.daemon = True
-            timer.start()
+        _stop_timer(solver, stop_at)
         solver.Solve(model)
         data = str(solver.response_proto).encode()
         view = memoryview(data)
@@ -171,6 +171,16 @@ def _child(solver, model, stop_at: float | None, out_w: int, err_w: int) -> None
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _stop_timer(solver, stop_at: float | None) -> threading.Timer | None:
+    """A started timer that stops `solver`'s search at `stop_at` (`time.monotonic()`), or None."""
+    if stop_at is None:
+        return None
+    timer = threading.Timer(max(0.0, stop_at - time.monotonic()), solver.StopSearch)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _die_with_parent() -> None:  # pragma: no cover (the child)
@@ -263,11 +273,7 @@ def _how_it_ended(status: int, err: bytes) -> str:
 def _solve_here(solver, model, stop_at: float | None) -> Solved:
     """Solve in this process (where it cannot fork): the search runs on a helper thread, so that a
     Ctrl-C (delivered to the main thread) stops it at once and is raised to the caller."""
-    timer = None
-    if stop_at is not None:
-        timer = threading.Timer(max(0.0, stop_at - time.monotonic()), solver.StopSearch)
-        timer.daemon = True
-        timer.start()
+    timer = _stop_timer(solver, stop_at)
     try:
         worker = threading.Thread(target=solver.Solve, args=(model,), name="schedc-cpsat", daemon=True)
         worker.start()
@@ -281,4 +287,4 @@ def _solve_here(solver, model, stop_at: float | None) -> Solved:
     finally:
         if timer is not None:
             timer.cancel()
-    return Solved(solver.response_proto)
+    return _solved(solver.response_proto)
