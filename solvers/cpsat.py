@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib
 import math
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -513,6 +514,22 @@ def warm_up() -> None:
     importlib.import_module(_CP_MODEL)
 
 
+def warm_up_in_background() -> threading.Thread:
+    """`warm_up` on a daemon thread, so that a launcher's start-up does not wait for it. A replan
+    that comes while the import is still under way does not wait for it either: it plans as if
+    OR-Tools were not loaded (`loaded`)."""
+    thread = threading.Thread(target=warm_up, name="schedc-ortools-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def loaded() -> bool:
+    """Whether OR-Tools' CP-SAT module is imported completely. A module that another thread is
+    still importing is in `sys.modules` already; using it then would wait on that import."""
+    module = sys.modules.get(_CP_MODEL)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
 # -- the solver ----------------------------------------------------------------
 
 
@@ -603,7 +620,7 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
         if wall_left < MIN_SEARCH_S:
             return finish(best, "fallback", float(span_bound(best)), float(lb),
                           f"{seed_name}: no time left for CP-SAT before the deadline", cut=True)
-        if _CP_MODEL not in sys.modules and wall_left < _IMPORT_S + MIN_SEARCH_S:
+        if not loaded() and wall_left < _IMPORT_S + MIN_SEARCH_S:
             return finish(best, "fallback", float(span_bound(best)), float(lb),
                           f"{seed_name}: no time to load OR-Tools before the deadline (call "
                           "schedc.solvers.cpsat.warm_up() at start-up)", cut=True)

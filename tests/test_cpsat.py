@@ -331,3 +331,34 @@ def test_cpsat_bound_is_claimed_only_for_the_whole_instance():
     # every stage has one executor (here 0, 2 and 3, not the slow GPUs' pipeline 1).
     cuts = cpsat._forward_order_cuts(inst, seed, set(range(inst.dp)))
     assert {a.dp for a, _ in cuts} == {0, 2, 3}
+
+
+def test_or_tools_counts_as_loaded_only_once_its_import_has_finished(monkeypatch, tmp_path):
+    """A replan while `warm_up_in_background` is still importing must not use the half-imported
+    module (it would wait for the import): `loaded` says no until the import is done."""
+    import builtins
+    import sys
+    import threading
+
+    import schedc.solvers.cpsat as cpsat
+
+    name = "schedc_test_slow_import"
+    (tmp_path / f"{name}.py").write_text("import builtins\nbuiltins._schedc_test_gate.wait(60)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cpsat, "_CP_MODEL", name)
+    gate = threading.Event()
+    monkeypatch.setattr(builtins, "_schedc_test_gate", gate, raising=False)
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    assert not cpsat.loaded()
+    thread = cpsat.warm_up_in_background()
+    try:
+        for _ in range(6000):  # until the import has begun (the module is in sys.modules)
+            if name in sys.modules:
+                break
+            thread.join(0.01)
+        assert name in sys.modules and not cpsat.loaded()
+    finally:
+        gate.set()
+        thread.join(60)
+    assert not thread.is_alive() and cpsat.loaded()
+    monkeypatch.delitem(sys.modules, name)

@@ -15,7 +15,7 @@ import pytest
 
 import schedc
 from live_data import STUCK_MARKER
-from live_support import WAIT_S, check_exact, children_of, compiled, wait_until
+from live_support import WAIT_S, check_exact, children_of, compiled, spec_text, wait_until
 from schedc.live import TrainError, train
 from test_runtime_support import max_weight_diff
 
@@ -355,3 +355,22 @@ def test_the_command_e553_names_resumes_the_run(tmp_path):
     proc = _schedc(*words[1:])
     assert proc.returncode == 0, proc.stderr
     assert "8 iterations done" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("solver, loads", [("cpsat", True), ("greedy", False)])
+def test_a_cpsat_plans_run_loads_or_tools_at_start_up_so_its_replans_can_use_it(tmp_path, solver, loads):
+    """OR-Tools' import does not fit a replan's deadline; `train` loads it while the workers start
+    (on a thread of its own), for plans whose replans use CP-SAT, and only for those."""
+    out = tmp_path / "out"
+    schedc.compile(spec_text().replace("solver = greedy", f"solver = {solver}")).write(out)
+    code = ("import sys, threading\n"
+            "from schedc.live import train\n"
+            f"train({str(out)!r}, iterations=2, emulate=True)\n"
+            "for t in threading.enumerate():\n"
+            "    if t.name == 'schedc-ortools-warm-up':\n"
+            f"        t.join({WAIT_S})\n"
+            "from schedc.solvers import cpsat\n"
+            "print('loaded', cpsat.loaded())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"loaded {loads}"

@@ -46,7 +46,7 @@ from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
 from schedc.live.slowness import Slowness
 from schedc.live.world import LocalWorld, World
-from schedc.live.transitions import TICK, Transitions
+from schedc.live.transitions import TICK, Transitions, replan_solver
 from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
 
@@ -213,6 +213,12 @@ class Supervisor(Transitions):
         self._announce(self.plan, restore=restore, reason=f"resume from {Path(restore).name}" if restore else "start")
         self._start_workers(self.gen.members)
         self.phase = Phase.STARTING
+        if replan_solver(spec) == "cpsat":
+            # OR-Tools' import (0.4-1.2 s) does not fit the first replan's deadline (0.5 s by default),
+            # which would otherwise always plan with greedy alone ("no time to load OR-Tools").
+            from schedc.solvers import cpsat
+
+            cpsat.warm_up_in_background()
 
     # -- the loop --------------------------------------------------------------------------------
 

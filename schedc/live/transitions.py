@@ -39,6 +39,13 @@ TICK = 0.005
 FENCE_WAIT = 5.0
 
 
+def replan_solver(spec) -> str:
+    """The solver a live replan of a plan compiled from `spec` uses: the spec's when it can
+    re-route (templates cannot), else cpsat."""
+    chosen = spec.schedule.solver
+    return chosen if chosen in ("cpsat", "greedy") else "cpsat"
+
+
 class Transitions:
     """Generation changes of a `Supervisor` (see the module docstring)."""
 
@@ -141,8 +148,7 @@ class Transitions:
     def _replan(self, base: Plan, events: Sequence[Failure], solver: str | None = None) -> Plan:
         from schedc.replan import replan
 
-        chosen = base.spec.schedule.solver
-        solver = solver or (chosen if chosen in ("cpsat", "greedy") else "cpsat")  # templates cannot re-route
+        solver = solver or replan_solver(base.spec)
         plan = replan(base, list(events), deadline=self.options.replan_deadline, solver=solver)
         failed = failure_of(plan.schedule.solver.detail)
         if failed:  # contained (solvers/sandbox.py): the run goes on with the plan found before the search
