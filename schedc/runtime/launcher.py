@@ -134,8 +134,7 @@ class Launch:
                     errors.setdefault(r, [{"code": "E532", "message": f"rank {r} made no progress for "
                                            f"{limit:g} s and was stopped"}])
                 break
-        for p in self.processes.values():
-            p.join()
+        self.local.stop_all(grace=0)  # every rank has ended: joined, and this process stops adopting orphans
         while self._receive(handle, timeout=0):  # reports that raced with the exits
             pass
         self._raise_if_failed(errors)

@@ -14,8 +14,9 @@ stdlib takes the end of its pipe (the forkserver killed) for the exit of
 every rank it ever started. Here each rank is watched by a pidfd of its own
 (Linux), which is readable when that process, and only it, has ended; its
 status still comes from the forkserver, or, if the forkserver is gone, from
-`waitpid` (this process made itself the subreaper of its descendants, so
-the orphaned ranks are its children then). A dead forkserver is replaced
+`waitpid` (while it has ranks, this process is the subreaper of its
+descendants, so the orphaned ranks are its children then; not otherwise, or
+it would adopt, and never reap, the orphans of every program it runs). A dead forkserver is replaced
 the next time a rank is started, and said so in one line; one that dies
 while a rank is being started is replaced and the start retried.
 """
@@ -52,6 +53,7 @@ SERVER_EXIT_WAIT = 5.0
 _CONTEXT = None
 _STARTED: set[int] = set()  # pids of every rank any `LocalProcesses` of this process started
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 class StartError(Exception):
@@ -67,7 +69,6 @@ def forkserver_context():
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the forkserver and the ranks
         # gloo's C++ warnings repeat what the diagnostics say, once per rank and peer.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        _become_subreaper()
         _CONTEXT = WatchedForkServerContext()
         _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "schedc.runtime.warmup",
                                          "schedc.runtime.rank", "schedc.runtime.primitives",
@@ -75,18 +76,54 @@ def forkserver_context():
     return _CONTEXT
 
 
-def _become_subreaper() -> bool:
-    """Orphaned descendants (the ranks of a forkserver that died) become this process's children,
-    so their exit statuses can be waited for. Linux only; whether it worked."""
+def _set_subreaper(on: bool) -> bool:
+    """While on, orphaned descendants (the ranks of a forkserver that died) become this process's
+    children, so their exit statuses can be waited for. Linux only; whether it worked."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def is_subreaper() -> bool:
+    """Whether this process adopts its orphaned descendants now (Linux; False elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        return libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag.value)
+    except (OSError, AttributeError):
+        return False
+
+
+_holders = 0  # `LocalProcesses` with ranks started and not stopped: while any, this process is a subreaper
+
+
+def _hold() -> None:
+    """A `LocalProcesses` starts ranks: adopt orphans from now on (see `_release`)."""
+    global _holders
+    _holders += 1
+    if _holders == 1:
+        _set_subreaper(True)
+
+
+def _release() -> None:
+    """A `LocalProcesses` stopped its ranks: once none holds any, stop adopting orphans. A process
+    that stayed a subreaper would adopt the orphans of every other program it ever runs (a
+    `subprocess` that exits before its own children), and nothing would reap them: zombies for
+    the rest of a long-lived launcher's life."""
+    global _holders
+    _holders = max(0, _holders - 1)
+    if _holders == 0:
+        _set_subreaper(False)
 
 
 def forkserver_pid() -> int | None:
@@ -115,6 +152,16 @@ def stop_forkserver(timeout: float = STOP_WAIT) -> int | None:
     pid = forkserver_pid()
     if server is None or pid is None:
         return None
+    _hold()  # the forkserver's orphans must become this process's children, to be found and reaped
+    try:
+        _stop_server(server, pid, timeout)
+    finally:
+        _release()
+    return pid
+
+
+def _stop_server(server, pid: int, timeout: float) -> None:
+    forked = _child_pids(str(pid))  # ended ones too: a zombie it did not reap yet becomes this process's
     with server._lock:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -131,7 +178,8 @@ def stop_forkserver(timeout: float = STOP_WAIT) -> int | None:
             except OSError:
                 pass
         server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
-    strays = _children("multiprocessing.forkserver")
+    mine = set(_child_pids(str(os.getpid())))
+    strays = sorted(set(_children("multiprocessing.forkserver")) | (set(forked) & mine))
     for stray in strays:
         try:
             os.kill(stray, signal.SIGKILL)
@@ -140,7 +188,6 @@ def stop_forkserver(timeout: float = STOP_WAIT) -> int | None:
     _wait_gone(strays, timeout)
     for stray in strays:
         _reap(stray)
-    return pid
 
 
 def _wait_gone(pids: list[int], timeout: float) -> None:
@@ -211,6 +258,26 @@ def _children(word: str) -> list[int]:
         except (OSError, IndexError):
             continue
         if len(fields) > 1 and fields[1] == me and fields[0] != "Z" and word in cmdline:
+            found.append(int(name))
+    return found
+
+
+def _child_pids(parent: str) -> list[int]:
+    """Every child process of pid `parent`, ended ones not yet reaped included (Linux's /proc)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == parent:
             found.append(int(name))
     return found
 
@@ -322,6 +389,7 @@ class LocalProcesses:
         self.processes: dict[int, mp.Process] = {}
         self._reported: set[int] = set()  # pids whose exit `exits` returned
         self._server: int | None = None  # the forkserver the last rank was started from
+        self._holding = False  # this process is a subreaper on its behalf (`_hold`)
 
     def start(self, rank: int, target: Callable, args: tuple, name: str) -> bool:
         """Start `target(*args)` as rank `rank`'s process unless one runs; whether it started one.
@@ -330,6 +398,9 @@ class LocalProcesses:
         if old is not None and old.exitcode is None:
             return False
         watched = isinstance(self.context, WatchedForkServerContext)
+        if watched and not self._holding:
+            self._holding = True
+            _hold()
         broke: list[str] = []  # how each failed try ended
         seen = [self._server]  # the forkservers this start went through
         for _ in range(START_TRIES if watched else 1):
@@ -461,3 +532,6 @@ class LocalProcesses:
         self.signal(self.alive(), "kill")
         for p in self.processes.values():
             p.join(5.0)
+        if self._holding and not self.alive():
+            self._holding = False
+            _release()
