@@ -180,14 +180,20 @@ def _still_running(started: dict[int, str]) -> list[int]:
     return left
 
 
+# (command, its line for iteration 1, its last line of a run of 30 iterations)
+COMMANDS = {"train": ("iteration    1", "30 iterations done"), "run": ("iteration 1:", "iteration 29:")}
+
+
 @pytest.mark.e2e
+@pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("how", ["to the end", "Ctrl-C mid-run"])
-def test_train_leaves_no_forkserver_or_worker_behind(tmp_path, how):
-    """`schedc train` started a forkserver and its workers: when the command has exited, none of
-    them runs any more, at a normal end (exit 0) as after a real Ctrl-C mid-run (exit 130).
-    (The forkserver used to end by itself once the command and every worker had closed its
-    pipe, then tear down its torch import: an orphan for seconds.)"""
+def test_train_and_run_leave_no_forkserver_or_worker_behind(tmp_path, command, how):
+    """`schedc train` and `schedc run` start a forkserver and their workers: when the command has
+    exited, none of them runs any more, at a normal end (exit 0) as after a real Ctrl-C mid-run
+    (exit 130). (The forkserver used to end by itself once the command and every worker had
+    closed its pipe, then tear down its torch import: an orphan for seconds.)"""
     out = compiled(tmp_path)
+    first, last = COMMANDS[command]
     seen: dict[int, str] = {}
 
     def workers_run() -> bool:  # the forkserver and its 4 workers, recorded while they run
@@ -195,7 +201,7 @@ def test_train_leaves_no_forkserver_or_worker_behind(tmp_path, how):
         return len(seen) >= 5
 
     if how == "to the end":
-        cmd = Command(tmp_path, "train", out, "--iterations", "30")
+        cmd = Command(tmp_path, command, out, "--iterations", "30")
         try:
             wait_until(lambda: workers_run() or not cmd.running(), "the workers to run", poll=0.002,
                        state=cmd.stderr.read_text)
@@ -204,10 +210,10 @@ def test_train_leaves_no_forkserver_or_worker_behind(tmp_path, how):
             if cmd.running():
                 os.killpg(cmd.proc.pid, signal.SIGKILL)
         assert cmd.proc.returncode == 0, cmd.stderr.read_text()
-        assert "30 iterations done" in cmd.stdout.read_text()
+        assert last in cmd.stdout.read_text()
     else:
-        cmd = Command(tmp_path, "train", out, "--iterations", "1000")
-        cmd.signal_when(lambda: workers_run() and "iteration    1" in cmd.stdout.read_text(), "iteration 1's line")
+        cmd = Command(tmp_path, command, out, "--iterations", "1000")
+        cmd.signal_when(lambda: workers_run() and first in cmd.stdout.read_text(), "iteration 1's line")
         assert cmd.proc.returncode == 130, cmd.stderr.read_text()
     assert len(seen) >= 5, f"the test saw {sorted(seen)}, not a forkserver and 4 workers: it proves nothing"
     # The command has exited: what it started has ended before it (no wait here).

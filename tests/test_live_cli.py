@@ -208,14 +208,21 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
         # As a user would: start the agent once the supervisor says it waits for agents.
         wait_until(lambda: "schedc agent --store" in stdout.read_text() or sup.poll() is not None,
                    "the supervisor to wait for agents", state=stderr.read_text)
-        agent = subprocess.run([sys.executable, "-m", "schedc", "agent", "--store", f"127.0.0.1:{port}", "--host",
-                                "1"], capture_output=True, text=True, env=_env(), timeout=120)
+        with (tmp_path / "agent.txt").open("w") as e:  # (a pipe would be held open by what outlives the agent)
+            agent = subprocess.Popen([sys.executable, "-m", "schedc", "agent", "--store", f"127.0.0.1:{port}",
+                                      "--host", "1"], stdout=e, stderr=e, env=_env(), start_new_session=True)
+        agent.wait(timeout=120)
+        # The agent has exited: its forkserver and workers have ended before it (no wait here).
+        left = _descendants_of_session(agent.pid)
         sup.wait(timeout=WAIT_S)
     finally:
         if sup.poll() is None:
             sup.kill()
+        if agent is not None and agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
     stdout, stderr = stdout.read_text(), stderr.read_text()
-    assert agent.returncode == 0, agent.stderr
+    assert agent.returncode == 0, (tmp_path / "agent.txt").read_text()
+    assert left == [], f"the agent's processes still ran after it exited: {left}"
     assert sup.returncode == 0, stderr
     # The node is named once all its ranks are seen dead; under heavy load their deaths may reach the
     # supervisor in two batches (a GPU of node 1 first, then the node, one generation later), as in

@@ -29,6 +29,11 @@ def run(args: argparse.Namespace) -> int:
         raise RunError([error("E557", f"--host must be 1 or more (host 0 runs the supervisor), got {args.host}")])
     job = connect(args.store, args.timeout,
                   hint="start `schedc train OUT --hosts N` first and use the address it prints")
+    from schedc.runtime.processes import stop_forkserver
+
     with sigterm_as_interrupt():  # the way out of Ctrl-C: every worker of this host is stopped
-        Agent(job, args.host).serve()
+        try:
+            Agent(job, args.host).serve()
+        finally:
+            stop_forkserver()  # this host's workers are stopped: their forkserver ends now, not as an orphan
     return 0

@@ -54,9 +54,16 @@ def run(args: argparse.Namespace) -> int:
             loss = "" if args.emulate else f"  loss {rep.loss:.6f}"
             print(f"iteration {rep.iteration}: {rep.end - rep.start:.4f} s{loss}", flush=True)
 
-    result = launch(Path(args.out), iterations=args.iterations, emulate=args.emulate,
-                    timeout=args.timeout, want_weights=bool(args.save_weights), progress=progress,
-                    device=args.device, backend=args.backend)
+    from schedc.runtime.processes import stop_forkserver
+
+    try:
+        result = launch(Path(args.out), iterations=args.iterations, emulate=args.emulate,
+                        timeout=args.timeout, want_weights=bool(args.save_weights), progress=progress,
+                        device=args.device, backend=args.backend)
+    finally:
+        # The ranks are stopped by now: their forkserver ends with the command, not seconds
+        # after it as an orphan tearing down its torch import.
+        stop_forkserver()
     if args.save_weights:
         import torch
 
