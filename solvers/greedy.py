@@ -270,8 +270,10 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     return solve_counted(instance, options)[0]
 
 
-def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, float]:
-    """(plan, work spent in calibrated seconds: `UNITS_PER_S`): the best of greedy's candidate
+def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, float, float]:
+    """(plan, work spent in calibrated seconds: `UNITS_PER_S`, wall seconds the slowest
+    candidate took per iteration it played: what a caller under a deadline can expect another
+    plan of this size to cost to build and time): the best of greedy's candidate
     plans; E315 if a stage has no live GPU, E310 if one microbatch does not fit on some GPU.
 
     Candidates are tried in a fixed order (`_in_order_of_promise`) until one reaches the
@@ -356,4 +358,4 @@ def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, 
                              + (", the proven lower bound)" if optimal else ")")
                              + (f"; {skipped} more skipped at the deadline" if skipped else ""),
                       stopped_by="deadline" if cut and not optimal else "work")
-    return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info), units / UNITS_PER_S
+    return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info), units / UNITS_PER_S, slowest
