@@ -296,6 +296,7 @@ def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, 
     bound = period_lower_bound(instance)
     best: tuple[int, str, ProgramGraph] | None = None
     listed: dict[tuple, tuple[int, str, ProgramGraph]] = {}  # placement -> its fastest candidate
+    timed: list[tuple[int, str, ProgramGraph]] = []  # list-scheduled candidates, in order tried
     tried = 0
     deadline = options.deadline
     skipped = 0
@@ -327,14 +328,18 @@ def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, 
         if best is None or period < best[0]:
             best = (period, name, graph)
         if not _is_template(name) and search:
-            placement = tuple(map(tuple, executor_of(instance, codes)))
-            if placement not in listed or period < listed[placement][0]:
-                listed[placement] = (period, name, graph)
+            timed.append((period, name, graph))
     assert best is not None  # candidates() always yields at least one plan
     period, name, graph = best
     polished = ""
     cut = bool(skipped)
     if period > bound and not cut and search:
+        # The placement of each list-scheduled candidate, read only now that the search runs
+        # (a replan that stops after one candidate never needs it).
+        for p, n, g in timed:
+            placement = tuple(map(tuple, executor_of(instance, g.programs)))
+            if placement not in listed or p < listed[placement][0]:
+                listed[placement] = (p, n, g)
         # Each placement once (several rules share one), fastest first, ties in candidate order.
         firsts = sorted(listed.values(), key=lambda x: x[0])
         starts = [Start(p, g, _rescheduler(instance, n), _rounds(n)) for p, n, g in firsts]
