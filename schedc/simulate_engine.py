@@ -482,7 +482,9 @@ class ProgramGraph:
         """One iteration, each op as early as allowed, ranks in order and O last on each.
 
         The tuple is remembered (`graph_of`): a schedule made of it needs no graph built
-        again to be simulated."""
+        again to be simulated, unless two ops of a rank start at the same time (zero-length
+        ops), where the schedule's program order (`Schedule.programs`: by start, then end and
+        op id) may differ from this graph's."""
         known = self.__dict__.get("_ops")
         if known is not None:
             return known
@@ -492,17 +494,24 @@ class ProgramGraph:
         out = []
         S, M = inst.pp, inst.microbatches
         names = kind_names(inst)
+        ties = False
         for g in inst.live_gpus():
             r = g.rank
+            before = -1
             for c in self.programs.get(r, ()):
                 us, k = divmod(c, 3)  # decode_op, inlined: this runs once per op of every plan
                 u, s = divmod(us, S)
                 d, m = divmod(u, M)
-                out.append(scheduled_op(r, names[k], d, s, m, end[c] - dur[c], end[c]))
+                start = end[c] - dur[c]
+                ties = ties or start <= before
+                before = start
+                out.append(scheduled_op(r, names[k], d, s, m, start, end[c]))
             o = self.o0 + r
+            ties = ties or end[o] - dur[o] <= before
             out.append(scheduled_op(r, "O", g.dp, g.pp, None, end[o] - dur[o], end[o]))
         ops = self._ops = tuple(out)
-        _BY_OPS.append(self)
+        if not ties:
+            _BY_OPS.append(self)
         return ops
 
     def first_starts(self) -> dict[int, int]:

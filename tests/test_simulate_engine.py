@@ -142,3 +142,19 @@ def test_a_graph_keeps_a_run_per_number_of_iterations():
     assert graph.run(STEADY_ITERATIONS) == graph._run(STEADY_ITERATIONS, None)
     assert graph.run(1) == graph._run(1, None)
     assert set(graph._runs) == {1, STEADY_ITERATIONS}
+
+
+def test_a_schedule_with_ops_that_start_together_is_simulated_from_its_own_order():
+    """Zero-length W ops start when the next op does: the schedule's program order then breaks
+    the tie by end and op id (`Schedule.programs`), which need not be the planner's, so
+    `graph_of` gives no graph for it and `simulate` runs the schedule's own order."""
+    from schedc.simulate import simulate
+    from schedc.simulate_engine import graph_of
+
+    inst = make_instance(2, 3, 4, backward_weight=0, optimizer=100)
+    sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    starts = [[op.start for op in prog] for prog in sched.programs.values()]
+    assert any(len(set(s)) < len(s) for s in starts)  # the case this test is about
+    assert graph_of(sched) is None
+    programs = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
+    assert simulate(sched).iteration_end == run_programs(inst, programs, STEADY_ITERATIONS).iteration_end
