@@ -205,6 +205,8 @@ def retime(instance: Instance, schedule: Schedule, info: SolverInfo) -> Schedule
     codes: dict[int, list[int]] = {}
     n_ops = 0
     for r, ops in schedule.programs.items():
+        if r not in live:
+            continue  # (a GPU with no ops at all: one with ops returned None above)
         g = inst.gpu_of_rank(r)
         prog: list[int] = []
         for step, op in enumerate(ops):
