@@ -21,7 +21,9 @@ Reported:
     python bench/live_slowness.py --replot DIR/report.json [-o DIR]   # the plots again, no run
 
 docs/figures/live-slow-0.5.svg and live-slow-0.8.svg are this script's
-slow-0.5.svg and slow-0.8.svg; report.json keeps what they are drawn from.
+slow-0.5.svg and slow-0.8.svg; report.json keeps what they are drawn from, and
+docs/figures/live-slowness.json is the slow rows of the run they come from
+(``--replot docs/figures/live-slowness.json -o DIR`` draws them again).
 """
 
 from __future__ import annotations

@@ -46,9 +46,12 @@ from schedc.verify import verify_schedule
 #: Seconds per op kept out of the solver's share of the deadline for verifying and simulating
 #: the new schedule, and a floor: what lets a replan whose solver stopped in time still end
 #: within its deadline. 2.5x the per-op time of `verify_schedule` and `simulate` together at
-#: 6,000 ops when this was set (8 us). Re-measure: `python bench/verify_speed.py` (the
-#: verifier per size), and `python bench/replan_latency.py --deadlines 0.1` must keep its
-#: max wall time under the deadline.
+#: 6,000 ops when this was set (8 us); since the simulator reuses the planner's graph and run
+#: (`simulate_engine.graph_of`) the two take 1.7 us per op at 6,144 ops, and the margin is
+#: kept for a plan the simulator must build a graph for and for the parts of a plan by
+#: classes. Re-measure: `python bench/verify_speed.py` (the verifier per size), and
+#: `python bench/replan_latency.py --deadlines 0.1` must keep its max wall time under the
+#: deadline.
 _CHECK_S_PER_OP = 20e-6
 _CHECK_S_MIN = 0.02
 #: Seconds per GPU kept out for what a plan by classes does per GPU, not per op (the layout's

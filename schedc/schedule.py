@@ -57,6 +57,19 @@ class ScheduledOp:
         return str(self.id)
 
 
+_new = object.__new__
+
+
+def scheduled_op(rank: int, kind: OpKind, dp: int, pp: int, mb: int | None, start: int, end: int) -> ScheduledOp:
+    """`ScheduledOp(rank, kind, dp, pp, mb, start, end)`, the same frozen object (equal, same
+    hash), made without the frozen dataclass's guarded assignment of each field: under half the
+    cost, for the engine, which makes one per op of every plan (6,144 ops at 64 GPUs: 12 ms of
+    a replan's floor, 5 ms this way; re-measure with `python -m timeit`)."""
+    op = _new(ScheduledOp)
+    op.__dict__.update(rank=rank, kind=kind, dp=dp, pp=pp, mb=mb, start=start, end=end)
+    return op
+
+
 def _program_order(op: ScheduledOp) -> tuple:
     """(start, end, then the op's identity as `OpId` orders it), without building an OpId."""
     return (op.start, op.end, op.kind, op.dp, op.pp, -1 if op.mb is None else op.mb)

@@ -19,8 +19,8 @@ from typing import Mapping
 
 from schedc.memo import IdentityCache
 from schedc.schedule import Schedule, SolverInfo
-from schedc.simulate_engine import (STEADY_ITERATIONS, ProgramRun, combine_summaries, program_graph, run_programs,
-                                    steady_period)
+from schedc.simulate_engine import (STEADY_ITERATIONS, ProgramRun, combine_summaries, graph_of, program_graph,
+                                    run_programs, steady_period)
 from schedc.verify import memory_profile
 
 #: Iterations simulated back to back (K); the window averaged over is `schedc.simulate_engine.STEADY_WINDOW`.
@@ -117,21 +117,30 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
     if isinstance(schedule, SymmetricSchedule):
         return _simulate_symmetric(schedule, iterations)
     inst = schedule.instance
-    programs = schedule.programs
-    run = run_programs(inst, {r: [op.id for op in prog] for r, prog in programs.items()}, iterations)
+    graph = graph_of(schedule) if not inst.redundant_forward else None
+    if graph is not None:
+        # A planner's schedule, made by this graph from these very programs: run it (or take
+        # the run its planner already made) without sorting and encoding its ops again.
+        end, ends = graph.run(iterations)
+        run = ProgramRun(iteration_end=tuple(ends), _graph=graph, _end=tuple(end))
+        peaks = graph.peaks()
+    else:
+        programs = schedule.programs
+        run = run_programs(inst, {r: [op.id for op in prog] for r, prog in programs.items()}, iterations)
+        graph = run._graph  # its op durations are the ones the run used
+        peaks = {g.rank: memory_profile(inst, g.rank, programs.get(g.rank, ())).peak
+                 for g in inst.gpus if g.live}
     period = steady_period(run.iteration_end)
     busy: dict[int, int] = {}
     bubble: dict[int, float] = {}
     peak: dict[int, int] = {}
-    graph = run._graph  # its op durations are the ones the run used
     dur, o0 = graph.dur, graph.o0
     for g in inst.gpus:
         if not g.live:
             continue
-        prog = programs.get(g.rank, ())
         busy[g.rank] = sum(dur[c] for c in graph.programs.get(g.rank, ())) + dur[o0 + g.rank]
         bubble[g.rank] = 1.0 - busy[g.rank] / period if period > 0 else 0.0
-        peak[g.rank] = memory_profile(inst, g.rank, prog).peak
+        peak[g.rank] = peaks[g.rank]
     return SimResult(
         iteration_time=period,
         iteration_end=run.iteration_end,

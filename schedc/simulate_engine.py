@@ -27,15 +27,17 @@ what that op waits for; an op in two programs is E421.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from typing import Mapping, Sequence
 
 from schedc.diagnostics import VerificationError, error
 from schedc.memo import IdentityCache
 from schedc.instance import Instance
 from schedc.opgraph import optimizer_waits_for
-from schedc.schedule import OpId, ScheduledOp, Schedule, SolverInfo
+from schedc.schedule import OpId, ScheduledOp, Schedule, SolverInfo, scheduled_op
 
 #: Iterations run back to back, and the window of the last periods averaged (docs/architecture.md, the simulator).
 STEADY_ITERATIONS = 8
@@ -328,15 +330,18 @@ class ProgramGraph:
     def run(self, iterations: int, history: list[list[int]] | None = None) -> tuple[list[int], list[int]]:
         """End times by node in the last iteration, and T_k of every iteration; with `history`,
         a copy of every iteration's end times is appended to it. A graph's programs never change,
-        so the last run without history is kept: a planner times its plan (`period`) and the
-        simulator then runs the same graph as many iterations (a third of a 0.1 s replan at 64
-        GPUs was these runs)."""
-        kept = self.__dict__.get("_last_run")
-        if history is None and kept is not None and kept[0] == iterations:
-            return list(kept[1]), list(kept[2])
+        so each run without history is kept by its number of iterations: a planner times its
+        plan (`period`, K iterations), takes its schedule from one iteration (`scheduled_ops`),
+        and the simulator then runs the same graph K iterations again (a third of a 0.1 s
+        replan at 64 GPUs was these runs; when only the last run was kept, the one-iteration
+        run in between made the simulator's a fresh one)."""
+        runs = self.__dict__.setdefault("_runs", {})
+        kept = runs.get(iterations) if history is None else None
+        if kept is not None:
+            return list(kept[0]), list(kept[1])
         end, ends = self._run(iterations, history)
         if history is None:
-            self._last_run = (iterations, tuple(end), tuple(ends))
+            runs[iterations] = (tuple(end), tuple(ends))
         return end, ends
 
     def _run(self, iterations: int, history: list[list[int]] | None) -> tuple[list[int], list[int]]:
@@ -474,25 +479,70 @@ class ProgramGraph:
         return out
 
     def scheduled_ops(self) -> tuple[ScheduledOp, ...]:
-        """One iteration, each op as early as allowed, ranks in order and O last on each."""
+        """One iteration, each op as early as allowed, ranks in order and O last on each.
+
+        The tuple is remembered (`graph_of`): a schedule made of it needs no graph built
+        again to be simulated, unless two ops of a rank start at the same time (zero-length
+        ops), where the schedule's program order (`Schedule.programs`: by start, then end and
+        op id) may differ from this graph's."""
+        known = self.__dict__.get("_ops")
+        if known is not None:
+            return known
         inst = self.instance
         end, _ = self.run(1)
         dur = self.dur
         out = []
         S, M = inst.pp, inst.microbatches
         names = kind_names(inst)
+        ties = False
         for g in inst.live_gpus():
             r = g.rank
+            before = -1
             for c in self.programs.get(r, ()):
                 us, k = divmod(c, 3)  # decode_op, inlined: this runs once per op of every plan
                 u, s = divmod(us, S)
                 d, m = divmod(u, M)
-                out.append(ScheduledOp(rank=r, kind=names[k], dp=d, pp=s, mb=m,
-                                       start=end[c] - dur[c], end=end[c]))
+                start = end[c] - dur[c]
+                ties = ties or start <= before
+                before = start
+                out.append(scheduled_op(r, names[k], d, s, m, start, end[c]))
             o = self.o0 + r
-            out.append(ScheduledOp(rank=r, kind="O", dp=g.dp, pp=g.pp, mb=None,
-                                   start=end[o] - dur[o], end=end[o]))
-        return tuple(out)
+            ties = ties or end[o] - dur[o] <= before
+            out.append(scheduled_op(r, "O", g.dp, g.pp, None, end[o] - dur[o], end[o]))
+        ops = self._ops = tuple(out)
+        if not ties:
+            _BY_OPS.append(self)
+        return ops
+
+    def first_starts(self) -> dict[int, int]:
+        """Each live rank's first op's start in one iteration (its O's when it runs nothing
+        else): with `scheduled_ops`, a rank's span without sorting its ops."""
+        end, _ = self.run(1)
+        dur, o0 = self.dur, self.o0
+        out = {}
+        for g in self.instance.live_gpus():
+            prog = self.programs.get(g.rank)
+            first = prog[0] if prog else o0 + g.rank
+            out[g.rank] = end[first] - dur[first]
+        return out
+
+    def peaks(self) -> dict[int, int]:
+        """Each live rank's peak memory running its program once: what
+        `schedc.verify.memory_profile` gives for the same program, from the op codes."""
+        inst = self.instance
+        if inst.redundant_forward:
+            raise ValueError("peaks() does not model redundant computation")
+        decouple = inst.decouple_backward
+        delta: list[int] = []  # by code % (3 S): bytes an op of stage s adds, by kind
+        for c in inst.stages:
+            delta += [c.activation, -(c.activation - c.stash) if decouple else -c.activation,
+                      -c.stash if decouple else 0]
+        n = len(delta)
+        out = {}
+        for g in inst.live_gpus():
+            held = max(accumulate(delta[x % n] for x in self.programs.get(g.rank, ())), default=0)
+            out[g.rank] = inst.stages[g.pp].static + max(0, held)
+        return out
 
 
 #: Minus infinity for max-plus sums in integers: "no path".
@@ -547,6 +597,20 @@ def program_graph(instance: Instance, programs: Mapping[int, Sequence[OpId]]) ->
 
 
 _GRAPHS = IdentityCache(size=2)  # a graph holds its instance: few, so little is kept alive
+#: The last graphs whose `scheduled_ops` made a schedule's ops (a tuple cannot be weakly
+#: referenced, so the graphs, which hold their tuples, are kept: two, as `_GRAPHS`).
+_BY_OPS: deque = deque(maxlen=2)
+
+
+def graph_of(schedule: Schedule) -> "ProgramGraph | None":
+    """The graph whose one-iteration timing `schedule.ops` is (the very tuple its
+    `scheduled_ops` returned, so the same programs on the same instance), or None: a planner's
+    schedule can be simulated and measured without building its graph again."""
+    ops = schedule.ops
+    for graph in _BY_OPS:
+        if graph._ops is ops and graph.instance is schedule.instance:
+            return graph
+    return None
 
 
 def keep_graph(graph: ProgramGraph) -> None:

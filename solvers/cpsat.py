@@ -51,9 +51,9 @@ from schedc.opgraph import (
     optimizer_waits_for,
 )
 from schedc.schedule import OpId, Schedule, SolverInfo
-from schedc.simulate_engine import DeadlockError, schedule_from_programs
+from schedc.simulate_engine import DeadlockError, ProgramGraph, graph_of, schedule_from_programs
 from schedc.solvers import SolveOptions
-from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, program_peak, steady_iteration_time
+from schedc.solvers.common import fits_in_flight, fmt_bytes, gpu_name, steady_iteration_time
 from schedc.solvers.cpsat_bound import period_lower_bound
 from schedc.solvers.sandbox import SolverFailed, solve_contained
 
@@ -162,12 +162,20 @@ def check_feasible(instance: Instance) -> None:
 
 def iteration_time(schedule: Schedule) -> int:
     """Steady-state period of a schedule's programs, as the simulator measures it."""
+    graph = graph_of(schedule)
+    if graph is not None:  # a planner's schedule: its graph is the programs' (and may have run)
+        return graph.period()
     programs = {r: [op.id for op in ops] for r, ops in schedule.programs.items()}
     return steady_iteration_time(schedule.instance, programs)
 
 
 def span_bound(schedule: Schedule) -> int:
     """The largest per-GPU span (last end - first start): a period the schedule can repeat at."""
+    graph = graph_of(schedule)
+    if graph is not None:  # a planner's schedule: each rank's span without a pass over every op
+        end, _ = graph.run(1)
+        o0 = graph.o0
+        return max((end[o0 + r] - s for r, s in graph.first_starts().items()), default=0)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for op in schedule.ops:
@@ -180,38 +188,59 @@ def retime(instance: Instance, schedule: Schedule, info: SolverInfo) -> Schedule
     """The programs of `schedule` (possibly made for another instance) timed on `instance`.
 
     Returns None when they do not fit it: an executor that is no longer live,
-    an op that is missing or does not exist, or a deadlock.
+    an op that is missing or does not exist, an optimizer step that is not its
+    program's last op, a deadlock, or a GPU over its memory.
+
+    The ops are checked and encoded in one pass (no `OpId` per op, the executors allowed
+    per (pipeline, stage) looked up once), and the graph that times them also gives their
+    memory peaks: a replan under a deadline re-times the previous plan at about the cost of
+    one greedy candidate (`_RETIME_COST`).
     """
-    live = {g.rank for g in instance.live_gpus()}
-    try:
-        programs = {r: [op.id for op in ops] for r, ops in schedule.programs.items()}
-        if any(programs[r] for r in programs if r not in live):
-            return None
-        programs = {r: p for r, p in programs.items() if r in live}
-        expected = {OpId(k, d, s, m) for s in range(instance.pp) for d in range(instance.dp)
-                    for m in range(instance.microbatches) for k in compute_kinds(instance)}
-        expected |= {OpId("O", g.dp, g.pp) for g in instance.live_gpus()}
-        have = [op for p in programs.values() for op in p]
-        if len(have) != len(expected) or set(have) != expected:
-            return None
-        for r, p in programs.items():
-            g = instance.gpu_of_rank(r)
-            for op in p:
-                if op.pp != g.pp or (op.kind == "O" and op.dp != g.dp):
+    inst = instance
+    live = {g.rank for g in inst.live_gpus()}
+    if inst.redundant_forward or any(op.rank not in live for op in schedule.ops):
+        return None  # (before sorting any program: after a failure, the usual case)
+    D, S, M = inst.dp, inst.pp, inst.microbatches
+    kind_code = {k: i for i, k in enumerate(compute_kinds(inst))}
+    allowed: dict[tuple[int, int], tuple[int, ...]] = {}
+    codes: dict[int, list[int]] = {}
+    n_ops = 0
+    for r, ops in schedule.programs.items():
+        if r not in live:
+            continue  # (a GPU with no ops at all: one with ops returned None above)
+        g = inst.gpu_of_rank(r)
+        prog: list[int] = []
+        for step, op in enumerate(ops):
+            if op.pp != g.pp:
+                return None
+            if op.kind == "O":
+                if op.dp != g.dp or step != len(ops) - 1:
                     return None
-                if op.kind != "O" and r not in candidate_executors(instance, op.dp, op.pp):
-                    return None
-        out = schedule_from_programs(instance, programs, info)
-    except (DeadlockError, KeyError, IndexError):
+                continue
+            k = kind_code.get(op.kind)
+            if k is None or op.mb is None or not (0 <= op.dp < D and 0 <= op.mb < M):
+                return None
+            key = (op.dp, op.pp)
+            ranks = allowed.get(key)
+            if ranks is None:
+                ranks = allowed[key] = candidate_executors(inst, op.dp, op.pp)
+            if r not in ranks:
+                return None
+            prog.append(((op.dp * M + op.mb) * S + op.pp) * 3 + k)
+        if not ops or ops[-1].kind != "O":
+            return None  # every live GPU steps its optimizer, last
+        codes[r] = prog
+        n_ops += len(prog)
+    # Every compute op once: as many codes as ops, all distinct (each is in range, above).
+    if set(codes) != live or n_ops != D * S * M * len(kind_code) or len({c for p in codes.values() for c in p}) != n_ops:
         return None
-    return out if _peak_ok(out) else None
-
-
-def _peak_ok(schedule: Schedule) -> bool:
-    """Whether every GPU's memory stays within the limit."""
-    inst = schedule.instance
-    return all(program_peak(inst, r, [op.id for op in ops]) <= inst.gpu_memory
-               for r, ops in schedule.programs.items())
+    try:
+        graph = ProgramGraph(inst, codes)
+    except DeadlockError:
+        return None
+    if any(peak > inst.gpu_memory for peak in graph.peaks().values()):
+        return None
+    return Schedule(instance=inst, ops=graph.scheduled_ops(), solver=info)
 
 
 # -- the model -----------------------------------------------------------------
@@ -239,10 +268,20 @@ def _free_pipelines(instance: Instance, seed: Schedule, ops_per_pipeline: int) -
     if instance.fault_free:
         return set(range(instance.dp))
     free = {g.dp for g in instance.gpus if not g.live or g.speed < 1.0}
-    for op in seed.ops:
-        if op.kind != "O" and op.rank != instance.gpu(op.dp, op.pp).rank:
-            free.add(op.dp)
-            free.add(instance.gpu_of_rank(op.rank).dp)
+    graph = graph_of(seed)
+    if graph is not None:  # a planner's schedule: its op codes say whose microbatch each op is
+        per_dp = 3 * instance.pp * instance.microbatches  # code // per_dp: the op's pipeline
+        for r, prog in graph.programs.items():
+            own = instance.gpu_of_rank(r).dp
+            others = {c // per_dp for c in prog} - {own}
+            if others:
+                free.add(own)
+                free |= others
+    else:
+        for op in seed.ops:
+            if op.kind != "O" and op.rank != instance.gpu(op.dp, op.pp).rank:
+                free.add(op.dp)
+                free.add(instance.gpu_of_rank(op.rank).dp)
     affected = sorted({g.dp for g in instance.gpus if not g.live or g.speed < 1.0})
     extra = sorted((min(abs(d - a) for a in affected), d) for d in range(instance.dp) if d not in free)
     for _, d in extra:
@@ -533,6 +572,14 @@ def loaded() -> bool:
 # -- the solver ----------------------------------------------------------------
 
 
+#: What re-timing the previous plan (`retime`, then its steady-state time) costs in greedy
+#: candidates of the same instance: 1.06 at 32 and 64 GPUs when set (a slowdown, the `slow 0.6`
+#: rows of `python bench/replan_latency.py`); the margin keeps a replan that has time for one
+#: candidate only from starting it (re-measure: time `retime` and `iteration_time` against
+#: the third value of greedy's `solve_counted` under a deadline that allows one candidate).
+_RETIME_COST = 1.5
+
+
 def _seeds(instance: Instance, options: SolveOptions) -> tuple[list[Schedule], bool, float]:
     """(seeds, whether the deadline left one out or cut greedy's list short, the work greedy
     spent in calibrated seconds: `greedy.solve_counted`). Greedy's local search gets
@@ -543,11 +590,14 @@ def _seeds(instance: Instance, options: SolveOptions) -> tuple[list[Schedule], b
     # tight deadline still gets a good plan. The previous plan (re-timed on the new
     # instance) is tried only if time is left; it comes first in the list so that it wins
     # ties (a launcher would rather keep its plan than switch to an equally fast one).
-    first, spent = solve_counted(instance, replace(options, time_limit=options.time_limit * SEED_SHARE))
+    first, spent, candidate_s = solve_counted(instance, replace(options, time_limit=options.time_limit * SEED_SHARE))
     seeds = [first]
     cut = first.solver.stopped_by == "deadline"
     if options.hint is not None:
-        if options.deadline is not None and time.monotonic() >= options.deadline:
+        # Re-timing the previous plan builds and runs its graph and makes its ops, as a greedy
+        # candidate does, and then times its steady state: `_RETIME_COST` candidates.
+        if (options.deadline is not None
+                and time.monotonic() + _RETIME_COST * candidate_s >= options.deadline):
             cut = True
         else:
             warm = retime(instance, options.hint, SolverInfo(name=NAME, detail="warm start"))

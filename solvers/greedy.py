@@ -270,8 +270,10 @@ def solve(instance: Instance, options: SolveOptions) -> Schedule:
     return solve_counted(instance, options)[0]
 
 
-def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, float]:
-    """(plan, work spent in calibrated seconds: `UNITS_PER_S`): the best of greedy's candidate
+def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, float, float]:
+    """(plan, work spent in calibrated seconds: `UNITS_PER_S`, wall seconds the slowest
+    candidate took per iteration it played: what a caller under a deadline can expect another
+    plan of this size to cost to build and time): the best of greedy's candidate
     plans; E315 if a stage has no live GPU, E310 if one microbatch does not fit on some GPU.
 
     Candidates are tried in a fixed order (`_in_order_of_promise`) until one reaches the
@@ -294,6 +296,7 @@ def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, 
     bound = period_lower_bound(instance)
     best: tuple[int, str, ProgramGraph] | None = None
     listed: dict[tuple, tuple[int, str, ProgramGraph]] = {}  # placement -> its fastest candidate
+    timed: list[tuple[int, str, ProgramGraph]] = []  # list-scheduled candidates, in order tried
     tried = 0
     deadline = options.deadline
     skipped = 0
@@ -325,14 +328,18 @@ def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, 
         if best is None or period < best[0]:
             best = (period, name, graph)
         if not _is_template(name) and search:
-            placement = tuple(map(tuple, executor_of(instance, codes)))
-            if placement not in listed or period < listed[placement][0]:
-                listed[placement] = (period, name, graph)
+            timed.append((period, name, graph))
     assert best is not None  # candidates() always yields at least one plan
     period, name, graph = best
     polished = ""
     cut = bool(skipped)
     if period > bound and not cut and search:
+        # The placement of each list-scheduled candidate, read only now that the search runs
+        # (a replan that stops after one candidate never needs it).
+        for p, n, g in timed:
+            placement = tuple(map(tuple, executor_of(instance, g.programs)))
+            if placement not in listed or p < listed[placement][0]:
+                listed[placement] = (p, n, g)
         # Each placement once (several rules share one), fastest first, ties in candidate order.
         firsts = sorted(listed.values(), key=lambda x: x[0])
         starts = [Start(p, g, _rescheduler(instance, n), _rounds(n)) for p, n, g in firsts]
@@ -356,4 +363,4 @@ def solve_counted(instance: Instance, options: SolveOptions) -> tuple[Schedule, 
                              + (", the proven lower bound)" if optimal else ")")
                              + (f"; {skipped} more skipped at the deadline" if skipped else ""),
                       stopped_by="deadline" if cut and not optimal else "work")
-    return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info), units / UNITS_PER_S
+    return Schedule(instance=instance, ops=graph.scheduled_ops(), solver=info), units / UNITS_PER_S, slowest

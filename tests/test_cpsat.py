@@ -362,3 +362,35 @@ def test_or_tools_counts_as_loaded_only_once_its_import_has_finished(monkeypatch
         thread.join(60)
     assert not thread.is_alive() and cpsat.loaded()
     monkeypatch.delitem(sys.modules, name)
+
+
+@given(instances(max_dp=3, max_pp=3, max_microbatches=4, failures=False))
+def test_retime_times_the_old_programs_as_the_engine_would_or_refuses(instance):
+    """`retime` (the previous plan as a seed) checks and encodes the ops in one pass: where the
+    programs still fit it gives exactly `schedule_from_programs` of them, a verified schedule
+    within memory; after a failure of a GPU that ran ops, or a changed shape, None."""
+    from dataclasses import replace
+
+    from schedc.schedule import SolverInfo
+    from schedc.simulate_engine import schedule_from_programs
+    from schedc.solvers.cpsat import retime
+    from schedc.verify import memory_profile
+
+    old = get_solver("greedy")(instance, SolveOptions(time_limit=0.01))
+    info = SolverInfo(name="cpsat", detail="warm start")
+    g = instance.gpus[-1]
+    slowed = replace(instance, gpus=tuple(replace(x, speed=0.5) if x is g else x for x in instance.gpus))
+    got = retime(slowed, old, info)
+    programs = {r: [op.id for op in ops] for r, ops in old.programs.items()}
+    want = schedule_from_programs(slowed, programs, info)
+    fits = all(memory_profile(slowed, r, ops).peak <= slowed.gpu_memory for r, ops in want.programs.items())
+    if not fits:
+        assert got is None
+    else:
+        assert got is not None and got.ops == want.ops
+        verify_schedule(got)
+    if any(ops for r, ops in old.programs.items() if r == g.rank) and len(instance.live_gpus(g.pp)) > 1:
+        failed = replace(instance, gpus=tuple(replace(x, state="failed") if x is g else x for x in instance.gpus))
+        assert retime(failed, old, info) is None
+    if instance.microbatches > 1:
+        assert retime(replace(instance, microbatches=instance.microbatches - 1), old, info) is None

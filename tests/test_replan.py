@@ -109,6 +109,42 @@ def test_a_deadline_that_cuts_the_search_short_still_gives_a_verified_plan_that_
         assert schedc.replan(plan, event, deadline=NEVER).schedule.solver.stopped_by == "work"
 
 
+@pytest.mark.parametrize("event", ["fail gpu(dp=1, pp=1)", "slow gpu(dp=1, pp=1) speed = 0.6"])
+def test_a_deadline_that_passes_during_the_first_candidate_gives_that_plan_verified(plan, event):
+    """A fake clock that jumps past the deadline while greedy list-schedules its first
+    candidate (a machine that stalled the call), under a deadline no real replan here comes
+    near: every step after it sees no time left (the other candidates, the local search, the
+    previous plan's re-timing, CP-SAT), and what comes back is that first plan, verified and
+    simulated, saying that the deadline decided it (or optimal, which no search could beat).
+    Without the jump the same call ends on its work budget."""
+    import time
+
+    import schedc.solvers.greedy as greedy
+
+    real_clock, real_schedule = time.monotonic, greedy.list_schedule
+    jumped = [0.0]
+
+    def clock() -> float:
+        return real_clock() + jumped[0]
+
+    def stalled(*args, **kwargs):
+        jumped[0] = 10 * NEVER
+        return real_schedule(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(time, "monotonic", clock)
+        mp.setattr(greedy, "list_schedule", stalled)
+        new = schedc.replan(plan, event, deadline=NEVER)
+    assert jumped[0] > 0  # the first candidate did run
+    verify_schedule(new.schedule)
+    info = new.schedule.solver
+    assert info.stopped_by == "deadline" or info.status == "optimal", info
+    assert info.detail.startswith("greedy"), info  # greedy's plan: neither CP-SAT's nor the old one
+    assert new.metrics.iteration_time >= new.metrics.lower_bound - 1
+    with work_budget(WORK):
+        assert schedc.replan(plan, event, deadline=NEVER).schedule.solver.stopped_by == "work"
+
+
 def test_a_plan_proven_optimal_is_not_blamed_on_the_deadline(plan):
     """Greedy's first plan meets the lower bound here: no search could do better, so even under
     a deadline that cut everything short the plan is the work's (the same on any rerun)."""

@@ -97,3 +97,64 @@ def test_missing_and_duplicate_ops_are_reported():
         run_programs(inst, {0: [OpId("F", 0, 0, 0), OpId("B", 0, 0, 0)],
                             1: [OpId("F", 0, 1, 0), OpId("B", 0, 1, 0), OpId("F", 0, 1, 0)]})
     assert exc.value.codes == ["E421"]
+
+
+@given(inst=instances())
+def test_a_planners_schedule_simulates_as_the_same_ops_read_back(inst):
+    """`simulate` runs a planner's schedule on the graph that made it (`graph_of`: the very ops
+    tuple of `scheduled_ops`), with its memory peaks from the op codes (`ProgramGraph.peaks`),
+    and `cpsat.span_bound` reads each rank's span off that graph: every figure is what the
+    same ops in a tuple of their own (as loaded from schedule.json: no graph known) give."""
+    from schedc.schedule import Schedule, ScheduledOp, scheduled_op
+    from schedc.simulate import simulate
+    from schedc.simulate_engine import graph_of
+    from schedc.solvers.cpsat import span_bound
+
+    try:
+        sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    except InfeasibleError:
+        return
+    assert graph_of(sched) is not None
+    copy = Schedule(instance=inst, ops=tuple(ScheduledOp(**vars(op)) for op in sched.ops), solver=sched.solver)
+    assert graph_of(copy) is None and copy.ops == sched.ops
+    fast, slow = simulate(sched), simulate(copy)
+    assert (fast.iteration_time, fast.iteration_end) == (slow.iteration_time, slow.iteration_end)
+    assert dict(fast.busy_time) == dict(slow.busy_time)
+    assert dict(fast.peak_memory) == dict(slow.peak_memory)
+    assert span_bound(sched) == span_bound(copy)
+    op = sched.ops[0]
+    made = scheduled_op(op.rank, op.kind, op.dp, op.pp, op.mb, op.start, op.end)
+    assert made == op and hash(made) == hash(op) and repr(made) == repr(op)
+
+
+def test_a_graph_keeps_a_run_per_number_of_iterations():
+    """One iteration (a planner's schedule) and K (its period, the simulator's run) are kept
+    side by side: asking for one does not replace the other, and the copies given out are
+    the caller's to change."""
+    from schedc.simulate_engine import program_graph
+
+    inst = make_instance(2, 3, 4)
+    sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    graph = program_graph(inst, {r: [op.id for op in prog] for r, prog in sched.programs.items()})
+    k_end, k_ends = graph.run(STEADY_ITERATIONS)
+    one_end, _ = graph.run(1)
+    k_end[0] = one_end[0] = -1
+    assert graph.run(STEADY_ITERATIONS) == graph._run(STEADY_ITERATIONS, None)
+    assert graph.run(1) == graph._run(1, None)
+    assert set(graph._runs) == {1, STEADY_ITERATIONS}
+
+
+def test_a_schedule_with_ops_that_start_together_is_simulated_from_its_own_order():
+    """Zero-length W ops start when the next op does: the schedule's program order then breaks
+    the tie by end and op id (`Schedule.programs`), which need not be the planner's, so
+    `graph_of` gives no graph for it and `simulate` runs the schedule's own order."""
+    from schedc.simulate import simulate
+    from schedc.simulate_engine import graph_of
+
+    inst = make_instance(2, 3, 4, backward_weight=0, optimizer=100)
+    sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    starts = [[op.start for op in prog] for prog in sched.programs.values()]
+    assert any(len(set(s)) < len(s) for s in starts)  # the case this test is about
+    assert graph_of(sched) is None
+    programs = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
+    assert simulate(sched).iteration_end == run_programs(inst, programs, STEADY_ITERATIONS).iteration_end
