@@ -24,6 +24,7 @@ class FakeController:
         self.running: set[int] = {g.rank for g in plan.spec.gpus if g.live}
         self.lost: set[int] = set()
         self.notes: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str, dict]] = []  # the notes with their details
         self.replans: list[tuple] = []
         self.switches: list[dict] = []
         self.directives: dict[int, dict | None] = {}
@@ -44,6 +45,7 @@ class FakeController:
 
     def note(self, kind, message, **details):
         self.notes.append((kind, message))
+        self.events.append((kind, message, details))
 
     def replan(self, base, events, solver=None):
         self.replans.append((tuple(events), solver))
@@ -255,10 +257,11 @@ def test_slowness_finds_a_slow_gpu_and_acts_only_in_act_mode(plan, mode):
         assert ctl.switches == [] and "--fail-slow detect" in slowness.decisions[-1]["reason"]
 
 
-def _feed(slowness, ctl, speed_of, iterations, rates_of=None, noise=0.0, seed=0, wall_of=lambda i: 1.0):
+def _feed(slowness, ctl, speed_of, iterations, rates_of=None, noise=0.0, seed=0, wall_of=lambda i: 1.0,
+          stalls_of=None):
     """Every member's report of each iteration (speed_of(rank, i); the iteration lasting
-    wall_of(i) seconds), heartbeat rates first (rates_of(rank, i) beats per second), then the
-    iteration's tick."""
+    wall_of(i) seconds), heartbeat rates first (rates_of(rank, i) beats per second) and stalled
+    fractions (stalls_of(rank, i)), then the iteration's tick."""
     import dataclasses
     import random
 
@@ -266,6 +269,8 @@ def _feed(slowness, ctl, speed_of, iterations, rates_of=None, noise=0.0, seed=0,
     for i in iterations:
         if rates_of is not None:
             slowness.beat_rates({r: rates_of(r, i) for r in ctl.members})
+        if stalls_of is not None:
+            slowness.stalls({r: stalls_of(r, i) for r in ctl.members})
         for rank in ctl.members:
             (rep,) = _reports(rank, speed_of(rank, i) * (1 + rnd.uniform(-noise, noise)), [i])
             slowness.observe(dataclasses.replace(rep, t1=rep.t0 + wall_of(i)), 1.0)
@@ -336,6 +341,52 @@ def test_a_starved_rank_is_found_when_the_plans_first_iterations_were_slow(plan)
           wall_of=lambda i: 2.0 if i < 8 else 1.6 if i >= 30 else 1.0)
     (note,) = _slow_notes(ctl)
     _assert_slow(note, rank=2, speed=0.5, since=30)
+
+
+def _throttle_trace(rank, start, end, held, loaded, length, seed=0):
+    """Heartbeat rates and stalled fractions as bench/live_false_alarms.py saw them: every rank
+    under load beats at 0.65-1.0 of its peers' rate, now one now another; `rank`, held stopped
+    half the time from `start` to `end`, beats at 0.6-0.8 of theirs and its stall clock reads
+    `held` (what of its stops it sees), the others' 0-0.02."""
+    import random
+
+    rnd = random.Random(seed)
+    rates, stalls = {}, {}
+    for i in range(length):
+        for r in range(16):
+            throttled = r == rank and start <= i < end
+            rates[r, i] = 20.0 * (rnd.uniform(0.6, 0.8) if throttled else rnd.uniform(0.65, 1.0) if loaded else 1.0)
+            stalls[r, i] = held * rnd.uniform(0.8, 1.2) if throttled else rnd.uniform(0.0, 0.02)
+    return (lambda r, i: rates[r, i]), (lambda r, i: stalls[r, i])
+
+
+@pytest.mark.parametrize("loaded", [False, True])
+def test_a_process_held_stopped_half_the_time_is_found_by_its_stall_clock(plan, loaded):
+    # Rank 2 is stopped from outside (SIGSTOP/SIGCONT, 50% duty) from iteration 30 to 90; its
+    # stops fall between its millisecond ops, whose times stay healthy, and its heartbeat rate
+    # (0.6-0.8 of its peers') overlaps a healthy rank's under load (0.65 for seconds). Its stall
+    # clock sees a third of its stops (under load a stop is blurred); its peers' see nearly none.
+    # Found by that, dated from the throttle's start, and back once it ends; nobody else is.
+    rates_of, stalls_of = _throttle_trace(2, 30, 90, held=0.35, loaded=loaded, length=130)
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(130), noise=0.05, rates_of=rates_of, stalls_of=stalls_of,
+          wall_of=lambda i: 1.6 if 30 <= i < 90 else 1.0)
+    down, up = _slow_notes(ctl)
+    _assert_slow(down, rank=2, speed=0.65, since=30)
+    assert slowness.speeds[2] >= 0.95 and "back to full speed since iteration 9" in up
+    assert [e["signal"] for k, m, e in ctl.events if k == "slow"] == ["stall", "stall"]
+
+
+def test_a_starved_heartbeat_without_stalls_is_not_slow(plan):
+    # Under load every rank's heartbeat rate wanders (0.65-1.0 of its peers'), the run slows
+    # with the host, and no process is held stopped: nobody is slow.
+    rates_of, stalls_of = _throttle_trace(2, 30, 30, held=0.0, loaded=True, length=200)
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(200), noise=0.05, rates_of=rates_of, stalls_of=stalls_of,
+          wall_of=lambda i: 1.3 if i % 40 >= 20 else 1.0)
+    assert _slow_notes(ctl) == []
 
 
 def _slow_notes(ctl):

@@ -80,6 +80,7 @@ class Slowness:
         self.mode = mode
         self.trackers: dict[int, SpeedTracker] = {}  # rank -> its compute speed against its peers'
         self.beat_trackers: dict[int, SpeedTracker] = {}  # rank -> its heartbeat rate against its peers'
+        self.held_trackers: dict[int, SpeedTracker] = {}  # rank -> the share of time it ran, against its peers'
         self.speeds: dict[int, float] = {}  # rank -> the lower of the two, as last reported
         self.probes: dict[int, list[tuple[int, float]]] = {}  # rank -> its last probes (iterations done, speed)
         self.excluded: set[int] = set()
@@ -97,6 +98,7 @@ class Slowness:
         self._pace_rates: list[float] = []  # the members' median heartbeat rate meanwhile
         self._window: list[tuple[float, float | None]] = []  # the last walls (and host rates)
         self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
+        self._stalls: dict[int, float] = {}  # rank -> the share of the last second its process was held stopped
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
 
@@ -117,6 +119,10 @@ class Slowness:
         """The members' heartbeat rates now (beats per second, `Detector.beat_rates`)."""
         self._rates = rates
 
+    def stalls(self, fractions: dict[int, float]) -> None:
+        """The share of the last second each member's process was held stopped (`Detector.stall_fractions`)."""
+        self._stalls = fractions
+
     def _judge_rounds(self, upto: int) -> None:
         for it in sorted(k for k in self._rounds if k <= upto):
             self._judge(it, self._rounds.pop(it))
@@ -126,28 +132,35 @@ class Slowness:
         slowed for everyone is no one GPU's slowness), and against the rank's beat rate."""
         self._note_host(logs)
         avail = self._availability()
+        held = self._held()
         slowed = self._run_slowed(self._walls.pop(it, None))
         for rank, y in sorted(logs.items()):
             others = [v for r, v in logs.items() if r != rank]
             rel = y - statistics.median(others) if others else y
-            shifts = [self.trackers.setdefault(rank, SpeedTracker()).update(rel, it)]
+            shifts = {"compute": self.trackers.setdefault(rank, SpeedTracker()).update(rel, it)}
+            if rank in held:
+                shifts["stall"] = self.held_trackers.setdefault(rank, SpeedTracker()).update(held[rank], it)
             if rank in avail:
                 # A rank that beats less often than its peers slows the run only if the run is slowed:
                 # a heartbeat thread starved while the GPU keeps pace (a fresh process, a busy
                 # interpreter) is not a slow GPU; while the run keeps its pace, the signal reads healthy.
-                shifts.append(self.beat_trackers.setdefault(rank, SpeedTracker()).update(
-                    avail[rank] if slowed else 0.0, it))
-            shifts = [sh for sh in shifts if sh is not None]
+                shifts["heartbeat"] = self.beat_trackers.setdefault(rank, SpeedTracker()).update(
+                    avail[rank] if slowed else 0.0, it)
+            shifts = {name: sh for name, sh in shifts.items() if sh is not None}
             if not shifts:
                 continue
             compute = self.trackers[rank].speed if rank in self.trackers else 1.0
             beat = self.beat_trackers[rank].speed if rank in self.beat_trackers else 1.0
-            speed = min(compute, beat if beat <= BEAT_SLOW else 1.0)
+            ran = self.held_trackers[rank].speed if rank in self.held_trackers else 1.0
+            speed = min(compute, beat if beat <= BEAT_SLOW else 1.0, ran)
             if speed == self.speeds.get(rank, 1.0):
-                continue  # (one signal went back while the other still says slow)
+                continue  # (one signal went back while another still says slow)
             self.speeds[rank] = speed
-            shift = Shift(speed, min(sh.since for sh in shifts), it)
-            signal = "heartbeat" if speed < compute else "compute"
+            shift = Shift(speed, min(sh.since for sh in shifts.values()), it)
+            # (which measure says so: one that changed now to this speed, else the one at it)
+            now = {"compute": compute, "stall": ran, "heartbeat": beat}
+            signal = next((n for n in shifts if now[n] == speed), next((n for n, v in now.items() if v == speed),
+                                                                          next(iter(shifts))))
             if self.ctl.phase == Phase.RUNNING:
                 self._shift(rank, shift.speed, shift.since, it, signal)
             else:
@@ -199,6 +212,17 @@ class Slowness:
             mid = statistics.median(x for q, x in rates.items() if q != r)
             out[r] = math.log(v / mid)
         return out
+
+    def _held(self) -> dict[int, float]:
+        """Log of the share of time each member's process ran (was not held stopped: its stall
+        clock, `schedc.live.stall`) against the median of the other members': a process stopped
+        from outside half the time runs half as much as its peers, and one that load starves
+        (which its heartbeat rate cannot tell from that) is not stopped at all."""
+        members = set(self.ctl.members)
+        ran = {r: 1.0 - v for r, v in self._stalls.items() if r in members and v < 1.0}
+        if len(ran) < 3:  # two ranks cannot say which one is slow
+            return {}
+        return {r: math.log(v / statistics.median(x for q, x in ran.items() if q != r)) for r, v in ran.items()}
 
     def _note_host(self, logs: dict[int, float]) -> None:
         """How fast the host runs now against its start: the median over the members of their
@@ -351,7 +375,7 @@ class Slowness:
         if refused is None:
             self._log(d)
             expected = 1.0 if d.action == "restore" else d.speed
-            for trackers in (self.trackers, self.beat_trackers):
+            for trackers in (self.trackers, self.beat_trackers, self.held_trackers):
                 if d.rank in trackers:
                     trackers[d.rank].expect(expected)
             if d.rank in self.speeds:
@@ -360,6 +384,7 @@ class Slowness:
                 self.excluded.add(d.rank)
                 self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
                 self.beat_trackers.pop(d.rank, None)
+                self.held_trackers.pop(d.rank, None)
                 self.speeds.pop(d.rank, None)
         else:
             self._log(replace(d, verdict="ignore", reason=f"{d.reason}; no switch: {refused}"))
@@ -388,6 +413,7 @@ class Slowness:
         """A GPU (re)joined: its speed is learned afresh."""
         self.trackers.pop(rank, None)
         self.beat_trackers.pop(rank, None)
+        self.held_trackers.pop(rank, None)
         self.speeds.pop(rank, None)
         self.probes.pop(rank, None)
         self.excluded.discard(rank)
