@@ -10,8 +10,11 @@
   speed is taken against the median of the other members' in the same
   iteration; and its heartbeat rate against theirs (`Detector.beat_rates`:
   a process the OS runs half as much beats half as often, even when its
-  timed ops look healthy). Each signal has its own tracker (their noise
-  differs tenfold on a loaded host); the rank's speed is the lower of the two.
+  timed ops look healthy); and the share of time its process ran, not held
+  stopped, against theirs (`Detector.stall_fractions`, `schedc.live.stall`:
+  a throttled process is stopped, one that load starves is not, though both
+  beat less often). Each signal has its own tracker (their noise differs
+  tenfold on a loaded host); the rank's speed is the lowest of them.
 * **Detect**: one `SpeedTracker` per GPU (`schedc.live.changepoint`).
 * **Price and decide**: on a change, the options (keep, rebalance, exclude,
   restore) are priced with the planner and the simulator and handed to the
@@ -81,7 +84,7 @@ class Slowness:
         self.trackers: dict[int, SpeedTracker] = {}  # rank -> its compute speed against its peers'
         self.beat_trackers: dict[int, SpeedTracker] = {}  # rank -> its heartbeat rate against its peers'
         self.held_trackers: dict[int, SpeedTracker] = {}  # rank -> the share of time it ran, against its peers'
-        self.speeds: dict[int, float] = {}  # rank -> the lower of the two, as last reported
+        self.speeds: dict[int, float] = {}  # rank -> the lowest of the signals', as last reported
         self.probes: dict[int, list[tuple[int, float]]] = {}  # rank -> its last probes (iterations done, speed)
         self.excluded: set[int] = set()
         self.decisions: list[dict] = []
