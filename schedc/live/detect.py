@@ -250,7 +250,7 @@ class Detector:
         out = {}
         for rank, stalls in self._stalls.items():
             if len(stalls) >= 2 and now - stalls[0][0] >= STALL_SPAN / 2 and rank not in self._declared:
-                out[rank] = min(1.0, (stalls[-1][1] - stalls[0][1]) / 1000 / (now - stalls[0][0]))
+                out[rank] = min(1.0, max(0.0, (stalls[-1][1] - stalls[0][1]) / 1000 / (now - stalls[0][0])))
         return out
 
     def exited(self, rank: int, code: int, now: float) -> Suspect | None:
