@@ -378,6 +378,21 @@ def test_a_process_held_stopped_half_the_time_is_found_by_its_stall_clock(plan, 
     assert [e["signal"] for k, m, e in ctl.events if k == "slow"] == ["stall", "stall"]
 
 
+def test_a_throttle_switched_for_is_found_over_once_it_ends(plan):
+    # Rank 2 held stopped from 30 to 120 (its heartbeat rate too low for the gate, 0.6-0.8 with
+    # the run slowed): found by its stall clock and rebalanced for. Once the throttle ends, it is
+    # back to full speed: the switch told only the measure that found it to expect its speed (the
+    # heartbeat rate's tracker, told so too, held the rank at that speed for the rest of the run).
+    rates_of, stalls_of = _throttle_trace(2, 30, 120, held=0.4, loaded=False, length=200)
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="act")
+    _feed(slowness, ctl, lambda r, i: 1.0, range(200), noise=0.05, rates_of=rates_of, stalls_of=stalls_of,
+          wall_of=lambda i: 1.6 if 30 <= i < 120 else 1.0)
+    notes = _slow_notes(ctl)
+    assert ctl.switches and ctl.switches[0]["kind"] in ("rebalance", "exclude") and ctl.switches[0]["ranks"] == [2]
+    assert notes and "back to full speed since iteration 12" in notes[-1], notes
+
+
 def test_a_starved_heartbeat_without_stalls_is_not_slow(plan):
     # Under load every rank's heartbeat rate wanders (0.65-1.0 of its peers'), the run slows
     # with the host, and no process is held stopped: nobody is slow.

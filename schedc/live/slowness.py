@@ -378,9 +378,14 @@ class Slowness:
         if refused is None:
             self._log(d)
             expected = 1.0 if d.action == "restore" else d.speed
+            # The measures that say it is slow now report changes from the plan's speed; one that
+            # never said so keeps its own (told to expect a slow speed it never saw, a measure
+            # gated while the run keeps its pace, the heartbeat rate, held a throttled rank at that
+            # speed after the throttle ended: never back to full speed).
             for trackers in (self.trackers, self.beat_trackers, self.held_trackers):
-                if d.rank in trackers:
-                    trackers[d.rank].expect(expected)
+                t = trackers.get(d.rank)
+                if t is not None and (expected >= 1.0 or t.speed < 1 - SpeedTracker.min_change):
+                    t.expect(expected)
             if d.rank in self.speeds:
                 self.speeds[d.rank] = expected
             if d.action == "exclude":
