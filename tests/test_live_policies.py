@@ -393,6 +393,24 @@ def test_a_throttle_switched_for_is_found_over_once_it_ends(plan):
     assert notes and "back to full speed since iteration 12" in notes[-1], notes
 
 
+def test_a_plan_change_moves_healthy_ranks_levels_and_no_one_is_slow_for_it(plan):
+    # A switch at iteration 40 splits the layers anew: the cost model misses rank 0's real op
+    # times by another factor under the new split, and it reads 0.55 of its former level
+    # against its peers' from then on, at full speed (bench/live_false_alarms.py: a healthy rank
+    # of another pipeline read 0.33-0.6 after a rebalance for a throttled one, and was reported
+    # slow). Its level is learned anew; a slowdown after that is still found.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    level = lambda r, i: 0.55 if r == 0 and i >= 40 else 1.0  # noqa: E731
+    _feed(slowness, ctl, level, range(40), noise=0.05)
+    slowness.after_plan_change()
+    _feed(slowness, ctl, level, range(40, 120), noise=0.05)
+    assert _slow_notes(ctl) == []
+    _feed(slowness, ctl, lambda r, i: level(r, i) * (0.4 if r == 1 else 1.0), range(120, 160), noise=0.05)
+    (note,) = _slow_notes(ctl)
+    _assert_slow(note, rank=1, speed=0.4, since=120)
+
+
 def test_a_starved_heartbeat_without_stalls_is_not_slow(plan):
     # Under load every rank's heartbeat rate wanders (0.65-1.0 of its peers'), the run slows
     # with the host, and no process is held stopped: nobody is slow.

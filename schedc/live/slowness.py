@@ -407,10 +407,20 @@ class Slowness:
     def after_plan_change(self) -> None:
         """A failure or a switch changed the plan: every open episode was priced against the old
         one; price again every member whose measured speed differs from what the new plan assumes
-        (an excluded GPU's return is priced again from its next probes)."""
+        (an excluded GPU's return is priced again from its next probes).
+
+        A member whose compute reads healthy has its compute level learned anew under the new
+        plan: the cost model misses real op times differently for another split of the layers
+        (a CPU rank's millisecond ops do not grow with its layers as the model says), so every
+        rank's speed against its peers' moves with a repartition. After a rebalance for a
+        throttled rank, a healthy rank of another pipeline read 0.33-0.6 of its peers' against
+        the old level and was reported slow. (A slowdown that begins within the new level's
+        first 8 iterations is then taken for the level; one found before the change stays.)"""
         ctl = self.ctl
         self.ladder.cancel_all()
         self._pace, self._pace_rates, self._window = [], [], []  # the new plan's pace is measured anew
+        for rank in [r for r, t in self.trackers.items() if t.speed >= 1 - SpeedTracker.min_change]:
+            del self.trackers[rank]
         for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
