@@ -330,6 +330,30 @@ def test_a_member_without_compute_is_judged_by_its_fastest_probe(plan):
 
 
 
+def test_a_throttled_rank_does_not_probe_back_to_full_speed_while_still_stopped(plan):
+    # Rank 2 was found held stopped half the time and the plan rebalanced for 0.5 (the rank may
+    # get no compute, and only its probes show its speed). A probe is a short op: it reads the
+    # GPU at full speed while the process is still stopped half the time (bench/live_false_alarms.py:
+    # "back to full speed" at iteration 92 of a throttle until 100, then a restore). Its stall
+    # clock caps what a probe can say; once the throttle ends, its probes say so.
+    from schedc.live.protocol import Probe
+
+    slow = schedc.replan(plan, [Failure("slow_gpu", dp=1, pp=0, speed=0.5)], deadline=5.0, solver="greedy")
+    ctl = FakeController(slow, completed=30)
+    slowness = Slowness(ctl)
+    others = {r: 0.02 for r in ctl.members if r != 2}
+    slowness.stalls({**others, 2: 0.5})
+    for k in range(10):
+        slowness.probe(Probe(rank=2, speed=1.0, t=0.0))
+    assert _slow_notes(ctl) == []
+    ctl.completed = 40
+    slowness.stalls({**others, 2: 0.01})  # the throttle ended
+    for k in range(5):
+        slowness.probe(Probe(rank=2, speed=1.0, t=0.0))
+    (note,) = _slow_notes(ctl)
+    assert note.startswith("rank 2 GPU (dp=1, pp=0) is back to full speed")
+
+
 def test_a_starved_rank_is_found_when_the_plans_first_iterations_were_slow(plan):
     # The first iterations took twice the steady pace (warm-up, a loaded start); from iteration
     # 30 rank 2 is stopped half the time: it beats half as often and the run takes 1.6 x the

@@ -227,6 +227,16 @@ class Slowness:
             return {}
         return {r: math.log(v / statistics.median(x for q, x in ran.items() if q != r)) for r, v in ran.items()}
 
+    def _ran_share(self, rank: int) -> float:
+        """The share of time `rank`'s process ran lately (not held stopped) against the median
+        of the members' (1.0 without its stall clock or two members' to compare with)."""
+        if rank not in self._stalls:
+            return 1.0
+        others = [v for r, v in self._stalls.items() if r != rank and r in set(self.ctl.members)]
+        if len(others) < 2:
+            return 1.0
+        return (1.0 - self._stalls[rank]) / max(1e-6, 1.0 - statistics.median(others))
+
     def _note_host(self, logs: dict[int, float]) -> None:
         """How fast the host runs now against its start: the median over the members of their
         log speed against their own first iterations (for judging probes, below)."""
@@ -262,12 +272,17 @@ class Slowness:
         with an injected slowdown spinning on the main thread, under four busy loops, the
         fastest of five probes read 0.03-0.05 of a GPU that ran at 0.1 as planned (their median
         had reported it "at 0.04 since iteration 46"). A GPU given no compute slower still costs
-        the run next to nothing. A change found is dated from the first probe that read it."""
+        the run next to nothing. A change found is dated from the first probe that read it.
+
+        A probe is a short op: it times the GPU, not the process around it, and a process held
+        stopped half the time (a throttle) probes healthy. So a probe counts for no more than the
+        share of time the rank's process ran against the members' (its stall clock): a throttled
+        rank rebalanced to no compute probed "back to full speed" while still throttled."""
         ctl, rank = self.ctl, rep.rank
         if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
-        seen.append((ctl.completed, min(1.0, rep.speed / self.host_speed())))
+        seen.append((ctl.completed, min(1.0, rep.speed / self.host_speed(), self._ran_share(rank))))
         del seen[:-HEALTHY_PROBES]
         if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
             return
