@@ -102,6 +102,8 @@ class Slowness:
         self._window: list[tuple[float, float | None]] = []  # the last walls (and host rates)
         self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
         self._stalls: dict[int, float] = {}  # rank -> the share of the last second its process was held stopped
+        self._offsets: dict[int, float] = {}  # rank -> what the current plan adds to its compute log speed
+        self._relearn: dict[int, list[float]] = {}  # rank -> its first log speeds under a new plan (the offset)
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
 
@@ -140,7 +142,7 @@ class Slowness:
         for rank, y in sorted(logs.items()):
             others = [v for r, v in logs.items() if r != rank]
             rel = y - statistics.median(others) if others else y
-            shifts = {"compute": self.trackers.setdefault(rank, SpeedTracker()).update(rel, it)}
+            shifts = {"compute": self._compute(rank, rel, it)}
             if rank in held:
                 shifts["stall"] = self.held_trackers.setdefault(rank, SpeedTracker()).update(held[rank], it)
             if rank in avail:
@@ -168,6 +170,21 @@ class Slowness:
                 self._shift(rank, shift.speed, shift.since, it, signal)
             else:
                 self._pending.append((rank, shift, it, signal))
+
+    def _compute(self, rank: int, rel: float, it: int) -> Shift | None:
+        """Feed `rank`'s compute speed against its peers' to its tracker, less the offset the
+        current plan puts on it (learned over its first `SpeedTracker.warmup` iterations under
+        the plan, after a plan change: `after_plan_change`)."""
+        tracker = self.trackers.setdefault(rank, SpeedTracker())
+        if rank in self._relearn:
+            seen = self._relearn[rank]
+            seen.append(rel)
+            if len(seen) < SpeedTracker.warmup:
+                return None
+            del self._relearn[rank]
+            self._offsets[rank] = statistics.median(seen) - tracker.level
+            return None
+        return tracker.update(rel - self._offsets.get(rank, 0.0), it)
 
     def _run_slowed(self, wall: float | None) -> bool:
         """Whether this iteration took clearly longer (PACE_SLACK) than the current plan's pace,
@@ -408,6 +425,8 @@ class Slowness:
                 self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
                 self.beat_trackers.pop(d.rank, None)
                 self.held_trackers.pop(d.rank, None)
+                self._offsets.pop(d.rank, None)
+                self._relearn.pop(d.rank, None)
                 self.speeds.pop(d.rank, None)
         else:
             self._log(replace(d, verdict="ignore", reason=f"{d.reason}; no switch: {refused}"))
@@ -424,18 +443,21 @@ class Slowness:
         one; price again every member whose measured speed differs from what the new plan assumes
         (an excluded GPU's return is priced again from its next probes).
 
-        A member whose compute reads healthy has its compute level learned anew under the new
-        plan: the cost model misses real op times differently for another split of the layers
-        (a CPU rank's millisecond ops do not grow with its layers as the model says), so every
-        rank's speed against its peers' moves with a repartition. After a rebalance for a
-        throttled rank, a healthy rank of another pipeline read 0.33-0.6 of its peers' against
-        the old level and was reported slow. (A slowdown that begins within the new level's
-        first 8 iterations is then taken for the level; one found before the change stays.)"""
+        A member whose compute reads healthy has the offset the new plan puts on its compute
+        speed learned anew (the median of its first `SpeedTracker.warmup` iterations under it,
+        against its healthy level; its tracker, with the noise and wander it learned, goes on):
+        the cost model misses real op times differently for another split of the layers (a CPU
+        rank's millisecond ops do not grow with its layers as the model says), so every rank's
+        speed against its peers' moves with a repartition. After a rebalance for a throttled
+        rank, a healthy rank of another pipeline read 0.33-0.6 of its peers' against the old
+        level and was reported slow. (A slowdown that begins within those iterations is taken
+        for the offset; one found before the change stays.)"""
         ctl = self.ctl
         self.ladder.cancel_all()
         self._pace, self._pace_rates, self._window = [], [], []  # the new plan's pace is measured anew
-        for rank in [r for r, t in self.trackers.items() if t.speed >= 1 - SpeedTracker.min_change]:
-            del self.trackers[rank]
+        for rank, t in self.trackers.items():
+            if rank in ctl.members and t.level is not None and t.speed >= 1 - SpeedTracker.min_change:
+                self._relearn[rank] = []
         for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
@@ -447,6 +469,8 @@ class Slowness:
         self.trackers.pop(rank, None)
         self.beat_trackers.pop(rank, None)
         self.held_trackers.pop(rank, None)
+        self._offsets.pop(rank, None)
+        self._relearn.pop(rank, None)
         self.speeds.pop(rank, None)
         self.probes.pop(rank, None)
         self.excluded.discard(rank)
