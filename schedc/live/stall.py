@@ -14,11 +14,14 @@ and takes, from each wake-up's lateness, the run-queue wait it accrued
 meanwhile, is left with the time its process was held stopped (and little
 else: timer slack, a GIL hand-over).
 
-Measured with a mock worker (a main thread of 1.5 ms ops and 4 ms waits)
-beside three healthy ones, its process stopped at 50% duty in 50 ms halves:
-the stalled fraction read 0.35 with no other load and 0.13 under two busy
-loops (a loaded host blurs a stop: a thread must get the CPU to stop), the
-healthy processes 0.007-0.012 in both; their beat rates did not separate.
+Measured in `schedc train` (bench/live_false_alarms.py: 3 x 3 ranks on two
+cores, one rank stopped at 50% duty in 50 ms halves) over the last second:
+the throttled rank read 0.29-0.49 stalled (10th percentile to max) with
+no other load and 0.20-0.50 under two busy loops, its peers 0.01-0.06; in
+fault-free runs under two and four busy loops the ranks read 0.01-0.04
+(10th-90th percentile), single readings up to 0.18. A loaded host blurs a
+stop (a thread must get the CPU to stop, and that wait counts as run
+queue), so the fraction reads below the duty cycle.
 
 `StallClock.tick` is the bookkeeping of one wake-up (fed numbers in tests);
 `StallClock.start` runs it on a daemon thread. `stalled` is the total so far,
