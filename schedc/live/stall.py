@@ -16,8 +16,9 @@ else: timer slack, a GIL hand-over).
 
 Measured in `schedc train` (bench/live_false_alarms.py: 3 x 3 ranks on two
 cores, one rank stopped at 50% duty in 50 ms halves) over the last second:
-the throttled rank read 0.29-0.49 stalled (10th percentile to max) with
-no other load and 0.20-0.50 under two busy loops, its peers 0.01-0.06; in
+the throttled rank read 0.29-0.49 stalled (10th percentile to max, six
+runs) with no other load and 0.08-0.56 under two busy loops (medians
+0.33-0.44), its peers at most 0.08; in
 fault-free runs under two and four busy loops the ranks read 0.01-0.04
 (10th-90th percentile), single readings up to 0.18. A loaded host blurs a
 stop (a thread must get the CPU to stop, and that wait counts as run
