@@ -92,9 +92,11 @@ def train_run(out: Path, iterations: int, during=None) -> tuple[dict, Supervisor
             now = sup._now()
             try:  # (read while the supervisor's thread writes: a torn read is skipped)
                 seen = sup.detector.beat_rates(now)
+                stalled = sup.detector.stall_fractions(now)
             except RuntimeError:
                 continue
-            rates.append((round(now, 2), sup.completed, {r: round(v, 1) for r, v in seen.items()}))
+            rates.append((round(now, 2), sup.completed, {r: round(v, 1) for r, v in seen.items()},
+                          {r: round(v, 3) for r, v in stalled.items()}))
 
     threading.Thread(target=sample, daemon=True).start()
     t = time.time()
@@ -140,13 +142,28 @@ def false_alarm_run(out: Path, iterations: int, loops: int) -> dict:
     a = alarms(doc)
     row = {"case": f"fault-free, {loops} busy loops", "loops": loops, "iterations": iterations,
            "done": len(doc["iterations"]), "wall_s": round(doc["bench_wall_s"], 1), "error": doc["bench_error"],
-           **a, "false_alarms": len(a["failed"]) + len(a["slow"])}
+           **a, "false_alarms": len(a["failed"]) + len(a["slow"]), "stalled": spread(stalled(doc, None))}
     print(f"{row['case']}: {row['done']}/{iterations} iterations in {row['wall_s']} s; "
           f"{len(a['failed'])} declared failed, {len(a['slow'])} slow reports, {len(a['switches'])} switches"
+          f"; stalled fraction of all ranks (10%, median, 90%, max): {row['stalled']}"
           + (f"; error: {row['error']}" if row["error"] else ""), flush=True)
     for m in a["failed"] + a["slow"]:
         print(f"    {m}", flush=True)
     return row
+
+
+def spread(values: list[float]) -> list[float] | None:
+    """[10th percentile, median, 90th percentile, max] of `values`, rounded (None when empty)."""
+    v = sorted(values)
+    if not v:
+        return None
+    return [round(v[len(v) // 10], 3), round(statistics.median(v), 3), round(v[-1 - len(v) // 10], 3), round(v[-1], 3)]
+
+
+def stalled(doc: dict, ranks, t0: float = 0.0, t1: float = 1e12) -> list[float]:
+    """The stalled fractions (`Detector.stall_fractions`) of `ranks` (None: every rank) sampled from t0 to t1."""
+    return [v for t, _, _, fr in doc["bench_beat_rates"] if t0 <= t <= t1
+            for r, v in fr.items() if ranks is None or int(r) in ranks]
 
 
 def beat_ratio(seen: dict, rank: int) -> float | None:
@@ -196,7 +213,7 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
     other = alarms(doc, exclude_rank=THROTTLED)
     # Its heartbeat rate against the median of the others' while throttled (the fail-slow
     # policy's second measure; BEAT_SLOW is the bar it must pass on its own).
-    ratios = sorted(beat_ratio(seen, THROTTLED) for t, _, seen in doc["bench_beat_rates"]
+    ratios = sorted(beat_ratio(seen, THROTTLED) for t, _, seen, _ in doc["bench_beat_rates"]
                     if marks.get("start_t", 1e9) + 2.0 <= t <= marks.get("end_t", 0)
                     and beat_ratio(seen, THROTTLED) is not None)
     row = {"case": f"rank {THROTTLED} throttled 50% (SIGSTOP/SIGCONT), {loops} busy loops", "loops": loops,
@@ -208,6 +225,10 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
            "switches_of_throttled": back,
            "beat_ratio": ([round(ratios[len(ratios) // 10], 2), round(statistics.median(ratios), 2),
                            round(ratios[-1 - len(ratios) // 10], 2)] if ratios else None),
+           "stalled_throttled": spread(stalled(doc, {THROTTLED}, marks.get("start_t", 1e9) + 1.0,
+                                               marks.get("end_t", 0))),
+           "stalled_others": spread(stalled(doc, set(range(9)) - {THROTTLED}, marks.get("start_t", 1e9),
+                                            marks.get("end_t", 0))),
            "failed_throttled": [e["message"] for e in doc["events"] if e["kind"] == "failure"
                                 and e.get("rank") == THROTTLED],
            "others": other, "false_alarms": len(other["failed"]) + len(other["slow"])}
@@ -217,6 +238,8 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
              f"{row['delay_s']} s" if first else "never reported slow")
           + (f"; its beat rate {row['beat_ratio'][1]:.2f} of its peers' (10-90%: {row['beat_ratio'][0]:.2f}-"
              f"{row['beat_ratio'][2]:.2f})" if row["beat_ratio"] else "")
+          + f"; stalled fraction (10%, median, 90%, max) throttled {row['stalled_throttled']}, others "
+            f"{row['stalled_others']}"
           + f"; its switches {back}; other ranks: {len(other['failed'])} declared failed, "
             f"{len(other['slow'])} slow reports" + (f"; error: {row['error']}" if row["error"] else ""), flush=True)
     for m in row["failed_throttled"] + other["failed"] + other["slow"]:

@@ -189,3 +189,67 @@ def test_blobs_over_the_store_limit_go_in_chunks():
     assert job.blob("cu/1/state") == big and job.blob("cu/1/empty") == b""
     job.drop_blob("cu/1/state")
     assert job.blob("cu/1/state") is None and not job.store.check(["cu/1/state/0"])
+
+
+# -- the stall clock: a process held stopped against one starved by load ---------------------------
+
+class _Kernel:
+    """A fake clock and run-queue wait for `StallClock` (seconds)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.delay = 0.0
+
+    def wake(self, clock, *, queued=0.0, stopped=0.0):
+        """The clock's thread slept its period, then waited `queued` on the run queue and was held
+        stopped `stopped` (neither running nor queued) before it ran."""
+        self.now += clock.period + queued + stopped
+        self.delay += queued
+        clock.tick()
+
+
+def _clock(kernel):
+    from schedc.live.stall import StallClock
+
+    return StallClock(period=0.01, clock=lambda: kernel.now, run_delay=lambda: kernel.delay)
+
+
+def test_a_starved_process_is_not_stalled_and_a_stopped_one_is():
+    k = _Kernel()
+    loaded, stopped = _clock(k), _clock(k)
+    loaded.tick()
+    for _ in range(100):  # late by 30 ms every time, all of it on the run queue (other processes' load)
+        k.wake(loaded, queued=0.03)
+    assert loaded.stalled == pytest.approx(0.0, abs=1e-9)
+    k = _Kernel()
+    stopped = _clock(k)
+    stopped.tick()
+    for i in range(100):  # every fifth wake-up held stopped 40 ms, then queued 5 ms once continued
+        k.wake(stopped, queued=0.005 if i % 5 == 0 else 0.0, stopped=0.04 if i % 5 == 0 else 0.0)
+    assert stopped.stalled == pytest.approx(20 * 0.04)
+
+
+def test_the_stall_clock_says_nothing_without_the_kernels_run_queue_wait():
+    from schedc.live.stall import StallClock
+
+    k = _Kernel()
+    blind = StallClock(period=0.01, clock=lambda: k.now, run_delay=lambda: None)
+    blind.tick()
+    for _ in range(10):
+        k.wake(blind, stopped=0.05)
+    assert blind.stalled == 0.0
+
+
+def test_the_stalled_fraction_of_each_rank_from_its_heartbeats():
+    from schedc.live.detect import Detector
+
+    d = Detector(heartbeat_timeout=3.0, stall_timeout=30.0, startup_timeout=60.0)
+    for r in (0, 1, 2):
+        d.watch(r, 0.0)
+    for step in range(1, 60):  # 50 ms apart: rank 1 held stopped half the time, rank 2's beats carry no clock
+        now = step * 0.05
+        d.beat(0, f"{step} 0 1 0 run {step}", now)
+        d.beat(1, f"{step} 0 1 0 run {25 * step}", now)
+        d.beat(2, f"{step} 0 1 0 run", now)
+    fr = d.stall_fractions(59 * 0.05)
+    assert set(fr) == {0, 1} and fr[0] == pytest.approx(0.02, abs=0.001) and fr[1] == pytest.approx(0.5, abs=0.01)

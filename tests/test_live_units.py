@@ -344,6 +344,9 @@ def test_beats_parse_and_print():
     assert Beat.parse("3 1 7 42 run") == Beat(3, 1, 7, 42, "run")
     assert str(Beat(3, 1, 7, 42, "run")) == "3 1 7 42 run"
     assert Beat.parse("junk") is None and Beat.parse("a b c d e") is None
+    # with the stall clock's milliseconds (schedc.live.stall)
+    assert Beat.parse("3 1 7 42 run 250") == Beat(3, 1, 7, 42, "run", 250)
+    assert str(Beat(3, 1, 7, 42, "run", 250)) == "3 1 7 42 run 250" and Beat.parse("3 1 7 42 run x") is None
 
 
 # -- rollback -----------------------------------------------------------------------------

@@ -213,6 +213,11 @@ class SpeedTracker:
         self._last_change = self._t
 
     @property
+    def level(self) -> float | None:
+        """The healthy level observations are judged against (None until the warm-up is done)."""
+        return self._baseline
+
+    @property
     def speed(self) -> float:
         """The last speed reported (1.0 until a change)."""
         return self._reported

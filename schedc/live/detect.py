@@ -46,7 +46,10 @@ The detector also gives each rank's **beat rate** (sequence numbers per
 second of wall time, so the supervisor's own polling does not change it):
 a process the OS runs less than its peers (stopped now and then, starved)
 beats less often than they do, which the fail-slow policy uses
-(`schedc.live.slowness`).
+(`schedc.live.slowness`). Heartbeats also carry the time the worker's
+process was held stopped (`schedc.live.stall`), and `stall_fractions` gives
+each rank's share of the last `STALL_SPAN` seconds so spent: what tells a
+throttled process (stopped from outside) from one that load starves.
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ STARTUP_FACTOR = 3.0
 STARTUP_FLOOR = 30.0
 #: Seconds of beats the beat rate is measured over.
 RATE_SPAN = 2.0
+#: Seconds of beats the stalled fraction is measured over: ten cycles of a throttle that stops a
+#: process for 50 ms in every 100; longer is steadier but finds a throttle later.
+STALL_SPAN = 1.0
 
 
 def phi(silence: float, gaps) -> float:
@@ -109,26 +115,31 @@ class Suspect:
 
 @dataclass(frozen=True)
 class Beat:
-    """One heartbeat: ``"seq gen iteration ops state"`` (state: run, wait or idle)."""
+    """One heartbeat: ``"seq gen iteration ops state [stalled_ms]"`` (state: run, wait or idle;
+    stalled_ms: the milliseconds the process was held stopped so far, `schedc.live.stall`, where
+    its worker runs the stall clock)."""
 
     seq: int
     generation: int
     iteration: int
     ops: int
     state: str
+    stalled_ms: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> "Beat | None":
         parts = text.split()
-        if len(parts) != 5:
+        if len(parts) not in (5, 6):
             return None
         try:
-            return cls(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), parts[4])
+            stalled = int(parts[5]) if len(parts) == 6 else None
+            return cls(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), parts[4], stalled)
         except ValueError:
             return None
 
     def __str__(self) -> str:
-        return f"{self.seq} {self.generation} {self.iteration} {self.ops} {self.state}"
+        tail = "" if self.stalled_ms is None else f" {self.stalled_ms}"
+        return f"{self.seq} {self.generation} {self.iteration} {self.ops} {self.state}{tail}"
 
 
 def exit_cause(code: int) -> str:
@@ -155,6 +166,7 @@ class Detector:
         self._beat_at: dict[int, float] = {}  # when the sequence number last changed
         self._gaps: dict[int, deque[tuple[float, float]]] = {}  # rank -> (when it ended, gap) of its last gaps
         self._seqs: dict[int, deque[tuple[float, int]]] = {}  # rank -> (when seen, sequence number), for rates
+        self._stalls: dict[int, deque[tuple[float, int]]] = {}  # rank -> (when seen, stalled ms so far)
         self._progress_at: dict[int, float] = {}  # when the op count last changed
         self._declared: set[int] = set()
         self._checked: float | None = None  # when `check` last ran
@@ -169,12 +181,13 @@ class Detector:
         self._beat_at.pop(rank, None)
         self._gaps[rank] = deque(maxlen=WINDOW)
         self._seqs[rank] = deque()
+        self._stalls[rank] = deque()
         self._progress_at[rank] = now
         self._declared.discard(rank)
 
     def forget(self, rank: int) -> None:
         """Stop watching `rank` (failed, fenced, or the run ended)."""
-        for d in (self._since, self._beat, self._beat_at, self._progress_at, self._gaps, self._seqs):
+        for d in (self._since, self._beat, self._beat_at, self._progress_at, self._gaps, self._seqs, self._stalls):
             d.pop(rank, None)
 
     def watching(self) -> set[int]:
@@ -205,6 +218,11 @@ class Detector:
             seqs.append((now, beat.seq))
             while len(seqs) > 2 and seqs[1][0] <= now - RATE_SPAN:
                 seqs.popleft()
+            if beat.stalled_ms is not None:
+                stalls = self._stalls[rank]
+                stalls.append((now, beat.stalled_ms))
+                while len(stalls) > 2 and stalls[1][0] <= now - STALL_SPAN:
+                    stalls.popleft()
         if old is None or beat.ops != old.ops:
             self._progress_at[rank] = now
         self._beat[rank] = beat
@@ -223,6 +241,16 @@ class Detector:
         for rank, seqs in self._seqs.items():
             if len(seqs) >= 2 and now - seqs[0][0] >= RATE_SPAN / 2 and rank not in self._declared:
                 out[rank] = (seqs[-1][1] - seqs[0][1]) / (now - seqs[0][0])
+        return out
+
+    def stall_fractions(self, now: float) -> dict[int, float]:
+        """The share of about the last `STALL_SPAN` seconds (to `now`) each watched rank's process
+        was held stopped, as its heartbeats say (ranks whose beats carry no stall clock, or seen
+        for less than half the span, are left out)."""
+        out = {}
+        for rank, stalls in self._stalls.items():
+            if len(stalls) >= 2 and now - stalls[0][0] >= STALL_SPAN / 2 and rank not in self._declared:
+                out[rank] = min(1.0, max(0.0, (stalls[-1][1] - stalls[0][1]) / 1000 / (now - stalls[0][0])))
         return out
 
     def exited(self, rank: int, code: int, now: float) -> Suspect | None:

@@ -46,6 +46,7 @@ from schedc.live.membership import Generation, Heartbeat, JobStore
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
                                    IterationDone, Left, Probe, Ready, Started, WorkerError)
 from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
+from schedc.live.stall import StallClock
 from schedc.runtime.manifest import Manifest
 
 #: Exit status of a worker that stopped on an error of its own (it reported a diagnostic first).
@@ -120,6 +121,8 @@ class LiveWorker:
         self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
         self._op_started = 0.0
         self._probing = threading.Event()  # set: a thread measures this GPU's speed now and then
+        self.stall = StallClock()  # how long this process was held stopped (a throttle: `schedc.live.stall`)
+        self._stall_halt = threading.Event()
         self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload)
 
     # -- what the heartbeat thread sends, and the abort flag it keeps ---------------------
@@ -130,7 +133,7 @@ class LiveWorker:
         state = self.state
         if state == "run" and rt is not None and rt.transport is not None and getattr(rt.transport, "waiting", None):
             state = "wait"
-        return f"{self._seq} {self.generation} {self.iteration} {self.ops} {state}"
+        return f"{self._seq} {self.generation} {self.iteration} {self.ops} {state} {round(self.stall.stalled * 1000)}"
 
     def aborted(self) -> bool:
         return self.heartbeat.aborted >= self.generation >= 0
@@ -138,6 +141,8 @@ class LiveWorker:
     # -- the generation loop -----------------------------------------------------------------
 
     def run(self) -> None:
+        if self.config.stall_clock:
+            self.stall.start(self._stall_halt)
         self.heartbeat.start()
         if self.config.probe:  # (--fail-slow act only)
             threading.Thread(target=self._probe_loop, name="schedc-probe", daemon=True).start()
@@ -150,6 +155,7 @@ class LiveWorker:
             else:
                 self._standby(gen)
             number = self._next_generation(after=gen.number)
+        self._stall_halt.set()
         self.heartbeat.halt()
 
     def _next_generation(self, after: int) -> int | None:

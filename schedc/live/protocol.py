@@ -297,6 +297,7 @@ class RunConfig:
     coords: dict[str, tuple[int, int]]  # rank -> (dp, pp) of every GPU, live or not
     probe: bool  # standby and compute-less ranks probe their speed (--fail-slow act)
     cluster: tuple[int, int]  # (dp, pp): what `schedc rejoin` checks a GPU against
+    stall_clock: bool = False  # workers time their stops (`schedc.live.stall`; --fail-slow act or detect)
 
     def encode(self) -> bytes:
         body = {f.name: getattr(self, f.name) for f in fields(self)}

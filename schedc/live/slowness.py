@@ -10,8 +10,11 @@
   speed is taken against the median of the other members' in the same
   iteration; and its heartbeat rate against theirs (`Detector.beat_rates`:
   a process the OS runs half as much beats half as often, even when its
-  timed ops look healthy). Each signal has its own tracker (their noise
-  differs tenfold on a loaded host); the rank's speed is the lower of the two.
+  timed ops look healthy); and the share of time its process ran, not held
+  stopped, against theirs (`Detector.stall_fractions`, `schedc.live.stall`:
+  a throttled process is stopped, one that load starves is not, though both
+  beat less often). Each signal has its own tracker (their noise differs
+  tenfold on a loaded host); the rank's speed is the lowest of them.
 * **Detect**: one `SpeedTracker` per GPU (`schedc.live.changepoint`).
 * **Price and decide**: on a change, the options (keep, rebalance, exclude,
   restore) are priced with the planner and the simulator and handed to the
@@ -80,7 +83,8 @@ class Slowness:
         self.mode = mode
         self.trackers: dict[int, SpeedTracker] = {}  # rank -> its compute speed against its peers'
         self.beat_trackers: dict[int, SpeedTracker] = {}  # rank -> its heartbeat rate against its peers'
-        self.speeds: dict[int, float] = {}  # rank -> the lower of the two, as last reported
+        self.held_trackers: dict[int, SpeedTracker] = {}  # rank -> the share of time it ran, against its peers'
+        self.speeds: dict[int, float] = {}  # rank -> the lowest of the signals', as last reported
         self.probes: dict[int, list[tuple[int, float]]] = {}  # rank -> its last probes (iterations done, speed)
         self.excluded: set[int] = set()
         self.decisions: list[dict] = []
@@ -97,6 +101,9 @@ class Slowness:
         self._pace_rates: list[float] = []  # the members' median heartbeat rate meanwhile
         self._window: list[tuple[float, float | None]] = []  # the last walls (and host rates)
         self._rates: dict[int, float] = {}  # rank -> heartbeats per second lately
+        self._stalls: dict[int, float] = {}  # rank -> the share of the last second its process was held stopped
+        self._offsets: dict[int, float] = {}  # rank -> what the current plan adds to its compute log speed
+        self._relearn: dict[int, list[float]] = {}  # rank -> its first log speeds under a new plan (the offset)
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
 
@@ -117,6 +124,10 @@ class Slowness:
         """The members' heartbeat rates now (beats per second, `Detector.beat_rates`)."""
         self._rates = rates
 
+    def stalls(self, fractions: dict[int, float]) -> None:
+        """The share of the last second each member's process was held stopped (`Detector.stall_fractions`)."""
+        self._stalls = fractions
+
     def _judge_rounds(self, upto: int) -> None:
         for it in sorted(k for k in self._rounds if k <= upto):
             self._judge(it, self._rounds.pop(it))
@@ -126,32 +137,54 @@ class Slowness:
         slowed for everyone is no one GPU's slowness), and against the rank's beat rate."""
         self._note_host(logs)
         avail = self._availability()
+        held = self._held()
         slowed = self._run_slowed(self._walls.pop(it, None))
         for rank, y in sorted(logs.items()):
             others = [v for r, v in logs.items() if r != rank]
             rel = y - statistics.median(others) if others else y
-            shifts = [self.trackers.setdefault(rank, SpeedTracker()).update(rel, it)]
+            shifts = {"compute": self._compute(rank, rel, it)}
+            if rank in held:
+                shifts["stall"] = self.held_trackers.setdefault(rank, SpeedTracker()).update(held[rank], it)
             if rank in avail:
                 # A rank that beats less often than its peers slows the run only if the run is slowed:
                 # a heartbeat thread starved while the GPU keeps pace (a fresh process, a busy
                 # interpreter) is not a slow GPU; while the run keeps its pace, the signal reads healthy.
-                shifts.append(self.beat_trackers.setdefault(rank, SpeedTracker()).update(
-                    avail[rank] if slowed else 0.0, it))
-            shifts = [sh for sh in shifts if sh is not None]
+                shifts["heartbeat"] = self.beat_trackers.setdefault(rank, SpeedTracker()).update(
+                    avail[rank] if slowed else 0.0, it)
+            shifts = {name: sh for name, sh in shifts.items() if sh is not None}
             if not shifts:
                 continue
             compute = self.trackers[rank].speed if rank in self.trackers else 1.0
             beat = self.beat_trackers[rank].speed if rank in self.beat_trackers else 1.0
-            speed = min(compute, beat if beat <= BEAT_SLOW else 1.0)
+            ran = self.held_trackers[rank].speed if rank in self.held_trackers else 1.0
+            speed = min(compute, beat if beat <= BEAT_SLOW else 1.0, ran)
             if speed == self.speeds.get(rank, 1.0):
-                continue  # (one signal went back while the other still says slow)
+                continue  # (one signal went back while another still says slow)
             self.speeds[rank] = speed
-            shift = Shift(speed, min(sh.since for sh in shifts), it)
-            signal = "heartbeat" if speed < compute else "compute"
+            shift = Shift(speed, min(sh.since for sh in shifts.values()), it)
+            # (which measure says so: one that changed now to this speed, else the one at it)
+            now = {"compute": compute, "stall": ran, "heartbeat": beat}
+            signal = next((n for n in shifts if now[n] == speed), next((n for n, v in now.items() if v == speed),
+                                                                          next(iter(shifts))))
             if self.ctl.phase == Phase.RUNNING:
                 self._shift(rank, shift.speed, shift.since, it, signal)
             else:
                 self._pending.append((rank, shift, it, signal))
+
+    def _compute(self, rank: int, rel: float, it: int) -> Shift | None:
+        """Feed `rank`'s compute speed against its peers' to its tracker, less the offset the
+        current plan puts on it (learned over its first `SpeedTracker.warmup` iterations under
+        the plan, after a plan change: `after_plan_change`)."""
+        tracker = self.trackers.setdefault(rank, SpeedTracker())
+        if rank in self._relearn:
+            seen = self._relearn[rank]
+            seen.append(rel)
+            if len(seen) < SpeedTracker.warmup:
+                return None
+            del self._relearn[rank]
+            self._offsets[rank] = statistics.median(seen) - tracker.level
+            return None
+        return tracker.update(rel - self._offsets.get(rank, 0.0), it)
 
     def _run_slowed(self, wall: float | None) -> bool:
         """Whether this iteration took clearly longer (PACE_SLACK) than the current plan's pace,
@@ -200,6 +233,27 @@ class Slowness:
             out[r] = math.log(v / mid)
         return out
 
+    def _held(self) -> dict[int, float]:
+        """Log of the share of time each member's process ran (was not held stopped: its stall
+        clock, `schedc.live.stall`) against the median of the other members': a process stopped
+        from outside half the time runs half as much as its peers, and one that load starves
+        (which its heartbeat rate cannot tell from that) is not stopped at all."""
+        members = set(self.ctl.members)
+        ran = {r: 1.0 - v for r, v in self._stalls.items() if r in members and v < 1.0}
+        if len(ran) < 3:  # two ranks cannot say which one is slow
+            return {}
+        return {r: math.log(v / statistics.median(x for q, x in ran.items() if q != r)) for r, v in ran.items()}
+
+    def _ran_share(self, rank: int) -> float:
+        """The share of time `rank`'s process ran lately (not held stopped) against the median
+        of the members' (1.0 without its stall clock or two members' to compare with)."""
+        if rank not in self._stalls:
+            return 1.0
+        others = [v for r, v in self._stalls.items() if r != rank and r in set(self.ctl.members)]
+        if len(others) < 2:
+            return 1.0
+        return (1.0 - self._stalls[rank]) / max(1e-6, 1.0 - statistics.median(others))
+
     def _note_host(self, logs: dict[int, float]) -> None:
         """How fast the host runs now against its start: the median over the members of their
         log speed against their own first iterations (for judging probes, below)."""
@@ -235,12 +289,17 @@ class Slowness:
         with an injected slowdown spinning on the main thread, under four busy loops, the
         fastest of five probes read 0.03-0.05 of a GPU that ran at 0.1 as planned (their median
         had reported it "at 0.04 since iteration 46"). A GPU given no compute slower still costs
-        the run next to nothing. A change found is dated from the first probe that read it."""
+        the run next to nothing. A change found is dated from the first probe that read it.
+
+        A probe is a short op: it times the GPU, not the process around it, and a process held
+        stopped half the time (a throttle) probes healthy. So a probe counts for no more than the
+        share of time the rank's process ran against the members' (its stall clock): a throttled
+        rank rebalanced to no compute probed "back to full speed" while still throttled."""
         ctl, rank = self.ctl, rep.rank
         if ctl.rejoin_wanted(rank) or ctl.phase != Phase.RUNNING or ctl.completed < self._quiet_until.get(rank, 0):
             return
         seen = self.probes.setdefault(rank, [])
-        seen.append((ctl.completed, min(1.0, rep.speed / self.host_speed())))
+        seen.append((ctl.completed, min(1.0, rep.speed / self.host_speed(), self._ran_share(rank))))
         del seen[:-HEALTHY_PROBES]
         if len(seen) < HEALTHY_PROBES or self.ladder.is_open(rank):
             return
@@ -351,15 +410,23 @@ class Slowness:
         if refused is None:
             self._log(d)
             expected = 1.0 if d.action == "restore" else d.speed
-            for trackers in (self.trackers, self.beat_trackers):
-                if d.rank in trackers:
-                    trackers[d.rank].expect(expected)
+            # The measures that say it is slow now report changes from the plan's speed; one that
+            # never said so keeps its own (told to expect a slow speed it never saw, a measure
+            # gated while the run keeps its pace, the heartbeat rate, held a throttled rank at that
+            # speed after the throttle ended: never back to full speed).
+            for trackers in (self.trackers, self.beat_trackers, self.held_trackers):
+                t = trackers.get(d.rank)
+                if t is not None and (expected >= 1.0 or t.speed < 1 - SpeedTracker.min_change):
+                    t.expect(expected)
             if d.rank in self.speeds:
                 self.speeds[d.rank] = expected
             if d.action == "exclude":
                 self.excluded.add(d.rank)
                 self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
                 self.beat_trackers.pop(d.rank, None)
+                self.held_trackers.pop(d.rank, None)
+                self._offsets.pop(d.rank, None)
+                self._relearn.pop(d.rank, None)
                 self.speeds.pop(d.rank, None)
         else:
             self._log(replace(d, verdict="ignore", reason=f"{d.reason}; no switch: {refused}"))
@@ -374,10 +441,23 @@ class Slowness:
     def after_plan_change(self) -> None:
         """A failure or a switch changed the plan: every open episode was priced against the old
         one; price again every member whose measured speed differs from what the new plan assumes
-        (an excluded GPU's return is priced again from its next probes)."""
+        (an excluded GPU's return is priced again from its next probes).
+
+        A member whose compute reads healthy has the offset the new plan puts on its compute
+        speed learned anew (the median of its first `SpeedTracker.warmup` iterations under it,
+        against its healthy level; its tracker, with the noise and wander it learned, goes on):
+        the cost model misses real op times differently for another split of the layers (a CPU
+        rank's millisecond ops do not grow with its layers as the model says), so every rank's
+        speed against its peers' moves with a repartition. After a rebalance for a throttled
+        rank, a healthy rank of another pipeline read 0.33-0.6 of its peers' against the old
+        level and was reported slow. (A slowdown that begins within those iterations is taken
+        for the offset; one found before the change stays.)"""
         ctl = self.ctl
         self.ladder.cancel_all()
         self._pace, self._pace_rates, self._window = [], [], []  # the new plan's pace is measured anew
+        for rank, t in self.trackers.items():
+            if rank in ctl.members and t.level is not None and t.speed >= 1 - SpeedTracker.min_change:
+                self._relearn[rank] = []
         for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
@@ -388,6 +468,9 @@ class Slowness:
         """A GPU (re)joined: its speed is learned afresh."""
         self.trackers.pop(rank, None)
         self.beat_trackers.pop(rank, None)
+        self.held_trackers.pop(rank, None)
+        self._offsets.pop(rank, None)
+        self._relearn.pop(rank, None)
         self.speeds.pop(rank, None)
         self.probes.pop(rank, None)
         self.excluded.discard(rank)

@@ -201,7 +201,7 @@ class Supervisor(Transitions):
             checkpoint_dir=str(self.ckpt_root.resolve()), want_weights=opts.want_weights,
             injections=tuple(i.to_json() for i in self.injections.all),
             coords={str(g.rank): (g.dp, g.pp) for g in spec.gpus}, probe=opts.fail_slow == "act",
-            cluster=(spec.cluster.dp, spec.cluster.pp)))
+            cluster=(spec.cluster.dp, spec.cluster.pp), stall_clock=opts.fail_slow != "off"))
         self.fleet = self.world.fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
@@ -233,6 +233,7 @@ class Supervisor(Transitions):
             for rank, text in self.job.heartbeats(self.detector.watching()).items():
                 self.detector.beat(rank, text, now)
             self.slowness.beat_rates(self.detector.beat_rates(now))
+            self.slowness.stalls(self.detector.stall_fractions(now))
             for s in self.detector.check(now, running=self.phase in (Phase.RUNNING, Phase.SWITCHING)):
                 self._suspect(s)
             if self.detector.nobody_started:

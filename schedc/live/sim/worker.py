@@ -127,6 +127,8 @@ class SimWorker:
         self.history: list[int] = []  # the iterations whose update this rank's stage state holds
         self.alive = True
         self.stopped = False  # SIGSTOP
+        self.stopped_at = 0.0  # when it was last stopped
+        self.stalled = 0.0  # seconds it was held stopped so far (its stall clock, as `schedc.live.stall` keeps it)
         self.hung = False  # stuck (in an op, a connect, a wait): alive, beating, no progress
         self.exit_code: int | None = None
         self.exit_reported = False  # (its agent reported the exit)
@@ -164,7 +166,8 @@ class SimWorker:
         state = self.state
         if state == "run" and not self.hung and not self.net.progressing(self.generation, self.iteration):
             state = "wait"
-        return f"{self._seq} {self.generation} {self.iteration} {self.ops} {state}"
+        tail = f" {round(self.stalled * 1000)}" if self.config.stall_clock else ""
+        return f"{self._seq} {self.generation} {self.iteration} {self.ops} {state}{tail}"
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -106,8 +106,11 @@ class SimWorld:
             if name == "kill":
                 w.exit(-9)
             elif name == "stop":
-                w.stopped = True
+                if not w.stopped:
+                    w.stopped, w.stopped_at = True, self.now
             elif name == "cont":
+                if w.stopped:
+                    w.stalled += self.now - w.stopped_at  # (what its stall clock sees: schedc.live.stall)
                 w.stopped = False
         if done:
             self.note(f"{name} rank(s) {done}")
