@@ -1,10 +1,14 @@
 """bench/chaos.py's pure parts: the seeded choice of faults, how a run's outcome is classified,
-which declared failures count as healthy GPUs excluded, and how worker pids get their ranks."""
+which declared failures count as healthy GPUs excluded, how worker pids get their ranks, and the
+campaigns' table."""
 
 from __future__ import annotations
 
-from bench.chaos import (OUTCOMES, RANKS, TOLERANCE, Fault, Proc, Ranks, classify, declared, healthy_excluded,
-                         plan_faults, roles)
+import json
+from dataclasses import asdict
+
+from bench.chaos import (OUTCOMES, RANKS, TOLERANCE, Fault, Proc, Ranks, RunRecord, classify, declared,
+                         fired_by_target, healthy_excluded, load_summaries, main, plan_faults, roles, table)
 
 
 def test_faults_are_a_function_of_the_seed():
@@ -113,3 +117,34 @@ def test_workers_whose_forkserver_was_killed_stay_workers():
     assert roles(procs, sid, workers={21, 22}) == (set(), {21, 22})
     procs[40] = Proc(40, 10, "S", fs)  # the agent starts a new forkserver
     assert roles(procs, sid, workers={21, 22}) == ({40}, {21, 22})
+
+
+def _record(seed, outcome, fired, load, diff=1e-6, healthy=None, leaked=()):
+    return RunRecord(seed, outcome, 0, 10.0, diff, [], fired, [], healthy or {}, list(leaked), [], [], "", load)
+
+
+def test_the_table_counts_outcomes_and_signalled_processes_per_load(tmp_path, capsys):
+    kill = {"fault": 0, "t": 1.0, "signal": "SIGKILL", "targets": ["rank 3", "rank 5"], "pids": [1, 2], "iteration": 4}
+    stop = {"fault": 1, "t": 2.0, "signal": "SIGSTOP", "targets": ["forkserver"], "pids": [3], "iteration": 5}
+    none = {"fault": 2, "t": 3.0, "signal": "SIGKILL", "targets": [], "pids": [], "iteration": 6}
+    tracker = {"fault": 0, "t": 1.0, "signal": "SIGKILL", "targets": ["resource tracker"], "pids": [4], "iteration": 2}
+    calm = [_record(1, "finished exact", [kill, stop, none], 0, diff=2e-6),
+            _record(2, "hung", [kill], 0, diff=None, healthy={"4": ["no heartbeat"]}, leaked=["pid 9"])]
+    busy = [_record(3, "finished exact", [tracker], 2, diff=5e-7)]
+    assert fired_by_target(calm) == {"forkserver SIGSTOP": 1, "no process": 1, "worker SIGKILL": 4}
+    rows = table(busy + calm).splitlines()
+    assert len(rows) == 4 and rows[0].startswith("| campaign | runs | finished exact")
+    assert rows[2] == ("| load 0 | 2 | 1 (2e-06) | 0 | 0 | 1 | 0 | 1 / 1 | 1 | "
+                       "forkserver SIGSTOP 1, no process 1, worker SIGKILL 4 |")
+    assert rows[3] == "| load 2 | 1 | 1 (5e-07) | 0 | 0 | 0 | 0 | 0 / 0 | 0 | resource tracker SIGKILL 1 |"
+    # --table reads campaigns' summary.json back, also those written before the load was kept.
+    for name, recs in (("a", calm), ("b", busy)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps([asdict(r) for r in recs]))
+    old = asdict(busy[0])
+    del old["load"]
+    (tmp_path / "old.json").write_text(json.dumps([old]))
+    assert [r.seed for r in load_summaries([tmp_path / "a", tmp_path / "b"])] == [1, 2, 3]
+    assert main(["--table", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "old.json")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in printed[2:]] == ["| load 0", "| load 2", "| load ?"]
