@@ -96,6 +96,7 @@ PHASE_MARKERS = {
 ITERATION = re.compile(r"^iteration\s+(\d+)\s")
 REPLACED = re.compile(r"replacement process\(es\) for rank\(s\) \[([\d, ]*)\]")
 RESTART_ALL = re.compile(r"restarting every process")
+ALL_REPLACED = re.compile(r"restarting every process .*with the failed GPU\(s\) replaced")
 DIAGNOSTIC = re.compile(r"^error\[E(\d{3})\]", re.M)
 FAILED_LINE = re.compile(r"\] rank (\d+) GPU \(dp=\d+, pp=\d+\) failed: (.*)$")
 
@@ -277,6 +278,7 @@ class Ranks:
     of: dict[int, int] = field(default_factory=dict)  # pid -> rank (-1: could not tell)
     unassigned: list[int] = field(default_factory=list)
     first_birth: float | None = None
+    failed: set[int] = field(default_factory=set)  # ranks declared failed and not started again
 
     def born(self, pids: list[int], now: float) -> None:
         self.unassigned += sorted(pids)
@@ -285,11 +287,23 @@ class Ranks:
         self._assign()
 
     def line(self, text: str, ranks: int) -> None:
+        """A restart "with the failed GPU(s) replaced" starts every rank; one after a generation
+        that never became ready starts only the ranks not declared failed (so does a re-partition,
+        taken to keep its survivors' rank numbers: unchecked). (A campaign once took the six
+        survivors a deadline restarted for ranks 0-5 and SIGKILLed healthy rank 2 as "rank 0".)"""
+        failed = FAILED_LINE.search(text)
         m = REPLACED.search(text)
-        if m:
-            self.pending += [int(x) for x in m.group(1).split(",") if x.strip()]
-        elif RESTART_ALL.search(text):
+        if failed:
+            self.failed.add(int(failed.group(1)))
+        elif m:
+            new = [int(x) for x in m.group(1).split(",") if x.strip()]
+            self.pending += new
+            self.failed.difference_update(new)
+        elif ALL_REPLACED.search(text):
             self.pending += list(range(ranks))
+            self.failed.clear()
+        elif RESTART_ALL.search(text):
+            self.pending += [r for r in range(ranks) if r not in self.failed]
         self._assign()
 
     def _assign(self) -> None:

@@ -99,6 +99,30 @@ def test_worker_ranks_follow_the_start_order_and_the_replacement_lines():
     assert [ranks.of[p] for p in range(200, 209)] == list(range(RANKS))
 
 
+def test_a_restart_after_a_deadline_starts_only_the_ranks_not_declared_failed():
+    # Seed 50043: ranks 1, 0 and 8 killed, generation 3 never ready, every process restarted: six
+    # workers start, for ranks 2..7 (the script once took them for ranks 0..5).
+    ranks = Ranks(pending=list(range(RANKS)))
+    ranks.born(list(range(100, 109)), now=1.0)
+    for r in (1, 0, 8):
+        ranks.line(f"[ 9.1 s] rank {r} GPU (dp=0, pp={r % 3}) failed: killed by SIGKILL", RANKS)
+    ranks.line("[ 129.5 s] generation 3 did not become ready within 60 s of its members running (rank(s) "
+               "[2, 3, 4, 5, 6, 7] never reported ready) again: restarting every process from iter-000040 "
+               "(restart 1 of 3)", RANKS)
+    ranks.born(list(range(200, 206)), now=130.0)
+    assert [ranks.of[p] for p in range(200, 206)] == [2, 3, 4, 5, 6, 7]
+    assert ranks.pid_of(0, alive=set(range(200, 206))) is None  # rank 0 has no process now
+    # A replacement takes its rank off the failed ones; a restart with the failed GPUs replaced
+    # starts every rank.
+    ranks.line("[ 140 s] stage(s) [0] lost every GPU: restoring iter-000060 with replacement process(es) for "
+               "rank(s) [0] (restart 2 of 3)", RANKS)
+    ranks.born([300], now=141.0)
+    assert ranks.of[300] == 0 and ranks.failed == {1, 8}
+    ranks.line("[ 150 s] restarting every process from iter-000080 with the failed GPU(s) replaced", RANKS)
+    ranks.born(list(range(400, 409)), now=151.0)
+    assert [ranks.of[p] for p in range(400, 409)] == list(range(RANKS)) and ranks.failed == set()
+
+
 def test_targets_can_be_restricted_without_changing_the_default_plans():
     assert plan_faults(11, 100) == plan_faults(11, 100, targets=("worker", "forkserver", "tracker"))
     for seed in range(200):
