@@ -60,7 +60,7 @@ def test_an_aborted_rank_leaves_a_collective_its_peer_never_joined():
     live run; an hour here, so that the test fails by its own bound instead of passing late)."""
     groups = _pair(timeout_s=3600)
     flag = _Flag()
-    transport = Transport(None, 0, 3600.0, world=groups[0], stage=None, interrupted=flag)
+    transport = Transport(None, 0, 3600.0, world=groups.pop(0), stage=None, interrupted=flag)
     outcome: list = []
 
     def resume() -> None:
@@ -79,6 +79,12 @@ def test_an_aborted_rank_leaves_a_collective_its_peer_never_joined():
     rank.join(60)
     assert outcome == ["rank 0 stopped while waiting for the members' step counts"]
     assert transport.waiting is None
+    # The rank drops the generation's groups and goes on: a group whose collective still runs
+    # would hold its destructor (on this thread) until gloo's own timeout.
+    closer = threading.Thread(target=transport.close, daemon=True)
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive() and transport.world is None
 
 
 @pytest.mark.parametrize("late", [False, True])

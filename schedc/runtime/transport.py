@@ -108,6 +108,7 @@ class Transport:
         # over a slow link (the sender goes on at once; only its peers wait longer).
         self.send_delay = 0.0
         self._late: _LateSends | None = None
+        self._abandoned = False  # a wait was left unfinished (see `_wait_interruptibly`)
 
     @classmethod
     def over_default_group(cls, manifest: Manifest, rank: int, timeout: float, *, device: str = "cpu",
@@ -224,7 +225,14 @@ class Transport:
         if self._late is not None:
             self._late.stop()
             self._late = None
+        groups = [self.world, self.stage, *(self.channels or ())]
         self.world = self.stage = self.channels = None  # the last references: the groups go
+        if self._abandoned:
+            # A gloo group with a collective still running blocks its destructor until that
+            # collective ends (gloo's own timeout, minutes): let the last references go on a
+            # thread of its own, not on this rank's.
+            threading.Thread(target=groups.clear, name="schedc-drop-groups", daemon=True).start()
+        del groups
 
     def _check_interrupted(self, what: str) -> None:
         if self.interrupted is not None and self.interrupted():
@@ -261,7 +269,7 @@ class Transport:
         bench/chaos.py: a rank sat 120 s in a step-count all-reduce, two generations never became
         ready, and every process was restarted). A gloo wait that times out leaves its work
         running ("Operation timed out!"); waiting again is allowed. The abandoned work ends with
-        its group."""
+        its group, which `close` drops on a thread of its own."""
         deadline = time.monotonic() + self.timeout
         while True:
             left = deadline - time.monotonic()
@@ -271,6 +279,7 @@ class Transport:
                 if "Operation timed out" not in str(exc) or left <= INTERRUPT_POLL_S:
                     raise  # the work failed (a peer's connection closed), or the whole timeout passed
             if self.interrupted():
+                self._abandoned = True
                 raise Interrupted(f"rank {self.rank} stopped while waiting for {what}")
 
     def _lost(self, exc: RuntimeError, what: str, peer: int | None) -> Exception:
