@@ -2,6 +2,7 @@
 
     python bench/chaos.py --runs N --seed S [--load 0|2] [--out DIR] [--iterations I]
                           [--targets worker,forkserver,tracker]
+    python bench/chaos.py --table OUT [OUT ...]
 
 Run k of a campaign has seed S + k, and everything it does to the run comes from that seed
 (`plan_faults`): `--runs 1 --seed S+k` replays it (the same faults at the same moments of the
@@ -38,7 +39,9 @@ the run's own process exited (they are killed then). Each bad run keeps its dire
 ``--out``: ``command.txt`` (the replay command and the exact `schedc train` command),
 ``faults.json`` (planned and fired), ``output.txt`` (every line, stamped with the script's clock),
 ``log.json`` (the run's `--log`), ``procs.txt`` (the session's processes when it hung or leaked).
-Good runs' directories are removed. ``summary.json`` lists every run.
+Good runs' directories are removed. ``summary.json`` lists every run; ``--table OUT [OUT ...]``
+prints one table over several campaigns (a row per ``--load``: outcomes, the largest weight
+difference of the exact runs, the processes signalled by kind and signal).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ PHASE_MARKERS = {
 ITERATION = re.compile(r"^iteration\s+(\d+)\s")
 REPLACED = re.compile(r"replacement process\(es\) for rank\(s\) \[([\d, ]*)\]")
 RESTART_ALL = re.compile(r"restarting every process")
+ALL_REPLACED = re.compile(r"restarting every process .*with the failed GPU\(s\) replaced")
 DIAGNOSTIC = re.compile(r"^error\[E(\d{3})\]", re.M)
 FAILED_LINE = re.compile(r"\] rank (\d+) GPU \(dp=\d+, pp=\d+\) failed: (.*)$")
 
@@ -274,6 +278,7 @@ class Ranks:
     of: dict[int, int] = field(default_factory=dict)  # pid -> rank (-1: could not tell)
     unassigned: list[int] = field(default_factory=list)
     first_birth: float | None = None
+    failed: set[int] = field(default_factory=set)  # ranks declared failed and not started again
 
     def born(self, pids: list[int], now: float) -> None:
         self.unassigned += sorted(pids)
@@ -282,11 +287,23 @@ class Ranks:
         self._assign()
 
     def line(self, text: str, ranks: int) -> None:
+        """A restart "with the failed GPU(s) replaced" starts every rank; one after a generation
+        that never became ready starts only the ranks not declared failed (so does a re-partition,
+        taken to keep its survivors' rank numbers: unchecked). (A campaign once took the six
+        survivors a deadline restarted for ranks 0-5 and SIGKILLed healthy rank 2 as "rank 0".)"""
+        failed = FAILED_LINE.search(text)
         m = REPLACED.search(text)
-        if m:
-            self.pending += [int(x) for x in m.group(1).split(",") if x.strip()]
-        elif RESTART_ALL.search(text):
+        if failed:
+            self.failed.add(int(failed.group(1)))
+        elif m:
+            new = [int(x) for x in m.group(1).split(",") if x.strip()]
+            self.pending += new
+            self.failed.difference_update(new)
+        elif ALL_REPLACED.search(text):
             self.pending += list(range(ranks))
+            self.failed.clear()
+        elif RESTART_ALL.search(text):
+            self.pending += [r for r in range(ranks) if r not in self.failed]
         self._assign()
 
     def _assign(self) -> None:
@@ -315,6 +332,7 @@ class RunRecord:
     mapping_doubts: list[str]
     last_lines: list[str]
     dir: str
+    load: int | None = None  # the campaign's --load (None in summaries written before it was kept)
 
 
 def train_command(python: str, plan: Path, rundir: Path, iterations: int) -> list[str]:
@@ -602,14 +620,48 @@ def stop_load(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def fired_by_target(records: list[RunRecord]) -> dict[str, int]:
+    """How many processes the faults of `records` signalled, by kind of target and signal
+    ("worker SIGKILL", "forkserver SIGSTOP", "resource tracker SIGKILL", ...), and under
+    "no process" the faults that found none to signal (their rank's or role's process gone)."""
+    out: dict[str, int] = {}
+    for r in records:
+        for f in r.fired:
+            if not f["targets"]:
+                out["no process"] = out.get("no process", 0) + 1
+            for t in f["targets"]:
+                key = f"{'worker' if t.startswith('rank ') else t} {f['signal']}"
+                out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def table(records: list[RunRecord]) -> str:
-    counts = {o: sum(1 for r in records if r.outcome == o) for o in OUTCOMES}
-    healthy = sum(len(r.healthy_excluded) for r in records)
-    healthy_runs = sum(1 for r in records if r.healthy_excluded)
-    leaked = sum(1 for r in records if r.leaked)
-    head = ["runs", *OUTCOMES, "healthy excluded (ranks / runs)", "leaked (runs)"]
-    row = [str(len(records)), *(str(counts[o]) for o in OUTCOMES), f"{healthy} / {healthy_runs}", str(leaked)]
-    return "| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n| " + " | ".join(row) + " |"
+    """A markdown table of `records`, a row per --load value ("load ?": not recorded)."""
+    groups: dict[str, list[RunRecord]] = {}
+    for r in sorted(records, key=lambda r: (r.load is None, r.load or 0)):
+        groups.setdefault(f"load {r.load if r.load is not None else '?'}", []).append(r)
+    head = ["campaign", "runs", "finished exact (max weight diff)", *OUTCOMES[1:],
+            "healthy excluded (ranks / runs)", "leaked (runs)", "faults fired (processes signalled)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, rs in groups.items():
+        counts = {o: sum(1 for r in rs if r.outcome == o) for o in OUTCOMES}
+        diffs = [r.weight_diff for r in rs if r.outcome == "finished exact" and r.weight_diff is not None]
+        exact = f"{counts[OUTCOMES[0]]}" + (f" ({max(diffs):.2g})" if diffs else "")
+        healthy = f"{sum(len(r.healthy_excluded) for r in rs)} / {sum(1 for r in rs if r.healthy_excluded)}"
+        fired = ", ".join(f"{k} {n}" for k, n in fired_by_target(rs).items()) or "none"
+        row = [name, str(len(rs)), exact, *(str(counts[o]) for o in OUTCOMES[1:]), healthy,
+               str(sum(1 for r in rs if r.leaked)), fired]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def load_summaries(paths: list[Path]) -> list[RunRecord]:
+    """The runs of campaigns' summary.json files (a campaign's --out folder names its own)."""
+    records = []
+    for p in paths:
+        p = p / "summary.json" if p.is_dir() else p
+        records += [RunRecord(**r) for r in json.loads(p.read_text())]
+    return records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -626,7 +678,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default=",".join(TARGETS),
                     help="kinds of target to signal, comma-separated (default: all); a worker stands in for the others")
     ap.add_argument("--keep-all", action="store_true", help="keep every run's directory, not only bad ones")
+    ap.add_argument("--table", type=Path, nargs="+", metavar="OUT",
+                    help="only print the table of these campaigns' summary.json (their --out), a row per --load")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(load_summaries(args.table)))
+        return 0
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -670,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
             healthy = healthy_excluded(log, output, run.touched)
             rec = RunRecord(seed, outcome, rc, round(wall, 2), diff, [f.describe() for f in faults], run.fired,
                             sorted(run.touched), {str(r): w for r, w in healthy.items()}, leaked, run.doubts,
-                            [s for _, s in run.lines[-15:]], str(rundir))
+                            [s for _, s in run.lines[-15:]], str(rundir), args.load)
             records.append(rec)
             note = f"max diff {diff:.3g}" if diff is not None else f"exit {rc}"
             print(f"  -> {outcome} ({note}), {wall:.1f} s"

@@ -1,10 +1,14 @@
 """bench/chaos.py's pure parts: the seeded choice of faults, how a run's outcome is classified,
-which declared failures count as healthy GPUs excluded, and how worker pids get their ranks."""
+which declared failures count as healthy GPUs excluded, how worker pids get their ranks, and the
+campaigns' table."""
 
 from __future__ import annotations
 
-from bench.chaos import (OUTCOMES, RANKS, TOLERANCE, Fault, Proc, Ranks, classify, declared, healthy_excluded,
-                         plan_faults, roles)
+import json
+from dataclasses import asdict
+
+from bench.chaos import (OUTCOMES, RANKS, TOLERANCE, Fault, Proc, Ranks, RunRecord, classify, declared,
+                         fired_by_target, healthy_excluded, load_summaries, main, plan_faults, roles, table)
 
 
 def test_faults_are_a_function_of_the_seed():
@@ -95,6 +99,30 @@ def test_worker_ranks_follow_the_start_order_and_the_replacement_lines():
     assert [ranks.of[p] for p in range(200, 209)] == list(range(RANKS))
 
 
+def test_a_restart_after_a_deadline_starts_only_the_ranks_not_declared_failed():
+    # Seed 50043: ranks 1, 0 and 8 killed, generation 3 never ready, every process restarted: six
+    # workers start, for ranks 2..7 (the script once took them for ranks 0..5).
+    ranks = Ranks(pending=list(range(RANKS)))
+    ranks.born(list(range(100, 109)), now=1.0)
+    for r in (1, 0, 8):
+        ranks.line(f"[ 9.1 s] rank {r} GPU (dp=0, pp={r % 3}) failed: killed by SIGKILL", RANKS)
+    ranks.line("[ 129.5 s] generation 3 did not become ready within 60 s of its members running (rank(s) "
+               "[2, 3, 4, 5, 6, 7] never reported ready) again: restarting every process from iter-000040 "
+               "(restart 1 of 3)", RANKS)
+    ranks.born(list(range(200, 206)), now=130.0)
+    assert [ranks.of[p] for p in range(200, 206)] == [2, 3, 4, 5, 6, 7]
+    assert ranks.pid_of(0, alive=set(range(200, 206))) is None  # rank 0 has no process now
+    # A replacement takes its rank off the failed ones; a restart with the failed GPUs replaced
+    # starts every rank.
+    ranks.line("[ 140 s] stage(s) [0] lost every GPU: restoring iter-000060 with replacement process(es) for "
+               "rank(s) [0] (restart 2 of 3)", RANKS)
+    ranks.born([300], now=141.0)
+    assert ranks.of[300] == 0 and ranks.failed == {1, 8}
+    ranks.line("[ 150 s] restarting every process from iter-000080 with the failed GPU(s) replaced", RANKS)
+    ranks.born(list(range(400, 409)), now=151.0)
+    assert [ranks.of[p] for p in range(400, 409)] == list(range(RANKS)) and ranks.failed == set()
+
+
 def test_targets_can_be_restricted_without_changing_the_default_plans():
     assert plan_faults(11, 100) == plan_faults(11, 100, targets=("worker", "forkserver", "tracker"))
     for seed in range(200):
@@ -113,3 +141,34 @@ def test_workers_whose_forkserver_was_killed_stay_workers():
     assert roles(procs, sid, workers={21, 22}) == (set(), {21, 22})
     procs[40] = Proc(40, 10, "S", fs)  # the agent starts a new forkserver
     assert roles(procs, sid, workers={21, 22}) == ({40}, {21, 22})
+
+
+def _record(seed, outcome, fired, load, diff=1e-6, healthy=None, leaked=()):
+    return RunRecord(seed, outcome, 0, 10.0, diff, [], fired, [], healthy or {}, list(leaked), [], [], "", load)
+
+
+def test_the_table_counts_outcomes_and_signalled_processes_per_load(tmp_path, capsys):
+    kill = {"fault": 0, "t": 1.0, "signal": "SIGKILL", "targets": ["rank 3", "rank 5"], "pids": [1, 2], "iteration": 4}
+    stop = {"fault": 1, "t": 2.0, "signal": "SIGSTOP", "targets": ["forkserver"], "pids": [3], "iteration": 5}
+    none = {"fault": 2, "t": 3.0, "signal": "SIGKILL", "targets": [], "pids": [], "iteration": 6}
+    tracker = {"fault": 0, "t": 1.0, "signal": "SIGKILL", "targets": ["resource tracker"], "pids": [4], "iteration": 2}
+    calm = [_record(1, "finished exact", [kill, stop, none], 0, diff=2e-6),
+            _record(2, "hung", [kill], 0, diff=None, healthy={"4": ["no heartbeat"]}, leaked=["pid 9"])]
+    busy = [_record(3, "finished exact", [tracker], 2, diff=5e-7)]
+    assert fired_by_target(calm) == {"forkserver SIGSTOP": 1, "no process": 1, "worker SIGKILL": 4}
+    rows = table(busy + calm).splitlines()
+    assert len(rows) == 4 and rows[0].startswith("| campaign | runs | finished exact")
+    assert rows[2] == ("| load 0 | 2 | 1 (2e-06) | 0 | 0 | 1 | 0 | 1 / 1 | 1 | "
+                       "forkserver SIGSTOP 1, no process 1, worker SIGKILL 4 |")
+    assert rows[3] == "| load 2 | 1 | 1 (5e-07) | 0 | 0 | 0 | 0 | 0 / 0 | 0 | resource tracker SIGKILL 1 |"
+    # --table reads campaigns' summary.json back, also those written before the load was kept.
+    for name, recs in (("a", calm), ("b", busy)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps([asdict(r) for r in recs]))
+    old = asdict(busy[0])
+    del old["load"]
+    (tmp_path / "old.json").write_text(json.dumps([old]))
+    assert [r.seed for r in load_summaries([tmp_path / "a", tmp_path / "b"])] == [1, 2, 3]
+    assert main(["--table", str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "old.json")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in printed[2:]] == ["| load 0", "| load 2", "| load ?"]
