@@ -40,6 +40,20 @@ def _descendants_of_session(sid: int) -> list[str]:
             if line.split() and line.split()[0] == str(sid) and not line.split()[1].startswith("Z")]
 
 
+def _forkserver_and_forks_of_session(sid: int) -> list[int]:
+    """Live processes of a session whose command line is the forkserver's (it and what it forked)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if stat[3] == str(sid) and stat[0] != "Z" and "multiprocessing.forkserver" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
 @pytest.mark.parametrize("args, code, words", [
     (["train", "{tmp}/nope"], "E550", "does not exist: it is not a compiled plan"),
     (["train", "{out}", "--inject", "at iteration 1: fail gpu(dp=7, pp=0)"], "E207", "there is no GPU (dp=7, pp=0)"),
@@ -212,8 +226,11 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
             agent = subprocess.Popen([sys.executable, "-m", "schedc", "agent", "--store", f"127.0.0.1:{port}",
                                       "--host", "1"], stdout=e, stderr=e, env=_env(), start_new_session=True)
         agent.wait(timeout=120)
-        # The agent has exited: its forkserver and workers have ended before it (no wait here).
-        left = _descendants_of_session(agent.pid)
+        # The agent has exited: its forkserver and workers have ended before it (no wait here;
+        # multiprocessing's resource tracker ends by itself once the agent's pipe to it is closed).
+        left = _forkserver_and_forks_of_session(agent.pid)
+        wait_until(lambda: not _descendants_of_session(agent.pid), "every process of the agent's session to end",
+                   state=lambda: _descendants_of_session(agent.pid))
         sup.wait(timeout=WAIT_S)
     finally:
         if sup.poll() is None:
