@@ -77,6 +77,17 @@ def check_exact(out: Path, result, iterations: int) -> float:
 def children_of(pid: int, word: str) -> list[int]:
     """Live child processes of `pid` whose command line contains `word` (from /proc: `ps`
     cuts command lines to the width of a terminal it does not have)."""
+    return _live_processes(1, pid, word)
+
+
+def session_members(sid: int, word: str) -> list[int]:
+    """Live processes of session `sid` whose command line contains `word` (from /proc)."""
+    return _live_processes(3, sid, word)
+
+
+def _live_processes(field: int, value: int, word: str) -> list[int]:
+    """Live processes whose /proc/PID/stat `field` (after the command name: 1 the parent,
+    3 the session) is `value` and whose command line contains `word`."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -84,6 +95,6 @@ def children_of(pid: int, word: str) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, IndexError, ValueError):
             continue
-        if stat[1] == str(pid) and stat[0] != "Z" and word in cmdline:
+        if stat[field] == str(value) and stat[0] != "Z" and word in cmdline:
             found.append(int(entry.name))
     return found

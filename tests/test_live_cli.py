@@ -15,7 +15,7 @@ import pytest
 
 import schedc
 from live_data import STUCK_MARKER
-from live_support import WAIT_S, check_exact, children_of, compiled, spec_text, wait_until
+from live_support import WAIT_S, check_exact, children_of, compiled, session_members, spec_text, wait_until
 from schedc.live import TrainError, train
 from test_runtime_support import max_weight_diff
 
@@ -38,20 +38,6 @@ def _descendants_of_session(sid: int) -> list[str]:
     out = subprocess.run(["ps", "-eo", "sid=,stat=,pid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines()
             if line.split() and line.split()[0] == str(sid) and not line.split()[1].startswith("Z")]
-
-
-def _forkserver_and_forks_of_session(sid: int) -> list[int]:
-    """Live processes of a session whose command line is the forkserver's (it and what it forked)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            continue
-        if stat[3] == str(sid) and stat[0] != "Z" and "multiprocessing.forkserver" in cmdline:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.mark.parametrize("args, code, words", [
@@ -228,7 +214,7 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
         agent.wait(timeout=120)
         # The agent has exited: its forkserver and workers have ended before it (no wait here;
         # multiprocessing's resource tracker ends by itself once the agent's pipe to it is closed).
-        left = _forkserver_and_forks_of_session(agent.pid)
+        left = session_members(agent.pid, "multiprocessing.forkserver")  # it and what it forked
         wait_until(lambda: not _descendants_of_session(agent.pid), "every process of the agent's session to end",
                    state=lambda: _descendants_of_session(agent.pid))
         sup.wait(timeout=WAIT_S)

@@ -239,20 +239,21 @@ class Slowness:
         from outside half the time runs half as much as its peers, and one that load starves
         (which its heartbeat rate cannot tell from that) is not stopped at all."""
         members = set(self.ctl.members)
-        ran = {r: 1.0 - v for r, v in self._stalls.items() if r in members and v < 1.0}
-        if len(ran) < 3:  # two ranks cannot say which one is slow
+        ranks = [r for r, v in self._stalls.items() if r in members and v < 1.0]
+        if len(ranks) < 3:  # two ranks cannot say which one is slow
             return {}
-        return {r: math.log(v / statistics.median(x for q, x in ran.items() if q != r)) for r, v in ran.items()}
+        return {r: math.log(self._ran_share(r, members)) for r in ranks}
 
-    def _ran_share(self, rank: int) -> float:
+    def _ran_share(self, rank: int, members: set[int] | None = None) -> float:
         """The share of time `rank`'s process ran lately (not held stopped) against the median
-        of the members' (1.0 without its stall clock or two members' to compare with)."""
+        of the other members' (1.0 without its stall clock or two members' to compare with)."""
         if rank not in self._stalls:
             return 1.0
-        others = [v for r, v in self._stalls.items() if r != rank and r in set(self.ctl.members)]
+        members = set(self.ctl.members) if members is None else members
+        others = [v for r, v in self._stalls.items() if r != rank and r in members and v < 1.0]
         if len(others) < 2:
             return 1.0
-        return (1.0 - self._stalls[rank]) / max(1e-6, 1.0 - statistics.median(others))
+        return max(1e-6, 1.0 - self._stalls[rank]) / (1.0 - statistics.median(others))
 
     def _note_host(self, logs: dict[int, float]) -> None:
         """How fast the host runs now against its start: the median over the members of their

@@ -16,9 +16,10 @@ every rank it ever started. Here each rank is watched by a pidfd of its own
 status still comes from the forkserver, or, if the forkserver is gone, from
 `waitpid` (while it has ranks, this process is the subreaper of its
 descendants, so the orphaned ranks are its children then; not otherwise, or
-it would adopt, and never reap, the orphans of every program it runs). A dead forkserver is replaced
-the next time a rank is started, and said so in one line; one that dies
-while a rank is being started is replaced and the start retried.
+it would adopt, and never reap, the orphans of every program it runs). A
+dead forkserver is replaced the next time a rank is started, and said so in
+one line; one that dies while a rank is being started is replaced and the
+start retried.
 """
 
 from __future__ import annotations
@@ -76,32 +77,30 @@ def forkserver_context():
     return _CONTEXT
 
 
-def _set_subreaper(on: bool) -> bool:
-    """While on, orphaned descendants (the ranks of a forkserver that died) become this process's
-    children, so their exit statuses can be waited for. Linux only; whether it worked."""
+def _prctl(option: int, arg) -> bool:
+    """Linux's prctl(option, arg); whether it worked (False elsewhere)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _set_subreaper(on: bool) -> bool:
+    """While on, orphaned descendants (the ranks of a forkserver that died) become this process's
+    children, so their exit statuses can be waited for. Linux only; whether it worked."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, int(on))
 
 
 def is_subreaper() -> bool:
     """Whether this process adopts its orphaned descendants now (Linux; False elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
+    import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        flag = ctypes.c_int(0)
-        return libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag.value)
-    except (OSError, AttributeError):
-        return False
+    flag = ctypes.c_int(0)
+    return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and bool(flag.value)
 
 
 _holders = 0  # `LocalProcesses` with ranks started and not stopped: while any, this process is a subreaper
@@ -240,46 +239,43 @@ def _start_server() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _children(word: str) -> list[int]:
-    """This process's live children whose command line contains `word` (Linux's /proc)."""
-    me, found = str(os.getpid()), []
+def _proc_stats():
+    """(pid, its /proc/PID/stat fields after the command name) of every process (Linux's /proc)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return found
+        return
     for name in entries:
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):
             continue
-        if len(fields) > 1 and fields[1] == me and fields[0] != "Z" and word in cmdline:
-            found.append(int(name))
+        if len(fields) > 1:
+            yield int(name), fields
+
+
+def _children(word: str) -> list[int]:
+    """This process's live children whose command line contains `word` (Linux's /proc)."""
+    me, found = str(os.getpid()), []
+    for pid, fields in _proc_stats():
+        if fields[1] != me or fields[0] == "Z":
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if word in cmdline:
+            found.append(pid)
     return found
 
 
 def _child_pids(parent: str) -> list[int]:
     """Every child process of pid `parent`, ended ones not yet reaped included (Linux's /proc)."""
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and fields[1] == parent:
-            found.append(int(name))
-    return found
+    return [pid for pid, fields in _proc_stats() if fields[1] == parent]
 
 
 def _zombie_status(pid: int) -> int | None:
