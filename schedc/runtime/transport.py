@@ -27,12 +27,6 @@ from schedc.runtime.manifest import Manifest
 # k+1, so neighbours are never more than one iteration apart: 16 is ample, and keeps tags
 # below 2**31 for up to 16*2*D*M*S < 2**31 (e.g. D = M = 256, S = 64).
 _TAG_ITERATIONS = 16
-#: A gloo wait of a transport that can be interrupted blocks at most this long before it asks
-#: `interrupted` again. A peer that never posts its side of a collective (it abandoned the
-#: generation while its groups still formed, so its connections stay open) would otherwise hold
-#: this rank for the whole `timeout` (600 s in a live run) after the generation was aborted. Each
-#: slice costs one timed-out wait (a C++ exception) only when a wait lasts that long.
-INTERRUPT_POLL_S = 0.5
 EMULATED_MESSAGE = 16  # floats sent per boundary message in --emulate mode (no model to size it)
 
 
@@ -108,7 +102,6 @@ class Transport:
         # over a slow link (the sender goes on at once; only its peers wait longer).
         self.send_delay = 0.0
         self._late: _LateSends | None = None
-        self._abandoned = False  # a wait was left unfinished (see `_wait_interruptibly`)
 
     @classmethod
     def over_default_group(cls, manifest: Manifest, rank: int, timeout: float, *, device: str = "cpu",
@@ -225,14 +218,7 @@ class Transport:
         if self._late is not None:
             self._late.stop()
             self._late = None
-        groups = [self.world, self.stage, *(self.channels or ())]
         self.world = self.stage = self.channels = None  # the last references: the groups go
-        if self._abandoned:
-            # A gloo group with a collective still running blocks its destructor until that
-            # collective ends (gloo's own timeout, minutes): let the last references go on a
-            # thread of its own, not on this rank's.
-            threading.Thread(target=groups.clear, name="schedc-drop-groups", daemon=True).start()
-        del groups
 
     def _check_interrupted(self, what: str) -> None:
         if self.interrupted is not None and self.interrupted():
@@ -250,37 +236,13 @@ class Transport:
         try:
             # NCCL: wait() orders this rank's compute stream after the transfer and returns at
             # once (the process group's watchdog ends a transfer that outlives its timeout).
-            if not self.host_waits:
-                ok = work.wait()
-            elif self.interrupted is None:
-                ok = work.wait(timedelta(seconds=self.timeout))
-            else:
-                ok = self._wait_interruptibly(work, what)
+            ok = work.wait(timedelta(seconds=self.timeout)) if self.host_waits else work.wait()
         except RuntimeError as exc:
             raise self._lost(exc, what, peer) from None
         finally:
             self.waiting = None
         if ok is False:
             raise RunError([error("E530", f"rank {self.rank} waited {self.timeout:g} s for {what}")])
-
-    def _wait_interruptibly(self, work, what: str) -> bool:
-        """`work.wait` in slices of INTERRUPT_POLL_S, asking `interrupted` between them: an aborted
-        generation's rank leaves a collective that a peer never joined (seed 50043 of
-        bench/chaos.py: a rank sat 120 s in a step-count all-reduce, two generations never became
-        ready, and every process was restarted). A gloo wait that times out leaves its work
-        running ("Operation timed out!"); waiting again is allowed. The abandoned work ends with
-        its group, which `close` drops on a thread of its own."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return work.wait(timedelta(seconds=max(0.0, min(INTERRUPT_POLL_S, left))))
-            except RuntimeError as exc:
-                if "Operation timed out" not in str(exc) or left <= INTERRUPT_POLL_S:
-                    raise  # the work failed (a peer's connection closed), or the whole timeout passed
-            if self.interrupted():
-                self._abandoned = True
-                raise Interrupted(f"rank {self.rank} stopped while waiting for {what}")
 
     def _lost(self, exc: RuntimeError, what: str, peer: int | None) -> Exception:
         """The error a failed wait becomes: `Interrupted` when the run was stopped from outside, else E530."""
