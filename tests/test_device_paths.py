@@ -121,3 +121,66 @@ def test_run_cli_refuses_cuda_without_a_gpu(tmp_path):
     out = subprocess.run([sys.executable, "-m", "schedc", "run", str(tmp_path), "--device", "cuda"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "error[E580]" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- `schedc train --device`: a live run's placement -------------------------------------------------
+
+@pytest.mark.parametrize("gpus, device, backend, want", [
+    (1, "cuda", "auto", ("gloo", ("cuda:0",) * 4)),  # several ranks share the GPU
+    (4, "cuda", "auto", ("gloo", ("cuda:0", "cuda:1", "cuda:2", "cuda:3"))),  # gloo, not NCCL, in a live run
+    (2, "cuda:1", "gloo", ("gloo", ("cuda:1",) * 4)),
+    (4, "cuda", "nccl", "E581"),  # enough GPUs, but a live run does not rebuild NCCL communicators
+    (1, "cuda", "nccl", "E581"),  # more ranks than GPUs: said first
+    (0, "cuda", "auto", "E580"),
+    (0, "cpu", "nccl", "E581"),
+])
+def test_live_placement_talks_over_gloo_and_refuses_nccl_with_the_reason(monkeypatch, gpus, device, backend, want):
+    monkeypatch.setattr(placement, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(placement, "nccl_available", lambda: True)
+    if isinstance(want, str):
+        with pytest.raises(RunError) as exc:
+            placement.place_live(device, backend, 4)
+        diag = exc.value.diagnostics[0]
+        assert diag.code == want and diag.hint
+        if (gpus, backend) == (4, "nccl"):
+            assert "gloo only" in diag.message
+        if (gpus, backend) == (1, "nccl"):
+            assert "one GPU per rank" in diag.message
+    else:
+        p = placement.place_live(device, backend, 4)
+        assert (p.backend, p.devices) == want
+        assert tuple(placement.rank_device(device, i) for i in range(4)) == want[1]
+
+
+def test_a_live_worker_without_a_gpu_says_so(monkeypatch):
+    import torch
+
+    from schedc.live import member
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(placement, "gpu_count", lambda: 0)
+    assert member._own_device("cpu", 3) == "cpu"
+    with pytest.raises(RunError) as exc:
+        member._own_device("cuda:0", 3)
+    assert exc.value.diagnostics[0].code == "E580" and "rank 3" in exc.value.diagnostics[0].message
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--device", "cuda"], "E580"),  # no GPU here
+    (["--backend", "nccl"], "E581"),
+    (["--device", "cuda", "--emulate"], "E555"),
+    (["--device", "npu"], "E580"),
+])
+def test_train_cli_refuses_devices_it_cannot_use_before_starting_anything(tmp_path, args, code):
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available() and code == "E580" and args[1] == "cuda":
+        pytest.skip("this machine has a GPU")
+    schedc.compile(schedc.load(ROOT / "specs" / "mlp-2x2.sched")).write(tmp_path / "out")
+    out = subprocess.run([sys.executable, "-m", "schedc", "train", str(tmp_path / "out"), "--iterations", "2", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and f"error[{code}]" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists() and "iteration" not in out.stdout  # nothing ran

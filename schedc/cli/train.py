@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=None, help="iterations (default: the spec's)")
     parser.add_argument("--emulate", action="store_true",
                         help="ops sleep for their planned cost instead of computing (timing checks)")
+    parser.add_argument("--device", default=D.device,
+                        help="cpu (default); cuda: rank i on GPU i mod the GPUs of its host; cuda:N: every rank "
+                             "on GPU N (docs/live.md: training on GPUs)")
+    parser.add_argument("--backend", default=D.backend, choices=("auto", "gloo", "nccl"),
+                        help="how ranks talk: a live run recovers over gloo (CUDA tensors go through host "
+                             "memory); nccl is refused with the reason")
     parser.add_argument("--inject", action="append", default=[], metavar="TEXT",
                         help='a fault to inject, e.g. "at iteration 3 during B: fail gpu(dp=1, pp=2)" '
                              "(repeatable; docs/live.md has the syntax)")
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         replan_deadline=args.replan_deadline,
         transition_timeout=args.transition_timeout,
         max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
-        store_host=args.store_host, store_port=args.store_port)
+        store_host=args.store_host, store_port=args.store_port, device=args.device, backend=args.backend)
 
     def line(text: str) -> None:
         if not args.json:

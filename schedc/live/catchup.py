@@ -73,7 +73,9 @@ class Donor:
         if self.session is None:
             return
         # Wrapped: a step's gradient is None when emulating, and a transfer sends no bare None.
-        self._send(f"grad/{rt.steps_done - 1}", {"grad": rt.last_step_grad})
+        grad = rt.last_step_grad
+        # In host memory: a joiner loads it wherever its own GPU is (a CUDA tensor would name the donor's).
+        self._send(f"grad/{rt.steps_done - 1}", {"grad": None if grad is None else grad.to("cpu")})
 
     def _send(self, key: str, obj) -> None:
         if self._out is None:

@@ -104,6 +104,7 @@ class LiveWorker:
         self.rank = rank
         self.host = host
         self.config = job.config()
+        self.device = _own_device(self.config.device, rank)
         self.generation = -1
         self.iteration = -1
         self.ops = 0
@@ -340,7 +341,7 @@ class LiveWorker:
             manifest = dataclasses.replace(manifest, coords=coords)
 
         self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config.emulate, observer=self,
-                          reduce_loss=True)
+                          reduce_loss=True, device=self.device)
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
         if self.config.probe and not self.config.emulate:  # the healthy time of one probe (`_probe`)
             import torch
@@ -348,7 +349,8 @@ class LiveWorker:
             stage = self.rt.stage
             sample = self.rt.batch(0, 0, 0)[0]
             noise = torch.Generator().manual_seed(0)  # its own generator: the run's random state is untouched
-            self._probe_input = sample if stage == 0 else torch.randn(self.rt.shapes[stage - 1][0], generator=noise)
+            self._probe_input = sample if stage == 0 else torch.randn(self.rt.shapes[stage - 1][0],
+                                                                      generator=noise).to(self.device)
             times = []
             for _ in range(3):
                 t = time.perf_counter()
@@ -401,7 +403,7 @@ class LiveWorker:
             raise RunError([error("E530", f"rank {self.rank} could not connect generation {n}: "
                                           f"{_reason(formed['error'])}")]) from None
         return Transport(manifest, self.rank, self.config.wait_timeout, world=formed["world"], stage=formed["stage"],
-                         interrupted=self.aborted)
+                         interrupted=self.aborted, device=self.device)  # (gloo: tensors travel through the CPU)
 
     def _resume(self, gen: Generation, transport) -> tuple[int, bool]:
         """(iteration to start from, whether this rank undid its last step)."""
@@ -513,6 +515,23 @@ class LiveWorker:
         self.ops += 1
         if self.trigger:
             self._fire(self.trigger.at_op(self.iteration, "after", kind, mb))
+
+
+def _own_device(device: str, rank: int) -> str:
+    """This worker's device under `--device`, made current (a CUDA context is made here, in the
+    worker: the forkserver it came from never touched CUDA, `schedc.runtime.warmup`)."""
+    from schedc.runtime.placement import rank_device
+
+    mine = rank_device(device, rank)
+    if mine.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RunError([error("E580", f"rank {rank}: --device {device}, but this host's torch sees no CUDA GPU",
+                                  hint="run the workers on hosts with GPUs and a CUDA build of torch, or leave "
+                                       "out --device")])
+        torch.cuda.set_device(torch.device(mine))
+    return mine
 
 
 def _lost_peer(exc: RunError) -> bool:

@@ -42,6 +42,8 @@ class TrainOptions:
     store_host: str = "127.0.0.1"
     store_port: int = 0
     agent_timeout: float = 60.0
+    device: str = "cpu"  # cpu, cuda (rank i on GPU i mod the GPUs of its host) or cuda:N (every rank on GPU N)
+    backend: str = "auto"  # how ranks talk: a live run recovers over gloo (CUDA tensors go through host memory)
 
     def with_spec(self, spec) -> "TrainOptions":
         """These options with the spec's `recovery` block filling what was not given (policy,
@@ -89,6 +91,8 @@ class TrainOptions:
             problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")
         if self.recovery == "restart" and not self.checkpoint_every:
             problems.append("recovery `restart` restarts from checkpoints: give --checkpoint-every K")
+        if self.device != "cpu" and self.emulate:
+            problems.append("--emulate sleeps instead of computing: it runs on the CPU (leave out --device)")
         if self.want_weights and self.emulate:
             problems.append("weights need real compute, not --emulate")
         if problems:

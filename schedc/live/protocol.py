@@ -298,6 +298,7 @@ class RunConfig:
     probe: bool  # standby and compute-less ranks probe their speed (--fail-slow act)
     cluster: tuple[int, int]  # (dp, pp): what `schedc rejoin` checks a GPU against
     stall_clock: bool = False  # workers time their stops (`schedc.live.stall`; --fail-slow act or detect)
+    device: str = "cpu"  # --device: where workers compute (`schedc.runtime.placement.rank_device`)
 
     def encode(self) -> bytes:
         body = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -77,6 +77,11 @@ class Supervisor(Transitions):
         from schedc.runtime.manifest import refuse_tensor_parallel
 
         refuse_tensor_parallel(spec.cluster.tp)
+        if options.device != "cpu" or options.backend not in ("auto", "gloo"):
+            # Before anything starts: a machine without the GPUs asked for hears it now (E580/E581).
+            from schedc.runtime.placement import place_live
+
+            place_live(options.device, options.backend, -(-len(spec.gpus) // options.hosts))
         self.iterations = options.iterations or spec.train.iterations
         self.injections = Injections(parse_injections(options.inject, spec, iterations=self.iterations))
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()
@@ -201,7 +206,7 @@ class Supervisor(Transitions):
             checkpoint_dir=str(self.ckpt_root.resolve()), want_weights=opts.want_weights,
             injections=tuple(i.to_json() for i in self.injections.all),
             coords={str(g.rank): (g.dp, g.pp) for g in spec.gpus}, probe=opts.fail_slow == "act",
-            cluster=(spec.cluster.dp, spec.cluster.pp), stall_clock=opts.fail_slow != "off"))
+            cluster=(spec.cluster.dp, spec.cluster.pp), stall_clock=opts.fail_slow != "off", device=opts.device))
         self.fleet = self.world.fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")

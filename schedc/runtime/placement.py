@@ -67,6 +67,31 @@ def place(device: str, backend: str, ranks: int) -> Placement:
     return Placement(devices, backend)
 
 
+def place_live(device: str, backend: str, ranks: int) -> Placement:
+    """The placement of a live run's `ranks` workers on one host (`schedc train --device/--backend`).
+
+    A live run talks over gloo whatever the device: its recovery aborts a generation by dropping
+    its groups, which gloo supports and NCCL does not in the same way (a communicator blocked on a
+    dead peer must be aborted, and rebuilt for the next generation). CUDA tensors then go through
+    host memory. `--backend nccl` is refused with the reason (E581), after the checks `place`
+    makes, so a machine with too few GPUs hears that first."""
+    if backend == "nccl":
+        place(device, backend, ranks)
+        raise RunError([error("E581", "schedc train recovers over gloo only: it does not abort and rebuild NCCL "
+                                      "communicators after a failure yet",
+                              hint="leave out --backend (or give --backend gloo): ranks on GPUs then exchange "
+                                   "tensors through host memory")])
+    return place(device, "gloo" if backend == "auto" else backend, ranks)
+
+
+def rank_device(device: str, index: int) -> str:
+    """The device of a host's `index`-th rank under `--device` (`cuda`: GPU index mod the GPUs)."""
+    if device != "cuda":
+        return device
+    count = gpu_count()
+    return f"cuda:{index % count}" if count else "cuda"
+
+
 def gpu_count() -> int:
     import torch
 

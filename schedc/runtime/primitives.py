@@ -335,10 +335,8 @@ class Runtime:
         (safe to save from another thread while training goes on)."""
         if self.emulate:
             return {"steps": self.steps_done, "model": {}, "optimizer": None, "params": []}
-        import copy
-
-        optimizer = copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None
-        model = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        optimizer = _to_host(self.optimizer.state_dict()) if self.optimizer is not None else None
+        model = {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
         return {"steps": self.steps_done, "model": model, "optimizer": optimizer,
                 "params": optimized_names(self.module)}
 
@@ -412,6 +410,17 @@ class Runtime:
             grad_in = torch.zeros(shape, dtype=dtype, device=self.device)
         self.transport.send(grad_in.detach(), send_to, self._message(GRADIENT, d, mb, stage - 1),
                             f"the input gradient of d{d}:{stage}{kind}{mb}")
+
+
+def _to_host(value):
+    """A copy of `value` (an optimizer's state_dict) with every tensor copied to host memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v) for v in value)
+    return value  # numbers, strings, None: immutable
 
 
 def optimized_names(module: nn.Module) -> list[str]:

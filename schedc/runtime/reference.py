@@ -13,10 +13,12 @@ from schedc.runtime.manifest import Manifest, build_model, call_with_model_args,
 from schedc.runtime.primitives import _make_optimizer
 
 
-def reference_train(manifest: Manifest, iterations: int) -> tuple[dict, list[float]]:
-    """(state_dict of the full nn.Sequential, mean loss per iteration) after `iterations`."""
+def reference_train(manifest: Manifest, iterations: int, device: str = "cpu") -> tuple[dict, list[float]]:
+    """(state_dict of the full nn.Sequential, in host memory; mean loss per iteration) after
+    `iterations`, computed on `device`."""
     layers, loss_fn, _ = build_model(manifest)
-    model = nn.Sequential(*layers)
+    model = nn.Sequential(*layers).to(device)
+    loss_fn = loss_fn.to(device) if isinstance(loss_fn, nn.Module) else loss_fn
     batch = load_callable(data_ref(manifest), "model.data", (manifest.spec_dir,))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = _make_optimizer(manifest.optimizer, params, manifest.lr)
@@ -28,9 +30,10 @@ def reference_train(manifest: Manifest, iterations: int) -> tuple[dict, list[flo
         for d in range(manifest.dp):
             for m in range(manifest.microbatches):
                 x, y = call_with_model_args(batch, manifest.model_args, it, d, m)
+                x, y = x.to(device), y.to(device)
                 loss = loss_fn(model(x), y) / n
                 loss.backward()
                 total += float(loss.detach())
         optimizer.step()
         losses.append(total)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}, losses
