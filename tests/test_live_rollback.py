@@ -15,6 +15,7 @@ import torch
 
 from live_support import compiled
 from schedc.live.member import LiveWorker
+from schedc.live.opclock import HostClock
 from schedc.live.rollback import StepSnapshot, roll_back
 from schedc.runtime import load_manifest
 from schedc.runtime.primitives import Runtime
@@ -39,7 +40,7 @@ class _Transport:
 def _worker_observer(snapshot: StepSnapshot):
     """The live worker's own op callbacks (`LiveWorker.op_ready` / `op_done` / `step_starts`) on
     just the state they use."""
-    state = types.SimpleNamespace(snapshot=snapshot, trigger=None, _op_started=0.0, _compute=0.0, _planned=0.0,
+    state = types.SimpleNamespace(snapshot=snapshot, trigger=None, _clock=HostClock(),
                                   ops=0, iteration=0)
     return types.SimpleNamespace(**{name: types.MethodType(getattr(LiveWorker, name), state)
                                     for name in ("op_ready", "op_done", "step_starts")})

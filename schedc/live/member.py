@@ -43,6 +43,7 @@ from schedc.live import checkpoint, reshard
 from schedc.live.catchup import Donor, Joiner
 from schedc.live.inject import Injection, Trigger
 from schedc.live.membership import Generation, Heartbeat, JobStore
+from schedc.live.opclock import make_clock
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
                                    IterationDone, Left, Probe, Ready, Started, WorkerError)
 from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
@@ -120,7 +121,7 @@ class LiveWorker:
         self.joiner = Joiner(job, transfer=None, timeout=self.config.wait_timeout)
         self._switches: dict[int, Generation] = {}  # newer generations read while running
         self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
-        self._op_started = 0.0
+        self._clock = make_clock("cpu")  # times the computed ops (`_build`: the rank's device's)
         self._probing = threading.Event()  # set: a thread measures this GPU's speed now and then
         self.stall = StallClock()  # how long this process was held stopped (a throttle: `schedc.live.stall`)
         self._stall_halt = threading.Event()
@@ -211,9 +212,10 @@ class LiveWorker:
                 transport.send_delay = self.trigger.link_delay(it)
                 self._fire(self.trigger.at_iteration_start(it))
                 self.rt.begin_iteration(it)
-                self._compute = self._planned = 0.0
+                self._clock.reset()  # (an interrupted iteration's ops are not this one's)
                 t0 = time.time()
                 program.iteration(self.rt)
+                self._compute, self._planned = self._clock.take_iteration()
                 self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=time.time(), loss=self.rt.iteration_loss,
                                               gen=gen.number, steps=self.rt.steps_done, compute=self._compute,
                                               planned=self._planned))
@@ -291,8 +293,9 @@ class LiveWorker:
         if self.config.emulate:
             time.sleep(PROBE_US / 1e6 * slowdown)
             return min(1.0, PROBE_US / 1e6 / (time.perf_counter() - started))
-        self._probe_op()
-        until = started + (time.perf_counter() - started) * slowdown
+        took = self._clock.timed(self._probe_op)  # (on a GPU: its kernels, waited for)
+        started = time.perf_counter() - took
+        until = started + took * slowdown
         while time.perf_counter() < until:
             pass
         return min(1.0, self._probe_base / (time.perf_counter() - started))
@@ -342,6 +345,7 @@ class LiveWorker:
 
         self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config.emulate, observer=self,
                           reduce_loss=True, device=self.device)
+        self._clock = make_clock(self.rt.device)
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
         if self.config.probe and not self.config.emulate:  # the healthy time of one probe (`_probe`)
             import torch
@@ -351,11 +355,7 @@ class LiveWorker:
             noise = torch.Generator().manual_seed(0)  # its own generator: the run's random state is untouched
             self._probe_input = sample if stage == 0 else torch.randn(self.rt.shapes[stage - 1][0],
                                                                       generator=noise).to(self.device)
-            times = []
-            for _ in range(3):
-                t = time.perf_counter()
-                self._probe_op()
-                times.append(time.perf_counter() - t)
+            times = [self._clock.timed(self._probe_op) for _ in range(3)]
             self._probe_base = sorted(times)[1]
 
     def _wait_joined(self, gen: Generation) -> None:
@@ -499,7 +499,7 @@ class LiveWorker:
     def op_ready(self, kind: str, d: int, mb: int | None) -> None:
         if self.trigger:
             self._fire(self.trigger.at_op(self.iteration, "during", kind, mb))
-        self._op_started = time.perf_counter()
+        self._clock.op_started()  # (after the op's input came: waiting for peers is not counted)
 
     def step_starts(self, steps_done: int) -> None:
         """The copy that a rollback restores is taken here, after the stage's all-reduce and just
@@ -510,8 +510,7 @@ class LiveWorker:
 
     def op_done(self, kind: str, d: int, mb: int | None, us: int) -> None:
         if kind != "O":  # O includes its all-reduce: waiting for peers is not this GPU's speed
-            self._compute += time.perf_counter() - self._op_started
-            self._planned += us / 1e6
+            self._clock.op_ended(us)
         self.ops += 1
         if self.trigger:
             self._fire(self.trigger.at_op(self.iteration, "after", kind, mb))

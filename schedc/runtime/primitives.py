@@ -99,8 +99,8 @@ class Runtime:
     reduce_loss: bool = False
     iteration_loss: float | None = None
     # Fault injection: every op takes this many times longer (emulated ops sleep longer, computed
-    # ops spin on this rank's thread afterwards), as on a GPU gone slow. Below 1 (emulated only):
-    # a GPU faster than its plan assumes.
+    # ops spin on this rank's thread afterwards, on a GPU queue a sleep kernel: `slow_down`), as on a
+    # GPU gone slow. Below 1 (emulated only): a GPU faster than its plan assumes.
     slowdown: float = 1.0
     # With `keep_step_grad`, `last_step_grad` is the summed gradient of the last optimizer step
     # (flat, in `params` order): what a live run streams to a rejoining GPU of this stage.
@@ -161,7 +161,7 @@ class Runtime:
             out = self.work.forward(inp, target, received=received)
             if self.last:
                 self._loss = self._loss + out.detach()
-            self.slow_down(ready)
+            self.slow_down(ready, us)
         if send_to is not None:
             self.transport.send(out.detach(), send_to, self._message(ACTIVATION, d, mb, stage),
                                 f"the activation of {op}")
@@ -181,7 +181,7 @@ class Runtime:
         else:
             grad_in, st.weight_grads = self.work.backward(st.out, st.inp, st.grad_out, wants_input=send_to is not None,
                                                           defer_weights=True)
-            self.slow_down(ready)
+            self.slow_down(ready, us)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         st.keep_only_weight_grads()
         st.backward_done = True
@@ -201,7 +201,7 @@ class Runtime:
             self.run_emulated(us, ready)
         else:
             self.work.weight(st.weight_grads)
-            self.slow_down(ready)
+            self.slow_down(ready, us)
         if self.observer is not None:
             self.observer.op_done("W", d, mb, us)
 
@@ -216,7 +216,7 @@ class Runtime:
         else:
             grad_in, _ = self.work.backward(st.out, st.inp, st.grad_out, wants_input=send_to is not None,
                                             defer_weights=False)
-            self.slow_down(ready)
+            self.slow_down(ready, us)
         self._backward_send(grad_in, d, stage, mb, send_to, "B")
         del self._stash[(d, mb)]
         if self.observer is not None:
@@ -256,7 +256,7 @@ class Runtime:
         else:
             started = time.perf_counter()
             self._all_reduce_and_step()
-            self.slow_down(started)
+            self.slow_down(started, us)
         if self.observer is not None:
             self.observer.op_done("O", own_dp, None, us)
 
@@ -372,9 +372,15 @@ class Runtime:
     def run_emulated(self, us: float, ready: float) -> None:
         _sleep_us(us * self.slowdown, ready)
 
-    def slow_down(self, ready: float) -> None:  # (no-op unless slowdown > 1)
-        """An injected slowdown of a computed op: busy this rank's thread (slowdown - 1) times as long."""
-        if self.slowdown > 1.0:
+    def slow_down(self, ready: float, us: float = 0) -> None:  # (no-op unless slowdown > 1)
+        """An injected slowdown of a computed op: busy this rank's thread (slowdown - 1) times as long.
+        On a GPU the op's kernels run after their launch returns, so a busy host thread would not
+        slow them: queue a sleep kernel of (slowdown - 1) x the op's planned time `us` instead."""
+        if self.slowdown > 1.0 and str(self.device).startswith("cuda"):
+            from schedc.runtime import gpusleep
+
+            gpusleep.sleep(self.device, (self.slowdown - 1.0) * us)
+        elif self.slowdown > 1.0:
             until = ready + (time.perf_counter() - ready) * self.slowdown
             while time.perf_counter() < until:
                 pass

@@ -1,0 +1,149 @@
+"""How long a rank's computed ops take: what fail-slow detection (`schedc.live.slowness`) judges.
+
+A live worker (`schedc.live.member`) calls `op_started` once an op's input is
+there (waiting for a peer is not this GPU's speed), `op_ended` once its sends
+are posted, with the op's planned duration, and `take_iteration` at the end
+of an iteration: the measured and the planned seconds of its timed ops,
+summed, both reset for the next.
+
+- `HostClock` (a CPU rank): ``time.perf_counter`` around each op. The host
+  thread does the work, so the host's clock is the op's time.
+- `EventClock` (a GPU rank): a kernel runs after its launch returns, so the
+  host's clock would time launches only. Each op gets a pair of timing events
+  recorded on the rank's current stream; nothing waits for the GPU per op.
+  `take_iteration` waits for the last recorded event (every earlier one on
+  the stream is then complete) and sums each pair's GPU time. The pairs come
+  from a pool that grows only when an iteration times more ops than any
+  before: no allocation per op once the first iteration has run.
+
+`timed` (the probe of an excluded or compute-less GPU, and its healthy time
+at start-up) is a wall-clock measure of one call; on a GPU it waits for the
+device before and after, so it times the kernels, not their launch (a probe
+is rare: the waits cost nothing that matters).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol
+
+
+class OpClock(Protocol):
+    """Times a rank's computed ops, per iteration (see the module docstring)."""
+
+    def op_started(self) -> None: ...
+
+    def op_ended(self, planned_us: float) -> None:
+        """The op started last has ended; `planned_us`: its duration in the plan, microseconds."""
+
+    def reset(self) -> None:
+        """Forget the ops timed so far (an interrupted iteration's)."""
+
+    def take_iteration(self) -> tuple[float, float]:
+        """(measured, planned) seconds of the ops ended since the last take or reset; resets both."""
+
+    def timed(self, fn: Callable[[], object]) -> float:
+        """Seconds that `fn()` takes, its device work included."""
+
+
+def make_clock(device) -> OpClock:
+    """The clock for a rank computing on `device` (``cpu``, ``cuda``, ``cuda:N``, or a torch.device)."""
+    if str(device).startswith("cuda"):
+        return EventClock(str(device))
+    return HostClock()
+
+
+class HostClock:
+    """A CPU rank's clock: the host's time from `op_started` to `op_ended`."""
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter):
+        self._now = now
+        self._started = 0.0
+        self._compute = self._planned = 0.0
+
+    def op_started(self) -> None:
+        self._started = self._now()
+
+    def op_ended(self, planned_us: float) -> None:
+        self._compute += self._now() - self._started
+        self._planned += planned_us / 1e6
+
+    def reset(self) -> None:
+        self._compute = self._planned = 0.0
+
+    def take_iteration(self) -> tuple[float, float]:
+        totals = (self._compute, self._planned)
+        self.reset()
+        return totals
+
+    def timed(self, fn: Callable[[], object]) -> float:
+        started = self._now()
+        fn()
+        return self._now() - started
+
+
+class EventClock:
+    """A GPU rank's clock: a pair of timing events per op on the current stream, resolved once
+    per iteration.
+
+    `event` makes one timing event (``torch.cuda.Event(enable_timing=True)``: it has
+    ``record(stream)``, ``synchronize()`` and ``elapsed_time(end)`` in milliseconds), `stream`
+    gives the stream to record on (the rank's device's current stream) and `synchronize` waits
+    for everything queued on the device (`timed`). All three default to torch's for `device`;
+    tests give their own, so that this logic runs without a GPU.
+    """
+
+    def __init__(self, device: str = "cuda", *, event: Callable[[], object] | None = None,
+                 stream: Callable[[], object] | None = None, synchronize: Callable[[], None] | None = None):
+        if event is None or stream is None or synchronize is None:
+            import torch
+
+            event = event or (lambda: torch.cuda.Event(enable_timing=True))
+            stream = stream or (lambda: torch.cuda.current_stream(device))
+            synchronize = synchronize or (lambda: torch.cuda.synchronize(device))
+        self._event, self._stream, self._synchronize = event, stream, synchronize
+        self._pairs: list[tuple[object, object]] = []  # the pool: (start, end) per op, reused every iteration
+        self._ops = 0  # pairs of this iteration whose end is recorded
+        self._planned = 0.0
+        # The stream of this iteration's ops, asked for at its first op (asking per op costs
+        # microseconds per op: `python bench/cuda_event_overhead.py --device cuda`).
+        self._on = None
+
+    def op_started(self) -> None:
+        if self._ops == len(self._pairs):
+            self._pairs.append((self._event(), self._event()))
+        if self._on is None:
+            self._on = self._stream()
+        self._pairs[self._ops][0].record(self._on)
+
+    def op_ended(self, planned_us: float) -> None:
+        self._pairs[self._ops][1].record(self._on)
+        self._ops += 1
+        self._planned += planned_us / 1e6
+
+    def reset(self) -> None:
+        # An event recorded again before the GPU reached it is simply re-recorded: no wait needed.
+        self._ops = 0
+        self._planned = 0.0
+        self._on = None
+
+    def take_iteration(self) -> tuple[float, float]:
+        ops, planned = self._ops, self._planned
+        self.reset()
+        if ops == 0:
+            return 0.0, planned
+        self._pairs[ops - 1][1].synchronize()  # the last end: every earlier event on the stream is done too
+        ms = sum(start.elapsed_time(end) for start, end in self._pairs[:ops])
+        return ms / 1e3, planned
+
+    @property
+    def pool_size(self) -> int:
+        """Event pairs allocated so far (the most ops any iteration timed)."""
+        return len(self._pairs)
+
+    def timed(self, fn: Callable[[], object]) -> float:
+        self._synchronize()  # work queued before is not the call's
+        started = time.perf_counter()
+        fn()
+        self._synchronize()
+        return time.perf_counter() - started
