@@ -16,7 +16,7 @@ import torch
 from live_support import compiled
 from schedc.live.member import LiveWorker
 from schedc.live.opclock import HostClock
-from schedc.live.rollback import StepSnapshot, roll_back
+from schedc.live.rollback import RollbackError, StepSnapshot, roll_back
 from schedc.runtime import load_manifest
 from schedc.runtime.primitives import Runtime
 from schedc.runtime.transport import Interrupted
@@ -46,20 +46,23 @@ def _worker_observer(snapshot: StepSnapshot):
                                     for name in ("op_ready", "op_done", "step_starts")})
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_an_interrupted_all_reduce_keeps_the_copy_of_the_step_that_was_applied(tmp_path, optimizer):
+def test_an_interrupted_all_reduce_keeps_the_copy_of_the_step_that_was_applied(tmp_path, optimizer, overlap):
     out = compiled(tmp_path, dp=2, pp=2, optimizer=optimizer)
     manifest = load_manifest(out)
     rank = manifest.stage_groups[0][0]  # a first-stage rank: one stage all-reduce per step (no loss)
     rt = Runtime(manifest, rank, _Transport(interrupt_at=2))
-    snapshot = StepSnapshot(rt.module, rt.optimizer)
+    snapshot = StepSnapshot(rt.module, rt.optimizer, overlap=overlap)
     rt.observer = _worker_observer(snapshot)
     initial = [p.detach().clone() for p in rt.params]
 
+    snapshot.prefetch(rt.steps_done)  # as the live worker does when an iteration starts
     for p in rt.params:
         p.grad = torch.ones_like(p)
     rt.optimizer_step()  # step 1 applied
     assert rt.steps_done == 1 and snapshot.steps == 0
+    snapshot.prefetch(rt.steps_done)  # overlapped: the state after step 1 goes to the spare buffers
     for p in rt.params:
         p.grad = torch.full_like(p, 2.0)
     with pytest.raises(Interrupted):
@@ -71,3 +74,204 @@ def test_an_interrupted_all_reduce_keeps_the_copy_of_the_step_that_was_applied(t
     assert all(torch.equal(a, p) for a, p in zip(initial, rt.params))
     if optimizer == "adam":
         assert all(not rt.optimizer.state.get(p) for p in rt.params)  # no Adam state before step 1
+
+
+# -- the overlapped copy: prefetched during the iteration into spare buffers, kept at the step ------
+
+def _stage(optimizer: str, device: str = "cpu"):
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(device)
+    params = list(module.parameters())
+    opt = {"sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+           "adam": lambda: torch.optim.Adam(params, lr=0.01)}[optimizer]()
+    return module, opt
+
+
+def _backward(module, seed: int) -> None:
+    """An iteration's forward and backward work: gradients, weights untouched."""
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        p.grad = None
+    x = torch.randn(3, 4, generator=g).to(next(module.parameters()).device)
+    module(x).pow(2).sum().backward()
+
+
+def _iteration(snap: StepSnapshot, module, opt, k: int) -> None:
+    """Iteration k as a live rank runs it: prefetch as it starts, take just before the step."""
+    snap.prefetch(k)
+    _backward(module, k)
+    snap.take(k)
+    opt.step()
+
+
+def _state(module, opt):
+    return ({k: v.clone() for k, v in module.state_dict().items()},
+            {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()}
+             for i, p in enumerate(module.parameters()) if opt.state.get(p)})
+
+
+def _assert_state(module, opt, expected) -> None:
+    weights, state = _state(module, opt)
+    assert weights.keys() == expected[0].keys() and state.keys() == expected[1].keys()
+    for key, v in expected[0].items():
+        assert torch.equal(weights[key], v), key
+    for i, s in expected[1].items():
+        assert state[i].keys() == s.keys()
+        for key, v in s.items():
+            assert torch.equal(state[i][key], v) if torch.is_tensor(v) else state[i][key] == v, (i, key)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("applied", [1, 3])
+def test_a_rank_one_step_ahead_goes_back_exactly_while_the_next_copy_is_prefetched(optimizer, applied):
+    """A rank applied step `applied - 1` and ran on into the next iteration (its prefetch is made)
+    when a peer that never applied that step died: it goes back to the state before it, bit for
+    bit (with Adam after one step: no optimizer state at all), and running the iteration again
+    gives the state it had, bit for bit."""
+    module, opt = _stage(optimizer)
+    snap = StepSnapshot(module, opt, overlap=True)
+    before = {}
+    for k in range(applied):
+        before[k] = _state(module, opt)
+        _iteration(snap, module, opt, k)
+    after = _state(module, opt)
+    snap.prefetch(applied)  # the next iteration started; it is interrupted before its step
+    _backward(module, seed=applied)
+
+    assert roll_back(applied, applied - 1, snap)
+    _assert_state(module, opt, before[applied - 1])
+    _iteration(snap, module, opt, applied - 1)  # the iteration again, after the rollback
+    _assert_state(module, opt, after)
+
+
+def test_a_take_keeps_the_state_its_prefetch_copied():
+    """The copy is written at the prefetch, not at the take: anything that changed the weights in
+    between (nothing does in a live run: the iteration's forward and backward work only) shows."""
+    module, opt = _stage("adam")
+    snap = StepSnapshot(module, opt, overlap=True)
+    _iteration(snap, module, opt, 0)
+    prefetched = _state(module, opt)
+    snap.prefetch(1)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(1.0)
+    snap.take(1)
+    opt.step()
+    assert roll_back(2, 1, snap)
+    _assert_state(module, opt, prefetched)
+
+
+def test_a_prefetch_of_another_state_is_not_kept():
+    """After a prefetch of 1 step the weights change by a step that takes no copy (a catch-up
+    replays its donor's steps so): the take of 2 steps copies the state it finds."""
+    module, opt = _stage("adam")
+    snap = StepSnapshot(module, opt, overlap=True)
+    _iteration(snap, module, opt, 0)
+    snap.prefetch(1)
+    _backward(module, seed=1)
+    opt.step()  # step 1, with no take
+    current = _state(module, opt)
+    snap.take(2)
+    _backward(module, seed=2)
+    opt.step()
+    assert roll_back(3, 2, snap)
+    _assert_state(module, opt, current)
+
+
+def test_a_prefetch_made_before_a_checkpoint_load_or_a_restore_is_not_kept():
+    module, opt = _stage("adam")
+    snap = StepSnapshot(module, opt, overlap=True)
+    _iteration(snap, module, opt, 0)
+    snap.prefetch(1)
+    # A checkpoint of the same step count, with other weights, replaces the state.
+    other_module, other_opt = _stage("adam")
+    _backward(other_module, seed=7)
+    other_opt.step()
+    module.load_state_dict(other_module.state_dict())
+    opt.load_state_dict(other_opt.state_dict())
+    snap.invalidate()
+    with pytest.raises(RollbackError):
+        roll_back(1, 0, snap)  # the copy of before step 0 is not of this state's past
+    loaded = _state(module, opt)
+    snap.take(1)
+    _backward(module, seed=1)
+    opt.step()
+    assert roll_back(2, 1, snap)
+    _assert_state(module, opt, loaded)
+
+    # A restore: a prefetch made in the interrupted iteration is of the state it replaced.
+    _iteration(snap, module, opt, 1)
+    snap.prefetch(2)
+    assert roll_back(2, 1, snap)
+    _backward(module, seed=8)
+    opt.step()  # another state with 2 steps (no take: made only to tell the two apart)
+    other = _state(module, opt)
+    snap.take(2)
+    _backward(module, seed=9)
+    opt.step()
+    assert roll_back(3, 2, snap)
+    _assert_state(module, opt, other)
+
+
+def test_the_overlapped_copy_allocates_nothing_once_its_buffers_are_filled_and_holds_two_copies():
+    module, opt = _stage("adam")
+    snap = StepSnapshot(module, opt, overlap=True)
+    for k in range(3):  # Adam's state appears at step 0; each set of buffers gets it at its next prefetch
+        _iteration(snap, module, opt, k)
+    held = snap.buffers()  # (held here: a buffer allocated anew cannot take a freed one's place)
+    pointers = [b.data_ptr() for b in held]
+    for k in range(3, 6):
+        _iteration(snap, module, opt, k)
+    snap.prefetch(6)
+    assert roll_back(6, 5, snap)
+    _iteration(snap, module, opt, 5)
+    now = snap.buffers()
+    assert len(now) == len(held) and {id(b) for b in now} == {id(b) for b in held}
+    assert sorted(b.data_ptr() for b in now) == sorted(pointers)
+    params = list(module.parameters())
+    one = 4 * sum(p.numel() for p in params) * 3 + 4 * len(params)  # weights, m, v (+ Adam's step)
+    assert snap.nbytes == snap.host_bytes == 2 * one and snap.device_bytes == 0
+    assert StepSnapshot(module, opt).overlap is False  # on a CPU: one copy, taken at the step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_copy_is_pinned_host_memory_and_goes_back_bit_for_bit():
+    module, opt = _stage("adam", device="cuda")
+    snap = StepSnapshot(module, opt)
+    assert snap.overlap  # on by default with the parameters on a GPU
+    params = list(module.parameters())
+    _backward(module, seed=0)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    snap.prefetch(0)
+    snap.take(0)  # the first copy: its buffers are allocated here, none on the GPU
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == allocated
+    opt.step()
+    before = {}
+    for k in range(1, 4):
+        before[k] = _state(module, opt)
+        snap.prefetch(k)
+        _backward(module, seed=k)
+        torch.cuda.synchronize()
+        allocated = torch.cuda.memory_allocated()
+        snap.take(k)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == allocated
+        opt.step()
+    assert snap.device_bytes == 0 and all(b.device.type == "cpu" for b in snap.buffers())
+    pinned = [b for b in snap.buffers() if b.is_pinned()]
+    assert sum(b.numel() for b in pinned) == 2 * 3 * sum(p.numel() for p in params)  # weights, m, v: twice
+    snap.prefetch(4)
+    _backward(module, seed=4)  # interrupted before its step
+    assert roll_back(4, 3, snap)
+    _assert_state(module, opt, before[3])
+    _iteration(snap, module, opt, 3)
+    snap.prefetch(4)
+    snap.invalidate()  # (as after a checkpoint load: no copy kept, the prefetch unusable)
+    current = _state(module, opt)
+    snap.take(4)  # copied here, on the current stream
+    _backward(module, seed=5)
+    opt.step()
+    assert roll_back(5, 4, snap)
+    _assert_state(module, opt, current)

@@ -214,6 +214,7 @@ class LiveWorker:
                 self.rt.begin_iteration(it)
                 self._clock.reset()  # (an interrupted iteration's ops are not this one's)
                 t0 = time.time()
+                self.snapshot.prefetch(self.rt.steps_done)  # the copy a rollback restores, written meanwhile
                 program.iteration(self.rt)
                 self._compute, self._planned = self._clock.take_iteration()
                 self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=time.time(), loss=self.rt.iteration_loss,
@@ -431,7 +432,7 @@ class LiveWorker:
             else:
                 state = checkpoint.load_stage(found, self.rt.stage)
         self.rt.load_stage_state(state)
-        self.snapshot.steps = None
+        self.snapshot.invalidate()
 
     def _program(self, gen: Generation, manifest: Manifest):
         from schedc.runtime.program import program_from_text
