@@ -152,7 +152,6 @@ def measure_cuda(name: str, module: torch.nn.Module, window: _Window, repeats: i
     row["step_ms"] = step_ms(nothing, nothing, window_ms)
     row["pageable_ms"] = step_ms(nothing, to_pageable, window_ms)
     row["pinned_ms"] = step_ms(nothing, pinned.take, window_ms)
-    del pinned
     row["overlapped_ms"] = step_ms(snap.prefetch, snap.take, window_ms)
     row["exposed_ms"] = step_ms(snap.prefetch, snap.take, 0.0)
     return row

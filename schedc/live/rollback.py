@@ -48,8 +48,9 @@ applied k-1), so the prefetch goes into a second, spare set of buffers and
 `take` swaps the two: overlapped, the copy holds twice the weights and
 optimizer state in host memory. A take that finds no prefetch of its
 state (none was made, or it was of another state, or made before a restore
-or a checkpoint load: `invalidate()`) copies then, on the current stream. On a CPU the overlap gains nothing (the copy takes the
-same cores either way), so it is off unless asked for (`overlap=True`).
+or a checkpoint load: `invalidate()`) copies then, on the current stream.
+On a CPU the overlap gains nothing (the copy takes the same cores either
+way), so it is off unless asked for (`overlap=True`).
 """
 
 from __future__ import annotations
