@@ -117,10 +117,16 @@ def test_live_training_on_a_gpu_survives_killed_ranks_exactly(tmp_path, inject, 
                    checkpoint_every=checkpoint_every, max_restarts=1)
     assert result.recoveries, "the injected failure must have happened"
     assert [r.iteration for r in result.iterations] == list(range(iterations))
-    # Against single-process training on the GPU (fp32, TF32 off, torch's default for matmuls) and
-    # on the CPU. The pipeline sums a microbatch's gradients in another order than one process
-    # does (per rank, then over the stage's ranks), so the last bits differ: 1e-5, as on the CPU.
-    for device in ("cuda", "cpu"):
-        ref, ref_losses = reference_train(load_manifest(out), iterations, device=device)
-        assert max_weight_diff(result.state_dict, ref) <= 1e-5, device
-        assert result.losses == pytest.approx(ref_losses, abs=1e-5), device
+    # Against single-process training on the GPU (fp32, TF32 off: torch's default for matmuls).
+    # The pipeline sums a microbatch's gradients in another order than one process does (per
+    # rank, then over the stage's ranks), so the last bits differ: 1e-5, as on the CPU (measured
+    # on an H200: 1.8e-6).
+    assert not torch.backends.cuda.matmul.allow_tf32
+    ref, ref_losses = reference_train(load_manifest(out), iterations, device="cuda")
+    assert max_weight_diff(result.state_dict, ref) <= 1e-5
+    assert result.losses == pytest.approx(ref_losses, abs=1e-5)
+    # And against the CPU, looser: cuBLAS and the CPU's kernels round differently, and Adam divides
+    # each gradient by its running norm, which turns last-bit differences of near-zero gradients
+    # into differences of up to lr per step (5 steps of 1e-3 at worst; measured on an H200: 2.6e-5).
+    cpu, _ = reference_train(load_manifest(out), iterations, device="cpu")
+    assert max_weight_diff(result.state_dict, cpu) <= 1e-4
