@@ -29,6 +29,8 @@ The modules, from the job down to a rank (docs/live.md):
 - `schedc.live.catchup`: a joiner's catch-up from a live donor of its stage.
 - `schedc.live.transfer`: moving state between two ranks, direct (a two-rank
   gloo group) or through the store; catch-up's seam, and layer moves' next.
+- `schedc.live.opclock`: how long a rank's computed ops take (the host's
+  clock on a CPU, CUDA timing events on a GPU), for fail-slow detection.
 - `schedc.live.rollback`: the survivors' agreement on an iteration boundary
   and the copy of the state before each optimizer step.
 - `schedc.live.checkpoint`: complete, atomic per-stage checkpoints, and

@@ -27,6 +27,7 @@
 - `schedc.runtime.threads`: every rank as a thread of one process (a fast
   check of a plan's programs without processes).
 - `schedc.runtime.warmup`: what the forkserver does once before forking ranks.
+- `schedc.runtime.gpusleep`: an injected slowdown on a GPU, a calibrated sleep kernel.
 - `schedc.runtime.reference`: single-process training on the same global
   batch, the yardstick of exactness.
 
