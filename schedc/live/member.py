@@ -412,8 +412,10 @@ class LiveWorker:
 
         if gen.restore is not None:
             self._restore(gen.restore)
-            return self.rt.steps_done, False
         # One all-reduce MIN of (steps, -steps): the fewest and the most steps any member applied.
+        # Also after a restore (every member holds the same steps then): it is the generation's
+        # first collective, which waits for every member to have formed its groups, and which
+        # an abort ends even when a member abandoned the generation while forming them.
         steps = torch.tensor([self.rt.steps_done, -self.rt.steps_done], dtype=torch.int64)
         transport.all_reduce_min(steps, "the members' step counts")
         target = rollback_target([int(steps[0]), -int(steps[1])])

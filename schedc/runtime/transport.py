@@ -28,6 +28,9 @@ from schedc.runtime.manifest import Manifest
 # below 2**31 for up to 16*2*D*M*S < 2**31 (e.g. D = M = 256, S = 64).
 _TAG_ITERATIONS = 16
 EMULATED_MESSAGE = 16  # floats sent per boundary message in --emulate mode (no model to size it)
+#: The longest pause between two looks at a generation-start collective (`all_reduce_min`),
+#: seconds: what that once-per-generation wait may add after the collective completes.
+POLL_MAX_S = 0.002
 
 
 class Message(NamedTuple):
@@ -102,6 +105,7 @@ class Transport:
         # over a slow link (the sender goes on at once; only its peers wait longer).
         self.send_delay = 0.0
         self._late: _LateSends | None = None
+        self._stranded = False  # a collective was left unfinished (`_poll`): its groups go on a thread
 
     @classmethod
     def over_default_group(cls, manifest: Manifest, rank: int, timeout: float, *, device: str = "cpu",
@@ -188,11 +192,19 @@ class Transport:
         self._wait(self._post(lambda: self.world.allreduce([torch.zeros(1, device=self.wire)]), what), what)
 
     def all_reduce_min(self, tensor: torch.Tensor, what: str) -> None:
-        """Element-wise minimum of `tensor` over every live rank, in place."""
+        """Element-wise minimum of `tensor` over every live rank, in place.
+
+        A live run's first collective of a generation (the members' step counts): a member
+        may have formed its groups while a peer abandoned the generation while forming its
+        own (the generation was aborted meanwhile). That peer never posts its side and its
+        connections stay open, so no error ends the wait: it is waited for by looking at the
+        work (`_poll`), which an abort ends at once. Once it completes, every member has
+        formed its groups, and a member that leaves later drops them, which ends its peers'
+        waits (the rest of a generation's waits block in gloo, as they may)."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MIN
         self._check_interrupted(what)
-        self._wait(self._post(lambda: self.world.allreduce([tensor], opts), what), what)
+        self._wait(self._post(lambda: self.world.allreduce([tensor], opts), what), what, poll=True)
 
     def begin_iteration(self) -> None:
         """Wait for the sends of the iteration before the one that just ended (see __init__)."""
@@ -218,7 +230,14 @@ class Transport:
         if self._late is not None:
             self._late.stop()
             self._late = None
+        groups = [self.world, self.stage, *(self.channels or ())]
         self.world = self.stage = self.channels = None  # the last references: the groups go
+        if self._stranded:
+            # A gloo group whose collective still runs holds its destructor until that
+            # collective ends (the peer's exit, or gloo's own timeout): let the last references
+            # go on a thread of its own, not on this rank's.
+            threading.Thread(target=groups.clear, name="schedc-drop-groups", daemon=True).start()
+        del groups
 
     def _check_interrupted(self, what: str) -> None:
         if self.interrupted is not None and self.interrupted():
@@ -231,18 +250,40 @@ class Transport:
         except RuntimeError as exc:
             raise self._lost(exc, what, peer) from None
 
-    def _wait(self, work, what: str, peer: int | None = None) -> None:
+    def _wait(self, work, what: str, peer: int | None = None, *, poll: bool = False) -> None:
         self.waiting = what
         try:
             # NCCL: wait() orders this rank's compute stream after the transfer and returns at
             # once (the process group's watchdog ends a transfer that outlives its timeout).
-            ok = work.wait(timedelta(seconds=self.timeout)) if self.host_waits else work.wait()
+            if not self.host_waits:
+                ok = work.wait()
+            elif poll and self.interrupted is not None:
+                ok = self._poll(work, what)
+            else:
+                ok = work.wait(timedelta(seconds=self.timeout))
         except RuntimeError as exc:
             raise self._lost(exc, what, peer) from None
         finally:
             self.waiting = None
         if ok is False:
             raise RunError([error("E530", f"rank {self.rank} waited {self.timeout:g} s for {what}")])
+
+    def _poll(self, work, what: str) -> bool:
+        """Wait for `work` by looking whether it completed, asking `interrupted` in between, for
+        `timeout` seconds at most (False then). No gloo wait with a timeout is made: one that
+        times out can leave the group's connections unusable for the waits after it."""
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0001
+        while not work.is_completed():
+            if self.interrupted():
+                self._stranded = True
+                raise Interrupted(f"rank {self.rank} stopped while waiting for {what}")
+            if time.monotonic() > deadline:
+                self._stranded = True
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_S)
+        return work.wait()  # completed: returns at once, or raises what the work failed with
 
     def _lost(self, exc: RuntimeError, what: str, peer: int | None) -> Exception:
         """The error a failed wait becomes: `Interrupted` when the run was stopped from outside, else E530."""
