@@ -174,7 +174,56 @@ def beat_ratio(seen: dict, rank: int) -> float | None:
     return rates[rank] / statistics.median(v for r, v in rates.items() if r != rank)
 
 
-def throttle_run(out: Path, iterations: int, loops: int) -> dict:
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (`--throttle-kind quota`)
+QUOTA_PERIOD_US = 100_000
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stop_duty(pid: int, while_on) -> None:
+    """SIGSTOP/SIGCONT at 50% duty while `while_on()`."""
+    try:
+        while while_on():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(DUTY_PERIOD / 2)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(DUTY_PERIOD / 2)
+    except ProcessLookupError:
+        pass
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _cpu_quota(pid: int, quota: float, while_on) -> None:
+    """The process in a cgroup of its own whose CFS quota is `quota` of one CPU (a container's CPU
+    limit) while `while_on()`; then back in the root group, and the group removed."""
+    group = CPU_CGROUP / f"schedc-bench-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(int(quota * QUOTA_PERIOD_US)))
+        (group / "cgroup.procs").write_text(str(pid))  # (v1: every thread of the process)
+        while while_on():
+            time.sleep(0.01)
+    except ProcessLookupError:
+        pass
+    finally:
+        for tid in (group / "tasks").read_text().split():
+            try:
+                (CPU_CGROUP / "tasks").write_text(tid)
+            except OSError:
+                pass
+        group.rmdir()
+
+
+def throttle_run(out: Path, iterations: int, loops: int, kind: str = "stop", quota: float = 0.1) -> dict:
     marks: dict = {}
 
     def throttle(sup: Supervisor, stop: threading.Event) -> None:
@@ -184,27 +233,23 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
             return
         pid = sup.fleet.local.local.processes[THROTTLED].pid
         marks["start_t"], marks["start_it"] = time.time() - sup.t0, sup.completed
-        try:
-            while not stop.is_set() and sup.completed < THROTTLE_FROM + THROTTLE_FOR:
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(DUTY_PERIOD / 2)
-                os.kill(pid, signal.SIGCONT)
-                time.sleep(DUTY_PERIOD / 2)
-        except ProcessLookupError:
-            pass
-        finally:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        # Its own CPU share before (what a quota must be under to bite): over the last iterations.
+        marks["cpu_s_at_start"] = _cpu_seconds(pid)
+        on = lambda: not stop.is_set() and sup.completed < THROTTLE_FROM + THROTTLE_FOR  # noqa: E731
+        _stop_duty(pid, on) if kind == "stop" else _cpu_quota(pid, quota, on)
         marks["end_t"], marks["end_it"] = time.time() - sup.t0, sup.completed
+        try:
+            marks["cpu_share_throttled"] = round((_cpu_seconds(pid) - marks["cpu_s_at_start"])
+                                                 / (marks["end_t"] - marks["start_t"]), 3)
+        except (OSError, ZeroDivisionError):
+            pass
 
     procs = busy_loops(loops)
     try:
         doc, _ = train_run(out, iterations, throttle)
     finally:
         end(procs)
-    (out.parent / f"throttle-{loops}.json").write_text(json.dumps(doc))
+    (out.parent / f"throttle-{kind}-{loops}.json").write_text(json.dumps(doc))
     found = [e for e in doc["events"] if e["kind"] == "slow" and e.get("rank") == THROTTLED
              and e.get("speed", 1.0) < 0.88 and e["t"] >= marks.get("start_t", 0)
              and e.get("since", 0) <= marks.get("end_it", 1 << 30)]  # (a report dated after it is no finding)
@@ -216,7 +261,8 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
     ratios = sorted(beat_ratio(seen, THROTTLED) for t, _, seen, _ in doc["bench_beat_rates"]
                     if marks.get("start_t", 1e9) + 2.0 <= t <= marks.get("end_t", 0)
                     and beat_ratio(seen, THROTTLED) is not None)
-    row = {"case": f"rank {THROTTLED} throttled 50% (SIGSTOP/SIGCONT), {loops} busy loops", "loops": loops,
+    how = "50% (SIGSTOP/SIGCONT)" if kind == "stop" else f"by a CPU quota of {quota:g} CPU (cgroup)"
+    row = {"case": f"rank {THROTTLED} throttled {how}, {loops} busy loops", "loops": loops,
            "iterations": iterations, "done": len(doc["iterations"]), "error": doc["bench_error"],
            "throttle": marks,
            "delay_iterations": first["seen"] - marks["start_it"] if first else None,
@@ -232,7 +278,8 @@ def throttle_run(out: Path, iterations: int, loops: int) -> dict:
            "failed_throttled": [e["message"] for e in doc["events"] if e["kind"] == "failure"
                                 and e.get("rank") == THROTTLED],
            "others": other, "false_alarms": len(other["failed"]) + len(other["slow"])}
-    print(f"{row['case']}: throttled from iteration {marks.get('start_it')} to {marks.get('end_it')}; "
+    print(f"{row['case']}: throttled from iteration {marks.get('start_it')} to {marks.get('end_it')} "
+          f"(its CPU share meanwhile {marks.get('cpu_share_throttled')}); "
           + (f"reported slow (speed {first['speed']:.2f}, {first.get('signal', '?')}) after "
              f"{row['delay_iterations']} iterations, "
              f"{row['delay_s']} s" if first else "never reported slow")
@@ -255,13 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throttle-loops", type=int, nargs="*", default=[2],
                         help="busy loops of each throttle run (none: no throttle run)")
     parser.add_argument("--throttle-iterations", type=int, default=200)
+    parser.add_argument("--throttle-kind", choices=("stop", "quota"), default="stop",
+                        help="stop: SIGSTOP/SIGCONT at 50%% duty; quota: a cgroup CPU quota (cgroup v1 cpu "
+                             "controller, root), as a container's CPU limit")
+    parser.add_argument("--quota", type=float, default=0.1, help="--throttle-kind quota: CPUs allowed (0.1)")
     args = parser.parse_args(argv)
+    if args.throttle_kind == "quota" and args.throttle_loops and not os.access(CPU_CGROUP, os.W_OK):
+        parser.error(f"--throttle-kind quota needs a writable {CPU_CGROUP} (cgroup v1's cpu controller, as root)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan_dir = out / "plan-3x3"
     schedc.compile(SPEC).write(plan_dir)
     rows = [false_alarm_run(plan_dir, args.iterations, n) for n in args.loops]
-    rows += [throttle_run(plan_dir, args.throttle_iterations, n) for n in args.throttle_loops]
+    rows += [throttle_run(plan_dir, args.throttle_iterations, n, args.throttle_kind, args.quota)
+             for n in args.throttle_loops]
     (out / "false_alarms.json").write_text(json.dumps(rows, indent=1))
     return 0
 

@@ -229,6 +229,56 @@ def test_a_starved_process_is_not_stalled_and_a_stopped_one_is():
     assert stopped.stalled == pytest.approx(20 * 0.04)
 
 
+def test_a_process_held_by_its_cpu_quota_is_stalled_though_its_wait_counts_as_run_queue():
+    """CFS bandwidth control keeps a throttled process's threads queued: their wait is run-queue
+    wait, as under load, but its cgroup's `cpu.stat` counts it as throttled."""
+    from schedc.live.stall import StallClock
+
+    k = _Kernel()
+    k.throttled = 0.0
+    quota = StallClock(period=0.01, clock=lambda: k.now, run_delay=lambda: k.delay, throttled=lambda: k.throttled)
+    quota.tick()
+    for i in range(100):  # every other wake-up: 50 ms queued, of which 40 ms under the quota
+        if i % 2 == 0:
+            k.throttled += 0.04
+        k.wake(quota, queued=0.05 if i % 2 == 0 else 0.0)
+    assert quota.stalled == pytest.approx(50 * 0.04)
+    # A group's throttled time counts each of its CPUs' queues: it may exceed the wake-up's wait,
+    # which bounds what is counted; and a stop on top of the quota counts too.
+    k.throttled += 1.0
+    before = quota.stalled
+    k.wake(quota, queued=0.02, stopped=0.03)
+    assert quota.stalled - before == pytest.approx(0.05)
+    # Load alone (nothing throttled) stays load.
+    before = quota.stalled
+    k.wake(quota, queued=0.05)
+    assert quota.stalled == pytest.approx(before)
+
+
+def test_the_cgroup_reader_follows_a_process_moved_into_a_limited_group(tmp_path, monkeypatch):
+    from schedc.live import stall
+
+    files = {"a": tmp_path / "a.stat", "b": tmp_path / "b.stat"}
+    files["a"].write_text("nr_periods 5\nnr_throttled 1\nthrottled_time 2000000000\n")  # v1: ns
+    files["b"].write_text("usage_usec 9\nthrottled_usec 7000000\n")  # v2: us
+    where = {"path": str(files["a"])}
+    now = {"t": 0.0}
+    monkeypatch.setattr(stall, "cgroup_cpu_stat", lambda: where["path"])
+    reader = stall.CgroupThrottle(clock=lambda: now["t"])
+    assert reader() == 0.0  # counted from its first reading, not from the group's birth
+    files["a"].write_text("throttled_time 2500000000\n")
+    assert reader() == pytest.approx(0.5)
+    where["path"] = str(files["b"])  # moved: seen at the next look-up, a second later
+    files["a"].write_text("throttled_time 2600000000\n")
+    now["t"] = stall.CGROUP_LOOKUP_EVERY
+    assert reader() == pytest.approx(0.6)  # what the old group counted until the move is kept
+    files["b"].write_text("throttled_usec 7250000\n")
+    assert reader() == pytest.approx(0.85)
+    where["path"] = None
+    now["t"] = 2 * stall.CGROUP_LOOKUP_EVERY
+    assert reader() is None
+
+
 def test_the_stall_clock_says_nothing_without_the_kernels_run_queue_wait():
     from schedc.live.stall import StallClock
 

@@ -47,7 +47,7 @@ from schedc.live.opclock import make_clock
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
                                    IterationDone, Left, Probe, Ready, Started, WorkerError)
 from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
-from schedc.live.stall import StallClock
+from schedc.live.stall import CgroupThrottle, StallClock
 from schedc.runtime.manifest import Manifest
 
 #: Exit status of a worker that stopped on an error of its own (it reported a diagnostic first).
@@ -123,7 +123,8 @@ class LiveWorker:
         self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
         self._clock = make_clock("cpu")  # times the computed ops (`_build`: the rank's device's)
         self._probing = threading.Event()  # set: a thread measures this GPU's speed now and then
-        self.stall = StallClock()  # how long this process was held stopped (a throttle: `schedc.live.stall`)
+        # How long this process was held stopped or by its CPU quota (a throttle: `schedc.live.stall`).
+        self.stall = StallClock(throttled=CgroupThrottle())
         self._stall_halt = threading.Event()
         self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload)
 
