@@ -129,7 +129,17 @@ class _FakeEvent:
 
 
 def _event_clock(gpu: _FakeGpu) -> EventClock:
-    return EventClock("cuda:0", event=gpu.event, stream=gpu.current_stream, synchronize=gpu.synchronize)
+    import contextlib
+
+    @contextlib.contextmanager
+    def use_stream(stream):
+        assert stream is gpu.stream
+        gpu.log.append("on the probe's stream")
+        yield
+        gpu.log.append("off it")
+
+    return EventClock("cuda:0", event=gpu.event, stream=gpu.current_stream, new_stream=lambda: gpu.stream,
+                      use_stream=use_stream)
 
 
 def _iteration(clock: EventClock, gpu: _FakeGpu, ops: list[tuple[float, float]], idle_ms: float = 0.0) -> None:
@@ -207,11 +217,20 @@ def test_the_event_clock_records_on_the_stream_current_at_each_iterations_first_
     assert gpu.stream_asks == 2
 
 
-def test_the_event_clock_times_a_call_between_two_waits_for_the_device():
+def test_the_event_clock_times_a_call_by_events_on_a_stream_of_its_own():
+    """The probe's kernels, not their launch, and not what else the device runs: no wait for the
+    whole device, one for the probe's end event."""
     gpu = _FakeGpu()
     clock = _event_clock(gpu)
-    clock.timed(lambda: gpu.log.append("probe"))
-    assert gpu.log == ["sync", "probe", "sync"]
+    gpu.run(40.0)  # other work queued before: not the probe's
+
+    def probe():
+        gpu.log.append("probe")
+        gpu.run(7.5)
+
+    assert clock.timed(probe) == pytest.approx(0.0075)
+    assert gpu.log == ["on the probe's stream", "probe", "off it"]
+    assert (gpu.device_syncs, gpu.event_syncs) == (0, 1)
 
 
 def test_a_rank_gets_the_clock_of_its_device():
@@ -263,7 +282,7 @@ def test_the_event_clock_times_kernels_on_a_gpu():
     assert isinstance(clock, EventClock)
     # Untimed first: cuBLAS's set-up, the sleep kernel's loading, the clock's first events. Events
     # time the GPU from one record to the next, idle gaps included, and a first call's host-side
-    # set-up is such a gap (seen on an H200: 11.9 ms around a first 1024^2 matmul, 1 ms after).
+    # set-up is such a gap (10 ms and more around a first matmul, where the timed ones take 1 ms).
     for _ in range(2):
         clock.op_started()
         a @ a

@@ -141,6 +141,10 @@ class LiveWorker:
     def aborted(self) -> bool:
         return self.heartbeat.aborted >= self.generation >= 0
 
+    def _interrupted(self) -> bool:
+        """What ends a wait of this generation's transport: its abort, or the run's stop."""
+        return self.aborted() or self.heartbeat.stopped
+
     # -- the generation loop -----------------------------------------------------------------
 
     def run(self) -> None:
@@ -266,7 +270,10 @@ class LiveWorker:
             self._probing.set()
         try:
             while not self.heartbeat.stopped and self.heartbeat.latest <= gen.number:
-                if self.joiner.follow(self.rt, self.heartbeat.directive) and self.joiner.steps != reported:
+                followed = self.joiner.follow(self.rt, self.heartbeat.directive)
+                if followed:
+                    self.snapshot.invalidate()  # the weights are the donor's now: an older copy is no state of them
+                if followed and self.joiner.steps != reported:
                     reported = self.joiner.steps
                     self.job.report(CaughtUp(rank=self.rank, session=self.joiner.session, steps=reported,
                                          bytes=self.joiner.received, t=time.time()))
@@ -278,6 +285,10 @@ class LiveWorker:
         """While `_probing` is set (on standby, or a member whose plan gives it no compute), report
         this GPU's speed every PROBE_EVERY seconds: nothing else would show it is healthy again."""
         job = self.job.clone()
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(torch.device(self.device))  # (the current device is per thread)
         while not self.heartbeat.stopped:
             if not self._probing.wait(0.2) or self.rt is None:
                 continue
@@ -323,7 +334,9 @@ class LiveWorker:
         while self.rt.steps_done < gen.start_at:
             if self.aborted() or self.heartbeat.stopped:
                 raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} caught up")
-            if not self.joiner.follow(self.rt, self.heartbeat.directive):
+            if self.joiner.follow(self.rt, self.heartbeat.directive):
+                self.snapshot.invalidate()  # the weights are the donor's now: an older copy is no state of them
+            else:
                 time.sleep(_POLL)
         self.job.report(CaughtUp(rank=self.rank, session=self.joiner.session, steps=self.rt.steps_done,
                                          bytes=self.joiner.received, t=time.time()))
@@ -348,6 +361,10 @@ class LiveWorker:
         self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config.emulate, observer=self,
                           reduce_loss=True, device=self.device)
         self._clock = make_clock(self.rt.device)
+        if str(self.rt.device).startswith("cuda") and not self.config.emulate:
+            from schedc.runtime import gpusleep
+
+            gpusleep.cycles_per_us(self.rt.device)  # now, not inside the first op an injected slowdown slows
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
         if self.config.probe and not self.config.emulate:  # the healthy time of one probe (`_probe`)
             import torch
@@ -405,7 +422,7 @@ class LiveWorker:
             raise RunError([error("E530", f"rank {self.rank} could not connect generation {n}: "
                                           f"{_reason(formed['error'])}")]) from None
         return Transport(manifest, self.rank, self.config.wait_timeout, world=formed["world"], stage=formed["stage"],
-                         interrupted=self.aborted, device=self.device)  # (gloo: tensors travel through the CPU)
+                         interrupted=self._interrupted, device=self.device)  # (gloo: tensors go through the CPU)
 
     def _resume(self, gen: Generation, transport) -> tuple[int, bool]:
         """(iteration to start from, whether this rank undid its last step)."""
@@ -533,6 +550,12 @@ def _own_device(device: str, rank: int) -> str:
             raise RunError([error("E580", f"rank {rank}: --device {device}, but this host's torch sees no CUDA GPU",
                                   hint="run the workers on hosts with GPUs and a CUDA build of torch, or leave "
                                        "out --device")])
+        index = torch.device(mine).index or 0
+        if index >= torch.cuda.device_count():  # (the supervisor checked its own host only)
+            raise RunError([error("E580", f"rank {rank}: --device {mine}, but this host has "
+                                          f"{torch.cuda.device_count()} GPU(s)",
+                                  hint="give --device cuda (rank i on GPU i mod each host's GPUs) or a GPU "
+                                       "every host has")])
         torch.cuda.set_device(torch.device(mine))
     return mine
 

@@ -17,9 +17,11 @@ summed, both reset for the next.
   before: no allocation per op once the first iteration has run.
 
 `timed` (the probe of an excluded or compute-less GPU, and its healthy time
-at start-up) is a wall-clock measure of one call; on a GPU it waits for the
-device before and after, so it times the kernels, not their launch (a probe
-is rare: the waits cost nothing that matters).
+at start-up) times one call: on a CPU by the host's clock; on a GPU by a
+pair of events around it on a stream of the probe's own, waited for at the
+end, so it times the probe's kernels, not their launch, and not the other
+work queued on the device meanwhile (a compute-less member's optimizer
+step, the rollback copy) that a wait for the whole device would count.
 """
 
 from __future__ import annotations
@@ -88,20 +90,25 @@ class EventClock:
 
     `event` makes one timing event (``torch.cuda.Event(enable_timing=True)``: it has
     ``record(stream)``, ``synchronize()`` and ``elapsed_time(end)`` in milliseconds), `stream`
-    gives the stream to record on (the rank's device's current stream) and `synchronize` waits
-    for everything queued on the device (`timed`). All three default to torch's for `device`;
-    tests give their own, so that this logic runs without a GPU.
+    gives the stream to record on (the rank's device's current stream), `new_stream` makes the
+    probe's own stream and `use_stream(s)` is a context in which kernels go to stream `s`
+    (`timed`). All default to torch's for `device`; tests give their own, so that this logic
+    runs without a GPU.
     """
 
     def __init__(self, device: str = "cuda", *, event: Callable[[], object] | None = None,
-                 stream: Callable[[], object] | None = None, synchronize: Callable[[], None] | None = None):
-        if event is None or stream is None or synchronize is None:
+                 stream: Callable[[], object] | None = None, new_stream: Callable[[], object] | None = None,
+                 use_stream: Callable[[object], object] | None = None):
+        if event is None or stream is None or new_stream is None or use_stream is None:
             import torch
 
             event = event or (lambda: torch.cuda.Event(enable_timing=True))
             stream = stream or (lambda: torch.cuda.current_stream(device))
-            synchronize = synchronize or (lambda: torch.cuda.synchronize(device))
-        self._event, self._stream, self._synchronize = event, stream, synchronize
+            new_stream = new_stream or (lambda: torch.cuda.Stream(device))
+            use_stream = use_stream or torch.cuda.stream
+        self._event, self._stream = event, stream
+        self._new_stream, self._use_stream = new_stream, use_stream
+        self._probe_stream = None
         self._pairs: list[tuple[object, object]] = []  # the pool: (start, end) per op, reused every iteration
         self._ops = 0  # pairs of this iteration whose end is recorded
         self._planned = 0.0
@@ -142,8 +149,13 @@ class EventClock:
         return len(self._pairs)
 
     def timed(self, fn: Callable[[], object]) -> float:
-        self._synchronize()  # work queued before is not the call's
-        started = time.perf_counter()
-        fn()
-        self._synchronize()
-        return time.perf_counter() - started
+        if self._probe_stream is None:
+            self._probe_stream = self._new_stream()
+        on = self._probe_stream
+        start, end = self._event(), self._event()
+        with self._use_stream(on):  # (also makes the stream's device the thread's current one)
+            start.record(on)
+            fn()
+            end.record(on)
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3

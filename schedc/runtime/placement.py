@@ -54,7 +54,8 @@ def place(device: str, backend: str, ranks: int) -> Placement:
                               hint="run on a machine with a GPU and a CUDA build of torch, or use --device cpu")])
     if index:
         if int(index) >= count:
-            raise RunError([error("E580", f"--device {device}: this machine has {count} GPU(s)")])
+            raise RunError([error("E580", f"--device {device}: this machine has {count} GPU(s)",
+                                  hint=f"give cuda:0 to cuda:{count - 1}, or cuda (rank i on GPU i mod {count})")])
         devices = (device,) * ranks
     else:
         devices = tuple(f"cuda:{i % count}" for i in range(ranks))
@@ -73,10 +74,10 @@ def place_live(device: str, backend: str, ranks: int) -> Placement:
     A live run talks over gloo whatever the device: its recovery aborts a generation by dropping
     its groups, which gloo supports and NCCL does not in the same way (a communicator blocked on a
     dead peer must be aborted, and rebuilt for the next generation). CUDA tensors then go through
-    host memory. `--backend nccl` is refused with the reason (E581), after the checks `place`
-    makes, so a machine with too few GPUs hears that first."""
+    host memory. `--backend nccl` is refused with the reason (E581), once the device is
+    checked (E580 first where there is no such device)."""
     if backend == "nccl":
-        place(device, backend, ranks)
+        place(device, "gloo", ranks)
         raise RunError([error("E581", "schedc train recovers over gloo only: it does not abort and rebuild NCCL "
                                       "communicators after a failure yet",
                               hint="leave out --backend (or give --backend gloo): ranks on GPUs then exchange "
@@ -85,7 +86,8 @@ def place_live(device: str, backend: str, ranks: int) -> Placement:
 
 
 def rank_device(device: str, index: int) -> str:
-    """The device of a host's `index`-th rank under `--device` (`cuda`: GPU index mod the GPUs)."""
+    """The device of rank `index` under `--device` (`cuda`: GPU index mod this host's GPUs; a host's
+    ranks are consecutive, so they spread over its GPUs)."""
     if device != "cuda":
         return device
     count = gpu_count()
