@@ -52,6 +52,12 @@ def test_a_failure_while_the_survivors_restart_is_survived_exactly(tmp_path):
     result = train(out, iterations=6, want_weights=True, recovery="repartition", checkpoint_every=1,
                    checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + ["at recovery 1: fail rank 2"])
     check_exact(out, result, 6)
-    assert any(e["kind"] == "restart" and "re-partitioning the 4 survivors" in e["message"] for e in result.events)
+    # The two GPUs of stage 1 are killed as each reaches its backward, not at one instant: seen once
+    # in CI (under load), the second death reached the supervisor after a re-route of the first had
+    # started, so rank 2 was killed while that generation formed and the restart came after it,
+    # with 3 survivors. Either way a failure hit a recovery and the run re-partitioned exactly.
+    restarts = [e["message"] for e in result.events if e["kind"] == "restart"]
+    assert any("re-partitioning the 4 survivors" in m or "re-partitioning the 3 survivors" in m
+               for m in restarts), [(e["kind"], e["message"]) for e in result.events]
     assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events)
-    assert len(result.generations[-1].members) == 3  # the 2 x 2 with the GPU killed while it formed routed around
+    assert len(result.generations[-1].members) == 3, [(e["kind"], e["message"]) for e in result.events]
