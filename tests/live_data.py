@@ -30,3 +30,18 @@ def batch_with_a_bug(iteration: int, dp: int, microbatch: int):
     if (iteration, dp, microbatch) == (1, 0, 1):
         raise ValueError("shard 17 is missing")
     return mlp.batch(iteration, dp, microbatch)
+
+
+def mlp_with_a_plain_loss():
+    """schedc's MLP with its loss a plain function (`torch.nn.functional.mse_loss`), as many
+    models write it, not an nn.Module."""
+    import torch
+
+    layers, _ = mlp.build()
+    return layers, torch.nn.functional.mse_loss
+
+
+def mlp_with_a_loss_that_is_no_function():
+    """A model source whose loss is not callable (a user's slip: a number where the loss goes)."""
+    layers, _ = mlp.build()
+    return layers, 0.5

@@ -61,6 +61,15 @@ def test_bad_bindings_are_diagnostics(ref, code):
     assert exc.value.codes == [code]
 
 
+def test_a_loss_that_cannot_be_called_is_a_diagnostic():
+    from schedc.runtime.manifest import build_layers
+
+    with pytest.raises(RunError) as exc:
+        build_layers("live_data:mlp_with_a_loss_that_is_no_function", {}, None, 2)
+    assert exc.value.codes == ["E512"] and "cannot be called" in exc.value.diagnostics[0].message
+    assert exc.value.diagnostics[0].hint
+
+
 def test_source_returning_a_list_and_a_partition_that_does_not_fit(tmp_path):
     m = _manifest(tmp_path, source="schedc.models.mlp:build", partition=((0, 2), (2, 4), (4, 9)))
     with pytest.raises(RunError) as exc:

@@ -96,3 +96,14 @@ def test_stage_major_placement_and_gpt(tmp_path, solver):
     ref, ref_losses = reference_train(load_manifest(tmp_path), 2)
     assert max_weight_diff(state, ref) <= 1e-5
     assert losses == pytest.approx(ref_losses, abs=1e-6)
+
+
+def test_a_loss_that_is_a_plain_function_trains_exactly(tmp_path):
+    """`model.source` may return its loss as a function (torch.nn.functional.mse_loss), not a module."""
+    inst = make_instance(2, 2, 2)
+    spec = spec_for(inst, source="live_data:mlp_with_a_plain_loss", data="schedc.models.mlp:batch")
+    write_programs(spec, schedule_for(inst, "greedy"), tmp_path)
+    state, losses = run_threads(tmp_path, iterations=2, timeout=20)
+    ref, ref_losses = reference_train(load_manifest(tmp_path), 2)
+    assert max_weight_diff(state, ref) <= 1e-5
+    assert losses == pytest.approx(ref_losses, abs=1e-6)

@@ -245,6 +245,11 @@ def build_layers(source: str, model_args: dict[str, Any], partition, pp: int, se
     if not (isinstance(result, tuple) and len(result) == 2):
         raise RunError([error("E512", f"model.source `{source}` must return (layers, loss_fn)")])
     layers, loss_fn = result
+    if not callable(loss_fn):
+        raise RunError([error("E512", f"model.source `{source}` returned a loss_fn that cannot be called: "
+                                      f"{type(loss_fn).__name__}",
+                              hint="return (layers, loss_fn) with loss_fn an nn.Module or a function of "
+                                   "(output, target), e.g. torch.nn.functional.cross_entropy")])
     layers = list(layers.children()) if isinstance(layers, nn.Sequential) else list(layers)
     if not all(isinstance(layer, nn.Module) for layer in layers):
         raise RunError([error("E512", f"model.source `{source}` returned layers that are not nn.Modules")])

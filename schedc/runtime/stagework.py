@@ -16,12 +16,13 @@ from schedc.runtime.weightgrad import WeightGradStore, apply_weight_grads, split
 class StageWork:
     """A stage's module (on `device`, its linear layers split for W), and the loss on the last."""
 
-    def __init__(self, layers: list[nn.Module], loss_fn: nn.Module | None, *, global_microbatches: int,
+    def __init__(self, layers: list[nn.Module], loss_fn, *, global_microbatches: int,
                  device: str | torch.device = "cpu", first_layer: int = 0):
         self.device = torch.device(device)
         self.first_layer = first_layer  # index of layers[0] in the list `model.source` returns
         self.module = nn.Sequential(*layers).to(self.device)
-        self.loss_fn = None if loss_fn is None else loss_fn.to(self.device)
+        # An nn.Module loss (which may hold buffers) goes to the device; a plain function as it is.
+        self.loss_fn = loss_fn.to(self.device) if isinstance(loss_fn, nn.Module) else loss_fn
         self.global_microbatches = global_microbatches
         self.store = WeightGradStore()
         self.split_layers = split_linear_layers(self.module, self.store)
