@@ -96,6 +96,12 @@ def _backward(module, seed: int) -> None:
     module(x).pow(2).sum().backward()
 
 
+def _step(module, opt, seed: int) -> None:
+    """An iteration's backward and its optimizer step, with no call to the snapshot."""
+    _backward(module, seed)
+    opt.step()
+
+
 def _iteration(snap: StepSnapshot, module, opt, k: int) -> None:
     """Iteration k as a live rank runs it: prefetch as it starts, take just before the step."""
     snap.prefetch(k)
@@ -168,12 +174,10 @@ def test_a_prefetch_of_another_state_is_not_kept():
     snap = StepSnapshot(module, opt, overlap=True)
     _iteration(snap, module, opt, 0)
     snap.prefetch(1)
-    _backward(module, seed=1)
-    opt.step()  # step 1, with no take
+    _step(module, opt, seed=1)  # step 1, with no take
     current = _state(module, opt)
     snap.take(2)
-    _backward(module, seed=2)
-    opt.step()
+    _step(module, opt, seed=2)
     assert roll_back(3, 2, snap)
     _assert_state(module, opt, current)
 
@@ -185,8 +189,7 @@ def test_a_prefetch_made_before_a_checkpoint_load_or_a_restore_is_not_kept():
     snap.prefetch(1)
     # A checkpoint of the same step count, with other weights, replaces the state.
     other_module, other_opt = _stage("adam")
-    _backward(other_module, seed=7)
-    other_opt.step()
+    _step(other_module, other_opt, seed=7)
     module.load_state_dict(other_module.state_dict())
     opt.load_state_dict(other_opt.state_dict())
     snap.invalidate()
@@ -194,8 +197,7 @@ def test_a_prefetch_made_before_a_checkpoint_load_or_a_restore_is_not_kept():
         roll_back(1, 0, snap)  # the copy of before step 0 is not of this state's past
     loaded = _state(module, opt)
     snap.take(1)
-    _backward(module, seed=1)
-    opt.step()
+    _step(module, opt, seed=1)
     assert roll_back(2, 1, snap)
     _assert_state(module, opt, loaded)
 
@@ -203,12 +205,10 @@ def test_a_prefetch_made_before_a_checkpoint_load_or_a_restore_is_not_kept():
     _iteration(snap, module, opt, 1)
     snap.prefetch(2)
     assert roll_back(2, 1, snap)
-    _backward(module, seed=8)
-    opt.step()  # another state with 2 steps (no take: made only to tell the two apart)
+    _step(module, opt, seed=8)  # another state with 2 steps (no take: made only to tell the two apart)
     other = _state(module, opt)
     snap.take(2)
-    _backward(module, seed=9)
-    opt.step()
+    _step(module, opt, seed=9)
     assert roll_back(3, 2, snap)
     _assert_state(module, opt, other)
 
@@ -273,7 +273,6 @@ def test_on_a_gpu_the_copy_is_pinned_host_memory_and_goes_back_bit_for_bit():
     snap.invalidate()  # (as after a checkpoint load: no copy kept, the prefetch unusable)
     current = _state(module, opt)
     snap.take(4)  # copied here, on the current stream
-    _backward(module, seed=5)
-    opt.step()
+    _step(module, opt, seed=5)
     assert roll_back(5, 4, snap)
     _assert_state(module, opt, current)

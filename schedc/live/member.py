@@ -120,7 +120,6 @@ class LiveWorker:
         self.donor = Donor(self._side_job, self._side, transfer=None, timeout=self.config.wait_timeout)
         self.joiner = Joiner(job, transfer=None, timeout=self.config.wait_timeout)
         self._switches: dict[int, Generation] = {}  # newer generations read while running
-        self._compute = self._planned = 0.0  # this iteration's measured and planned compute, seconds
         self._clock = make_clock("cpu")  # times the computed ops (`_build`: the rank's device's)
         self._probing = threading.Event()  # set: a thread measures this GPU's speed now and then
         # How long this process was held stopped or by its CPU quota (a throttle: `schedc.live.stall`).
@@ -221,12 +220,12 @@ class LiveWorker:
                 t0 = time.time()
                 self.snapshot.prefetch(self.rt.steps_done)  # the copy a rollback restores, written meanwhile
                 program.iteration(self.rt)
-                self._compute, self._planned = self._clock.take_iteration()
+                compute, planned = self._clock.take_iteration()  # measured and planned compute, seconds
                 self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=time.time(), loss=self.rt.iteration_loss,
-                                              gen=gen.number, steps=self.rt.steps_done, compute=self._compute,
-                                              planned=self._planned))
-                if self.config.probe and (self._planned == 0) != self._probing.is_set():
-                    self._probing.set() if self._planned == 0 else self._probing.clear()  # nothing timed: probe
+                                              gen=gen.number, steps=self.rt.steps_done, compute=compute,
+                                              planned=planned))
+                if self.config.probe and (planned == 0) != self._probing.is_set():
+                    self._probing.set() if planned == 0 else self._probing.clear()  # nothing timed: probe
                 self.donor.after_step(self.rt)
                 self._maybe_checkpoint(gen)
             transport.flush()
@@ -270,10 +269,7 @@ class LiveWorker:
             self._probing.set()
         try:
             while not self.heartbeat.stopped and self.heartbeat.latest <= gen.number:
-                followed = self.joiner.follow(self.rt, self.heartbeat.directive)
-                if followed:
-                    self.snapshot.invalidate()  # the weights are the donor's now: an older copy is no state of them
-                if followed and self.joiner.steps != reported:
+                if self._follow() and self.joiner.steps != reported:
                     reported = self.joiner.steps
                     self.job.report(CaughtUp(rank=self.rank, session=self.joiner.session, steps=reported,
                                          bytes=self.joiner.received, t=time.time()))
@@ -334,12 +330,18 @@ class LiveWorker:
         while self.rt.steps_done < gen.start_at:
             if self.aborted() or self.heartbeat.stopped:
                 raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} caught up")
-            if self.joiner.follow(self.rt, self.heartbeat.directive):
-                self.snapshot.invalidate()  # the weights are the donor's now: an older copy is no state of them
-            else:
+            if not self._follow():
                 time.sleep(_POLL)
         self.job.report(CaughtUp(rank=self.rank, session=self.joiner.session, steps=self.rt.steps_done,
                                          bytes=self.joiner.received, t=time.time()))
+
+    def _follow(self) -> bool:
+        """One step of catching up from the donor (`Joiner.follow`); True when something was applied.
+        The weights are then the donor's: the rollback copy held before is no state of theirs."""
+        if not self.joiner.follow(self.rt, self.heartbeat.directive):
+            return False
+        self.snapshot.invalidate()
+        return True
 
     def _side(self) -> ThreadPoolExecutor:
         """The one side thread (checkpoints, catch-up state): training goes on while it stores."""

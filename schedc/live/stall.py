@@ -30,7 +30,7 @@ threads stay queued, so their wait counts as run queue, and the clock above
 would take it for load. The kernel counts it too, per cgroup: ``cpu.stat``'s
 ``throttled_time`` (v1, ns) or ``throttled_usec`` (v2). So the run-queue
 wait of a wake-up, up to the time the process's cgroup was throttled
-meanwhile, counts as held too (`cgroup_throttled`; the group is looked up
+meanwhile, counts as held too (`CgroupThrottle`; the group is looked up
 again every second: a process can be moved into a limited group while it
 runs). A quota on a group that holds every worker (the whole job's
 container) holds every rank alike, and slowness is judged against peers.
@@ -72,9 +72,12 @@ def thread_run_delay() -> float | None:
         return None
 
 
-#: Seconds between two look-ups of the process's cpu cgroup (`cgroup_throttled`).
+#: Seconds between two look-ups of the process's cpu cgroup (`CgroupThrottle`).
 CGROUP_LOOKUP_EVERY = 1.0
-_CGROUP_ROOTS = ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpuacct,cpu")
+_CGROUP_ROOTS = {  # where each cgroup version mounts the cpu controller's hierarchy
+    "v1": ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpuacct,cpu"),
+    "v2": ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"),
+}
 
 
 def cgroup_cpu_stat() -> str | None:
@@ -88,17 +91,16 @@ def cgroup_cpu_stat() -> str | None:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        path = path.lstrip("/")
-        if "cpu" in controllers.split(","):
-            for root in _CGROUP_ROOTS:
-                stat = os.path.join(root, path, "cpu.stat")
-                if os.path.exists(stat):
-                    return stat
-        elif controllers == "":  # cgroup v2 (unified)
-            for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-                stat = os.path.join(root, path, "cpu.stat")
-                if os.path.exists(stat):
-                    return stat
+        if controllers == "":  # cgroup v2 (unified)
+            roots = _CGROUP_ROOTS["v2"]
+        elif "cpu" in controllers.split(","):
+            roots = _CGROUP_ROOTS["v1"]
+        else:
+            continue
+        for root in roots:
+            stat = os.path.join(root, path.lstrip("/"), "cpu.stat")
+            if os.path.exists(stat):
+                return stat
     return None
 
 
@@ -108,31 +110,25 @@ class CgroupThrottle:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._path: str | None = None
         self._looked = -float("inf")
-        self._base: dict[str, float] = {}  # cpu.stat file -> its throttled seconds when first read
-        self._total = 0.0  # throttled seconds counted in groups this process has left
+        self._path: str | None = None  # the group's cpu.stat
+        self._base = 0.0  # its throttled seconds when this process was first seen in it
+        self._total = 0.0  # throttled seconds counted in the groups this process has left
 
     def __call__(self) -> float | None:
         now = self._clock()
         if now - self._looked >= CGROUP_LOOKUP_EVERY:
             self._looked = now
             path = cgroup_cpu_stat()
-            if path != self._path and self._path is not None:
-                value = _throttled_s(self._path)  # the old group's last reading
-                if value is not None:
-                    self._total += value - self._base.get(self._path, value)
-            if path is not None and path != self._path:
-                value = _throttled_s(path)
-                if value is not None:
-                    self._base[path] = value
-            self._path = path
-        if self._path is None:
-            return None
-        value = _throttled_s(self._path)
-        if value is None:
-            return None
-        return self._total + value - self._base.get(self._path, value)
+            if path != self._path:  # (first seen, or moved): keep what the old group counted
+                self._total = self._reading() or self._total
+                base = None if path is None else _throttled_s(path)
+                self._path, self._base = (path, base) if base is not None else (None, 0.0)
+        return self._reading()
+
+    def _reading(self) -> float | None:
+        value = None if self._path is None else _throttled_s(self._path)
+        return None if value is None else self._total + value - self._base
 
 
 def _throttled_s(stat: str) -> float | None:

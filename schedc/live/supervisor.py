@@ -77,11 +77,10 @@ class Supervisor(Transitions):
         from schedc.runtime.manifest import refuse_tensor_parallel
 
         refuse_tensor_parallel(spec.cluster.tp)
-        if options.device != "cpu" or options.backend not in ("auto", "gloo"):
-            # Before anything starts: a machine without the GPUs asked for hears it now (E580/E581).
-            from schedc.runtime.placement import place_live
+        # Before anything starts: a machine without the GPUs asked for hears it now (E580/E581).
+        from schedc.runtime.placement import place_live
 
-            place_live(options.device, options.backend, -(-len(spec.gpus) // options.hosts))
+        place_live(options.device, options.backend, -(-len(spec.gpus) // options.hosts))
         self.iterations = options.iterations or spec.train.iterations
         self.injections = Injections(parse_injections(options.inject, spec, iterations=self.iterations))
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()

@@ -336,7 +336,7 @@ class Runtime:
         if self.emulate:
             return {"steps": self.steps_done, "model": {}, "optimizer": None, "params": []}
         optimizer = _to_host(self.optimizer.state_dict()) if self.optimizer is not None else None
-        model = {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        model = _to_host(self.module.state_dict())
         return {"steps": self.steps_done, "model": model, "optimizer": optimizer,
                 "params": optimized_names(self.module)}
 
