@@ -258,10 +258,11 @@ def test_slowness_finds_a_slow_gpu_and_acts_only_in_act_mode(plan, mode):
 
 
 def _feed(slowness, ctl, speed_of, iterations, rates_of=None, noise=0.0, seed=0, wall_of=lambda i: 1.0,
-          stalls_of=None):
+          stalls_of=None, queued_of=None):
     """Every member's report of each iteration (speed_of(rank, i); the iteration lasting
-    wall_of(i) seconds), heartbeat rates first (rates_of(rank, i) beats per second) and stalled
-    fractions (stalls_of(rank, i)), then the iteration's tick."""
+    wall_of(i) seconds; queued_of(rank, i): the share of its compute its thread waited for a
+    CPU), heartbeat rates first (rates_of(rank, i) beats per second) and stalled fractions
+    (stalls_of(rank, i)), then the iteration's tick."""
     import dataclasses
     import random
 
@@ -273,7 +274,8 @@ def _feed(slowness, ctl, speed_of, iterations, rates_of=None, noise=0.0, seed=0,
             slowness.stalls({r: stalls_of(r, i) for r in ctl.members})
         for rank in ctl.members:
             (rep,) = _reports(rank, speed_of(rank, i) * (1 + rnd.uniform(-noise, noise)), [i])
-            slowness.observe(dataclasses.replace(rep, t1=rep.t0 + wall_of(i)), 1.0)
+            queued = rep.compute * queued_of(rank, i) if queued_of is not None else 0.0
+            slowness.observe(dataclasses.replace(rep, t1=rep.t0 + wall_of(i), queued=queued), 1.0)
         ctl.completed = i + 1
         slowness.tick(i)
 
@@ -476,6 +478,45 @@ def test_a_gpu_slowed_on_a_loaded_host_is_found_at_its_speed_against_its_peers(p
           noise=0.05)
     (note,) = _slow_notes(ctl)
     _assert_slow(note, rank=1, speed=0.5, since=20)
+
+
+def test_a_rank_the_scheduler_runs_half_as_much_as_its_peers_is_load_not_a_slow_gpu(plan):
+    # A loaded host: from iteration 20 to 60 the scheduler runs rank 1's thread half as much as
+    # its peers' (it waits for a CPU half of its compute time, they a tenth), so its compute
+    # takes 0.55 of their speed. Its GPU is healthy: no slow report, no switch; the reason is said.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl)
+    starved = lambda r, i: r == 1 and 20 <= i < 60  # noqa: E731
+    _feed(slowness, ctl, lambda r, i: 0.9 * (0.5 / 0.9 if starved(r, i) else 1.0), range(90), noise=0.05,
+          queued_of=lambda r, i: 0.5 if starved(r, i) else 0.1)
+    assert _slow_notes(ctl) == [] and ctl.switches == [] and slowness.decisions == []
+    (load,) = [m for k, m in ctl.notes if k == "load"]
+    assert load.startswith("rank 1 GPU (dp=0, pp=1) computes at 0.5") and "host load, not a slow GPU" in load
+
+
+def test_a_slow_gpu_is_found_net_of_its_waits_for_a_cpu(plan):
+    # Rank 2's GPU runs at 0.5 from iteration 20, and its thread also waits for a CPU a fifth of
+    # its compute time (its peers never): it computes at 0.4 of its peers' speed, of which load
+    # explains a fifth; the GPU is reported at 0.5.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    slow = lambda r, i: r == 2 and i >= 20  # noqa: E731
+    _feed(slowness, ctl, lambda r, i: 0.4 if slow(r, i) else 1.0, range(45), noise=0.05,
+          queued_of=lambda r, i: 0.2 if slow(r, i) else 0.0)
+    (note,) = _slow_notes(ctl)
+    _assert_slow(note, rank=2, speed=0.5, since=20)
+    assert not [m for k, m in ctl.notes if k == "load"]
+
+
+def test_a_gpu_slowed_on_a_host_where_every_rank_waits_alike_is_found(plan):
+    # Every thread waits for a CPU 40% of its compute time (a loaded host) and rank 3's GPU runs
+    # at 0.5 from iteration 20: the waits, alike for every rank, explain none of it.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="detect")
+    _feed(slowness, ctl, lambda r, i: 0.3 if r == 3 and i >= 20 else 0.6, range(45), noise=0.05,
+          queued_of=lambda r, i: 0.4)
+    (note,) = _slow_notes(ctl)
+    _assert_slow(note, rank=3, speed=0.5, since=20)
 
 
 def test_a_rank_that_beats_half_as_often_as_its_peers_is_slow_though_its_ops_time_normal(plan):

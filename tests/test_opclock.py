@@ -46,6 +46,29 @@ def test_the_host_clock_sums_each_op_from_start_to_end_and_resets_when_taken():
     assert clock.take_iteration() == (0.0, 0.0)
 
 
+def test_the_host_clock_counts_the_threads_run_queue_wait_inside_its_ops():
+    now, delay = _Now(), {"s": 0.0}
+    clock = HostClock(now=now, run_delay=lambda: delay["s"])
+    for start, end, waited_before, waited_after in [(1.0, 1.5, 0.0, 0.2), (2.0, 2.5, 0.7, 0.75)]:
+        now.t, delay["s"] = start, waited_before  # (0.5 s waited between the two ops is not an op's)
+        clock.op_started()
+        now.t, delay["s"] = end, waited_after
+        clock.op_ended(100)
+    assert clock.take_iteration()[0] == pytest.approx(1.0)
+    assert clock.queued == pytest.approx(0.25)
+    clock.take_iteration()
+    assert clock.queued == 0.0
+
+
+def test_the_host_clock_counts_no_wait_where_the_kernel_does_not_say():
+    now = _Now()
+    clock = HostClock(now=now, run_delay=lambda: None)
+    clock.op_started()
+    now.t = 2.0
+    clock.op_ended(100)
+    assert clock.take_iteration()[0] == pytest.approx(2.0) and clock.queued == 0.0
+
+
 def test_the_host_clock_forgets_an_interrupted_iteration_on_reset():
     now = _Now()
     clock = HostClock(now=now)

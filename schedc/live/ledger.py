@@ -69,7 +69,9 @@ class Ledger:
         old = self.records.get(it)
         measured = {r: measured_speed(rep, speeds.get(r, 1.0)) for r, rep in sorted(reps.items())}
         record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4), runs=(old.runs + 1) if old else 1,
-                                 speeds={r: round(v, 4) for r, v in measured.items() if v is not None})
+                                 speeds={r: round(v, 4) for r, v in measured.items() if v is not None},
+                                 on_cpu={r: round(1.0 - rep.queued / rep.compute, 4) for r, rep in sorted(reps.items())
+                                         if rep.compute > 0 and rep.queued > 0})
         self.records[it] = record
         self.history.append(record)
         return record

@@ -223,7 +223,7 @@ class LiveWorker:
                 compute, planned = self._clock.take_iteration()  # measured and planned compute, seconds
                 self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=time.time(), loss=self.rt.iteration_loss,
                                               gen=gen.number, steps=self.rt.steps_done, compute=compute,
-                                              planned=planned))
+                                              planned=planned, queued=self._clock.queued))
                 if self.config.probe and (planned == 0) != self._probing.is_set():
                     self._probing.set() if planned == 0 else self._probing.clear()  # nothing timed: probe
                 self.donor.after_step(self.rt)

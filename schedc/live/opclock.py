@@ -7,7 +7,12 @@ of an iteration: the measured and the planned seconds of its timed ops,
 summed, both reset for the next.
 
 - `HostClock` (a CPU rank): ``time.perf_counter`` around each op. The host
-  thread does the work, so the host's clock is the op's time.
+  thread does the work, so the host's clock is the op's time. It also counts
+  how much of that time the thread waited on a run queue for a CPU
+  (``/proc/self/task/TID/schedstat``, `schedc.live.stall.thread_run_delay`),
+  as `queued`: on a host that other processes load, a rank the scheduler
+  runs less than its peers computes slower by exactly that wait, which is the
+  host's load, not the GPU's speed (`schedc.live.slowness` tells them apart).
 - `EventClock` (a GPU rank): a kernel runs after its launch returns, so the
   host's clock would time launches only. Each op gets a pair of timing events
   recorded on the rank's current stream; nothing waits for the GPU per op.
@@ -42,7 +47,10 @@ class OpClock(Protocol):
         """Forget the ops timed so far (an interrupted iteration's)."""
 
     def take_iteration(self) -> tuple[float, float]:
-        """(measured, planned) seconds of the ops ended since the last take or reset; resets both."""
+        """(measured, planned) seconds of the ops ended since the last take or reset; resets both.
+        `queued` is then the part of `measured` spent waiting for a CPU (0 where not known)."""
+
+    queued: float
 
     def timed(self, fn: Callable[[], object]) -> float:
         """Seconds that `fn()` takes, its device work included."""
@@ -56,25 +64,37 @@ def make_clock(device) -> OpClock:
 
 
 class HostClock:
-    """A CPU rank's clock: the host's time from `op_started` to `op_ended`."""
+    """A CPU rank's clock: the host's time from `op_started` to `op_ended`, and the calling
+    thread's run-queue wait meanwhile (`run_delay`: its total so far, None where not known)."""
 
-    def __init__(self, now: Callable[[], float] = time.perf_counter):
+    def __init__(self, now: Callable[[], float] = time.perf_counter,
+                 run_delay: Callable[[], float | None] | None = None):
+        if run_delay is None:
+            from schedc.live.stall import thread_run_delay as run_delay
         self._now = now
+        self._run_delay = run_delay
         self._started = 0.0
-        self._compute = self._planned = 0.0
+        self._delay: float | None = None  # the thread's run-queue wait at `op_started`
+        self._compute = self._planned = self._queued = 0.0
+        self.queued = 0.0  # of the iteration taken last
 
     def op_started(self) -> None:
+        self._delay = self._run_delay()
         self._started = self._now()
 
     def op_ended(self, planned_us: float) -> None:
         self._compute += self._now() - self._started
         self._planned += planned_us / 1e6
+        delay = self._run_delay() if self._delay is not None else None
+        if delay is not None:
+            self._queued += max(0.0, delay - self._delay)
 
     def reset(self) -> None:
-        self._compute = self._planned = 0.0
+        self._compute = self._planned = self._queued = 0.0
 
     def take_iteration(self) -> tuple[float, float]:
         totals = (self._compute, self._planned)
+        self.queued = min(self._queued, self._compute)
         self.reset()
         return totals
 
@@ -109,6 +129,7 @@ class EventClock:
         self._event, self._stream = event, stream
         self._new_stream, self._use_stream = new_stream, use_stream
         self._probe_stream = None
+        self.queued = 0.0  # a kernel does not wait for the host's CPUs
         self._pairs: list[tuple[object, object]] = []  # the pool: (start, end) per op, reused every iteration
         self._ops = 0  # pairs of this iteration whose end is recorded
         self._planned = 0.0

@@ -114,7 +114,8 @@ class IterationDone:
     rank's part: the sum of loss/(D*M) over its last-stage microbatches, or the
     whole iteration's loss where the stage reduced it. `compute`/`planned` are
     seconds of measured and planned compute (waits excluded), for the fail-slow
-    detector.
+    detector; `queued` the part of `compute` this rank's thread waited for a CPU
+    (a CPU rank on a loaded host; 0 on a GPU or where the kernel does not say).
     """
 
     rank: int
@@ -126,6 +127,7 @@ class IterationDone:
     steps: int = 0
     compute: float = 0.0
     planned: float = 0.0
+    queued: float = 0.0
 
 
 @message("aborted")

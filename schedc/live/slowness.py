@@ -15,6 +15,16 @@
   a throttled process is stopped, one that load starves is not, though both
   beat less often). Each signal has its own tracker (their noise differs
   tenfold on a loaded host); the rank's speed is the lowest of them.
+* **Net of load**: a CPU rank's compute is its host thread's work, and on a
+  host that other processes load the scheduler runs some ranks less than
+  others for seconds at a time; such a rank computes slower by the time its
+  thread waited on a run queue (`IterationDone.queued`), and so reads slow
+  against its peers with nothing wrong with it. So a compute slowdown is
+  taken net of the rank's share of time on a CPU against its peers' over the
+  same iterations (`Slowness.net_of_load`); where that explains it, it is
+  noted as load, not reported as a slow GPU. A GPU's kernels do not wait for
+  the host's CPUs (`queued` is 0), and a throttle that stops the process is
+  the stall signal's.
 * **Detect**: one `SpeedTracker` per GPU (`schedc.live.changepoint`).
 * **Price and decide**: on a change, the options (keep, rebalance, exclude,
   restore) are priced with the planner and the simulator and handed to the
@@ -74,6 +84,8 @@ PACE_SLACK = 1.2
 #: threads jitter by 10-20% under load with the GPU at full speed (the simulation reported
 #: healthy ranks at 0.81-0.88 from jitter alone, 27 of 2500 schedules, before this bar).
 BEAT_SLOW = 0.7
+#: Iterations of each rank's share of time on a CPU (against its peers') kept for `net_of_load`.
+ON_CPU_KEEP = 400
 
 class Slowness:
     """The fail-slow policy. `mode` is ``act`` (switch plans by cost) or ``detect`` (only say so)."""
@@ -106,6 +118,10 @@ class Slowness:
         self._relearn: dict[int, list[float]] = {}  # rank -> its first log speeds under a new plan (the offset)
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
+        self._cpu_rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log share of compute on a CPU
+        self._on_cpu: dict[int, list[tuple[int, float]]] = {}  # rank -> (iteration, that against its peers')
+        self._compute_since: dict[int, int] = {}  # rank -> the iteration its compute tracker's level began
+        self._load_noted: dict[int, int] = {}  # rank -> the compute level (its since) already noted as load
 
     # -- measuring -----------------------------------------------------------------------------
 
@@ -118,6 +134,8 @@ class Slowness:
         if speed is None:
             return
         self._rounds.setdefault(rep.it, {})[rep.rank] = math.log(speed)
+        share = 1.0 - min(rep.queued, rep.compute) / rep.compute
+        self._cpu_rounds.setdefault(rep.it, {})[rep.rank] = math.log(max(share, 1e-3))
         self._judge_rounds(rep.it - ROUND_LAG)
 
     def beat_rates(self, rates: dict[int, float]) -> None:
@@ -130,7 +148,28 @@ class Slowness:
 
     def _judge_rounds(self, upto: int) -> None:
         for it in sorted(k for k in self._rounds if k <= upto):
+            self._note_on_cpu(it, self._cpu_rounds.pop(it, {}))
             self._judge(it, self._rounds.pop(it))
+
+    def _note_on_cpu(self, it: int, shares: dict[int, float]) -> None:
+        """Each rank's log share of its compute on a CPU in iteration `it`, against the median of
+        the other members' (kept for `net_of_load`)."""
+        for rank, y in shares.items():
+            others = [v for r, v in shares.items() if r != rank]
+            if len(others) >= 2:
+                kept = self._on_cpu.setdefault(rank, [])
+                kept.append((it, y - statistics.median(others)))
+                del kept[:-ON_CPU_KEEP]
+
+    def net_of_load(self, rank: int, speed: float, since: int) -> float:
+        """`rank`'s compute speed against its peers', `speed`, less what its thread's waits for a
+        CPU explain: taken by the median share of time on a CPU against its peers' from iteration
+        `since` on (only where it got less than they did; at most 1.0). A rank the scheduler ran
+        half as much as its peers computes at half their speed on a healthy GPU."""
+        seen = [v for it, v in self._on_cpu.get(rank, ()) if it >= since]
+        if not seen:
+            return speed
+        return min(1.0, speed / math.exp(min(0.0, statistics.median(seen))))
 
     def _judge(self, it: int, logs: dict[int, float]) -> None:
         """One iteration's log speeds, each judged against the median of its peers' (a host
@@ -154,12 +193,15 @@ class Slowness:
             shifts = {name: sh for name, sh in shifts.items() if sh is not None}
             if not shifts:
                 continue
-            compute = self.trackers[rank].speed if rank in self.trackers else 1.0
+            if "compute" in shifts:
+                self._compute_since[rank] = shifts["compute"].since
+            compute = self._compute_speed(rank, it)
             beat = self.beat_trackers[rank].speed if rank in self.beat_trackers else 1.0
             ran = self.held_trackers[rank].speed if rank in self.held_trackers else 1.0
             speed = min(compute, beat if beat <= BEAT_SLOW else 1.0, ran)
-            if speed == self.speeds.get(rank, 1.0):
-                continue  # (one signal went back while another still says slow)
+            before = self.speeds.get(rank, 1.0)
+            if speed == before or min(speed, before) >= 1 - SpeedTracker.min_change:
+                continue  # (one signal went back while another still says slow; healthy before and after)
             self.speeds[rank] = speed
             shift = Shift(speed, min(sh.since for sh in shifts.values()), it)
             # (which measure says so: one that changed now to this speed, else the one at it)
@@ -170,6 +212,27 @@ class Slowness:
                 self._shift(rank, shift.speed, shift.since, it, signal)
             else:
                 self._pending.append((rank, shift, it, signal))
+
+    def _compute_speed(self, rank: int, it: int) -> float:
+        """The compute tracker's speed for `rank` net of load (`net_of_load`); a slowdown that
+        load explains is noted once, as load."""
+        if rank not in self.trackers:
+            return 1.0
+        raw = self.trackers[rank].speed
+        if raw >= 1 - SpeedTracker.min_change:
+            return raw
+        since = self._compute_since.get(rank, 0)
+        net = self.net_of_load(rank, raw, since)
+        if net < 1 - SpeedTracker.min_change:
+            return net
+        if self._load_noted.get(rank) != since:
+            self._load_noted[rank] = since
+            g = self.ctl.plan.spec.gpus[rank]
+            self.ctl.note("load", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) computes at {raw:.2f} of its peers' "
+                                  f"speed since iteration {since} (seen at {it}), but its thread waited for a CPU "
+                                  f"as much longer: host load, not a slow GPU ({net:.2f} net of it)",
+                          rank=rank, speed=round(raw, 3), net=round(net, 3), since=since, seen=it)
+        return 1.0
 
     def _compute(self, rank: int, rel: float, it: int) -> Shift | None:
         """Feed `rank`'s compute speed against its peers' to its tracker, less the offset the
@@ -424,6 +487,7 @@ class Slowness:
             if d.action == "exclude":
                 self.excluded.add(d.rank)
                 self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
+                self._compute_since.pop(d.rank, None)
                 self.beat_trackers.pop(d.rank, None)
                 self.held_trackers.pop(d.rank, None)
                 self._offsets.pop(d.rank, None)
@@ -474,6 +538,9 @@ class Slowness:
         self._relearn.pop(rank, None)
         self.speeds.pop(rank, None)
         self.probes.pop(rank, None)
+        self._on_cpu.pop(rank, None)
+        self._compute_since.pop(rank, None)
+        self._load_noted.pop(rank, None)
         self.excluded.discard(rank)
         self.ladder.cancel(rank)
 

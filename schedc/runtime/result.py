@@ -26,6 +26,9 @@ class IterationRecord:
     # rank -> measured compute speed against the plan's costs (1.0: as planned; ranks with no
     # compute this iteration are absent): what the fail-slow detector is fed, as log(speed).
     speeds: dict[int, float] = field(default_factory=dict)
+    # rank -> the share of its measured compute its thread was on a CPU, not waiting for one (a CPU
+    # rank on a loaded host; absent: it never waited): how `schedc.live.slowness` tells load from a slow GPU.
+    on_cpu: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
