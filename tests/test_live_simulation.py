@@ -88,6 +88,27 @@ def test_a_pause_of_the_whole_machine_blames_no_rank():
     assert not any("failed" in e for e in out.events) and out.result == "finished"
 
 
+#: A loaded host's scheduler runs rank 4 a third as much as its peers for 4 s: its compute takes
+#: three times as long, all of it waiting for a CPU; its GPU is healthy.
+STARVED = [Fault("training", 0.5, "starve", (4,), duration=4.0, factor=3.0)]
+
+
+def test_a_rank_the_scheduler_starves_is_load_not_a_slow_gpu():
+    out = simulate(7, faults=STARVED)
+    assert not out.violations, out.describe()
+    assert out.result == "finished"
+    assert any("rank 4 GPU (dp=1, pp=1) computes at 0.3" in e and "host load" in e for e in out.events), \
+        out.describe()
+
+
+def test_the_checker_catches_a_starved_rank_reported_slow(monkeypatch):
+    from schedc.live.slowness import Slowness
+
+    monkeypatch.setattr(Slowness, "net_of_load", lambda self, rank, speed, since: speed)
+    out = simulate(7, faults=STARVED)
+    assert any("rank 4 reported slow but the world never slowed it" in v for v in out.violations), out.describe()
+
+
 # -- regressions: schedules the simulation found broken, kept with their fix ---------------------
 
 #: Seed 214 of the first campaign: a burst takes stage 2 (restored from a checkpoint with

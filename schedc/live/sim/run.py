@@ -15,7 +15,8 @@ until the run ends or a bound passes. Checked as it goes:
   start, the new one from it);
 - **no healthy GPU declared failed**: every rank the supervisor declares
   failed was killed, stopped or hung shortly before; no rank the world never
-  slowed is reported slow;
+  slowed is reported slow (one the scheduler starves, `starve`: its compute
+  takes longer because its thread waits for a CPU, is not slowed);
 - **diagnostics that are not bugs**: a run that stops does so with a
   diagnostic, and not with one that says schedc broke its own rules (E551,
   E552, E590, "every rank finished, yet ...").
@@ -78,13 +79,13 @@ class Fault:
 
     when: str
     delay: float
-    action: str  # kill, stop, hang, slow, slow_link, pause, forkserver, rejoin
+    action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
-    factor: float = 1.0  # slow: the slowdown; slow_link: seconds added to each message
+    factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
 
     def __str__(self) -> str:
-        extra = (f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "slow_link", "pause")
+        extra = (f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "starve", "slow_link", "pause")
                  else "")
         extra += f" x{self.factor:.1f}" if self.factor != 1.0 else ""
         return f"{self.delay:.2f} s after {self.when}: {self.action} {list(self.ranks)}{extra}"
@@ -122,7 +123,7 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
     for i in range(rng.choice([0, 1, 1, 2, 2, 3])):
         when = "training" if i == 0 else rng.choice(["training", "switching", "recovering", "recovering"])
         action = rng.choice(["kill", "kill", "kill", "stop", "stop", "hang", "slow", "slow", "slow_link", "pause",
-                             "forkserver", "rejoin", "stage"])
+                             "forkserver", "rejoin", "stage", "starve"])
         delay = round(rng.uniform(0.0, 1.5), 3) if when == "training" else phase_delay()
         if action == "stage":
             stage = rng.randrange(pp)
@@ -132,6 +133,9 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
         elif action == "slow":
             faults.append(Fault(when, delay, "slow", (rank(),), duration=round(rng.uniform(0.5, 3.0), 2),
                                 factor=rng.choice([2.0, 3.0, 4.0])))
+        elif action == "starve":  # a loaded host's scheduler runs one rank less: its GPU is healthy
+            faults.append(Fault(when, delay, "starve", (rank(),), duration=round(rng.uniform(1.0, 4.0), 2),
+                                factor=rng.choice([1.5, 2.0, 3.0])))
         elif action == "slow_link":
             faults.append(Fault(when, delay, "slow_link", (rank(),), duration=round(rng.uniform(0.5, 3.0), 2),
                                 factor=rng.choice([0.005, 0.02])))
@@ -190,6 +194,7 @@ class _Checker:
             elif what == "fast":
                 for r in ranks:
                     world.slow.pop(r, None)
+                    world.starved.pop(r, None)
                     world.link_delay.pop(r, None)
         self._fire(now)
         self._check_events(now)
@@ -231,6 +236,10 @@ class _Checker:
             for r in f.ranks:
                 world.slow[r] = f.factor
                 self.slowed.add(r)
+            self.timers.append((now + f.duration, "fast", f.ranks))
+        elif f.action == "starve":  # (not slowed: its GPU is healthy, a slow report of it is a false alarm)
+            for r in f.ranks:
+                world.starved[r] = f.factor
             self.timers.append((now + f.duration, "fast", f.ranks))
         elif f.action == "slow_link":  # `factor`: seconds added to every message it sends
             for r in f.ranks:

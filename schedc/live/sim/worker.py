@@ -261,9 +261,11 @@ class SimWorker:
                 self.history.append(it)
                 self.world.applied(self, it)
                 planned = self.world.iteration_s * 0.6
-                compute = planned * self.world.slowdown(self.rank) * self.world.noise()
+                starved = self.world.starvation(self.rank)
+                compute = planned * self.world.slowdown(self.rank) * self.world.noise() * starved
                 self.job.report(IterationDone(rank=self.rank, it=it, t0=t0, t1=self.world.time(), gen=n,
-                                              steps=self.steps, compute=compute, planned=planned))
+                                              steps=self.steps, compute=compute, planned=planned,
+                                              queued=compute * (1 - 1 / starved)))
                 self._maybe_checkpoint(gen, stage)
             yield lambda: self._writing == 0  # (a real worker waits for its side thread)
             self.job.report(Done(rank=self.rank, gen=n, steps=self.steps, t=self.world.time()))

@@ -5,7 +5,7 @@
 lets the network progress, resumes every runnable worker in rank order,
 sends the heartbeats that are due and reports the processes that ended, as
 a host's agent would. Faults are signals to processes (`signal`: kill, stop,
-cont) and states of the world (`hang`, `slow`, `pause`, a forkserver that
+cont) and states of the world (`hang`, `slow`, `starved`, `pause`, a forkserver that
 must be restarted); `schedc.live.sim.run` decides when they happen.
 """
 
@@ -43,6 +43,7 @@ class SimWorld:
         self.net = Network(self)
         self.workers: dict[int, SimWorker] = {}
         self.slow: dict[int, float] = {}  # rank -> slowdown factor now
+        self.starved: dict[int, float] = {}  # rank -> how much longer its compute takes for waiting for a CPU
         self.link_delay: dict[int, float] = {}  # rank -> seconds added to every message it sends
         self._later: list[tuple[float, int, Callable[[], None]]] = []  # (when, order, what): side work
         self.forkserver_down_until = -1.0
@@ -66,6 +67,11 @@ class SimWorld:
 
     def slowdown(self, rank: int) -> float:
         return self.slow.get(rank, 1.0)
+
+    def starvation(self, rank: int) -> float:
+        """How much longer `rank`'s compute takes because its thread waits for a CPU (a loaded
+        host's scheduler running it less than its peers; its GPU is healthy)."""
+        return self.starved.get(rank, 1.0)
 
     def noise(self) -> float:
         """A measured op time's spread around its true length (timers, caches, the OS): +-3%."""
