@@ -229,6 +229,27 @@ def test_a_starved_process_is_not_stalled_and_a_stopped_one_is():
     assert stopped.stalled == pytest.approx(20 * 0.04)
 
 
+def test_a_wake_up_held_up_while_the_process_ran_on_is_not_a_stall():
+    """The clock's thread woke late without waiting on a run queue because another thread of its
+    process held the interpreter's lock (its main thread in a long call): the process ran the
+    whole time, so it was not stopped. A stop of the whole process uses no CPU and still counts."""
+    from schedc.live.stall import StallClock
+
+    k = _Kernel()
+    k.cpu = 0.0
+    clock = StallClock(period=0.01, clock=lambda: k.now, run_delay=lambda: k.delay, process_time=lambda: k.cpu)
+    clock.tick()
+    k.cpu += 0.71  # the main thread ran through the thread's 10 ms sleep and 700 ms lateness
+    k.wake(clock, stopped=0.7)
+    assert clock.stalled == pytest.approx(0.0, abs=1e-9)
+    k.cpu += 0.002  # stopped 40 ms from outside: 2 ms of CPU before the stop, none during it
+    k.wake(clock, stopped=0.04)
+    assert clock.stalled == pytest.approx(0.04)
+    k.cpu += 0.03  # held up 40 ms, of which the process ran 30 (the GIL's holder, then stopped): 20 ms idle
+    k.wake(clock, stopped=0.04)
+    assert clock.stalled == pytest.approx(0.04 + 0.02)
+
+
 def test_a_process_held_by_its_cpu_quota_is_stalled_though_its_wait_counts_as_run_queue():
     """CFS bandwidth control keeps a throttled process's threads queued: their wait is run-queue
     wait, as under load, but its cgroup's `cpu.stat` counts it as throttled."""

@@ -123,7 +123,7 @@ class LiveWorker:
         self._clock = make_clock("cpu")  # times the computed ops (`_build`: the rank's device's)
         self._probing = threading.Event()  # set: a thread measures this GPU's speed now and then
         # How long this process was held stopped or by its CPU quota (a throttle: `schedc.live.stall`).
-        self.stall = StallClock(throttled=CgroupThrottle())
+        self.stall = StallClock(throttled=CgroupThrottle(), process_time=time.process_time)
         self._stall_halt = threading.Event()
         self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload)
 

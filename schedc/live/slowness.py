@@ -84,8 +84,10 @@ PACE_SLACK = 1.2
 #: threads jitter by 10-20% under load with the GPU at full speed (the simulation reported
 #: healthy ranks at 0.81-0.88 from jitter alone, 27 of 2500 schedules, before this bar).
 BEAT_SLOW = 0.7
-#: Iterations of each rank's share of time on a CPU (against its peers') kept for `net_of_load`.
+#: Iterations of each rank's compute and share of time on a CPU (against its peers') kept for `net_of_load`,
+#: and how many of those before a slowdown make the healthy level it is judged against.
 ON_CPU_KEEP = 400
+HEALTHY_LEVEL = 100
 
 class Slowness:
     """The fail-slow policy. `mode` is ``act`` (switch plans by cost) or ``detect`` (only say so)."""
@@ -119,7 +121,9 @@ class Slowness:
         self._first: dict[int, list[float]] = {}  # rank -> its first log speeds (the host's speed, for probes)
         self._host: list[float] = []  # the host's log speed against the start, the last HOST_ROUNDS iterations
         self._cpu_rounds: dict[int, dict[int, float]] = {}  # iteration -> rank -> log share of compute on a CPU
-        self._on_cpu: dict[int, list[tuple[int, float]]] = {}  # rank -> (iteration, that against its peers')
+        self._cpu_rel: dict[int, float] = {}  # rank -> its log share on a CPU against its peers', this iteration
+        self._on_cpu: dict[int, list[tuple[int, float, float]]] = {}  # rank -> (iteration, fed to its compute
+        # tracker, its log share on a CPU against its peers') for `net_of_load`
         self._compute_since: dict[int, int] = {}  # rank -> the iteration its compute tracker's level began
         self._load_noted: dict[int, int] = {}  # rank -> the compute level (its since) already noted as load
 
@@ -153,23 +157,29 @@ class Slowness:
 
     def _note_on_cpu(self, it: int, shares: dict[int, float]) -> None:
         """Each rank's log share of its compute on a CPU in iteration `it`, against the median of
-        the other members' (kept for `net_of_load`)."""
+        the other members' (for `net_of_load`, beside what its compute tracker is fed then)."""
+        self._cpu_rel = {}
         for rank, y in shares.items():
             others = [v for r, v in shares.items() if r != rank]
             if len(others) >= 2:
-                kept = self._on_cpu.setdefault(rank, [])
-                kept.append((it, y - statistics.median(others)))
-                del kept[:-ON_CPU_KEEP]
+                self._cpu_rel[rank] = y - statistics.median(others)
 
     def net_of_load(self, rank: int, speed: float, since: int) -> float:
-        """`rank`'s compute speed against its peers', `speed`, less what its thread's waits for a
-        CPU explain: taken by the median share of time on a CPU against its peers' from iteration
-        `since` on (only where it got less than they did; at most 1.0). A rank the scheduler ran
-        half as much as its peers computes at half their speed on a healthy GPU."""
-        seen = [v for it, v in self._on_cpu.get(rank, ()) if it >= since]
-        if not seen:
+        """`rank`'s compute speed against its peers' (its tracker's, `speed`) with its waits for
+        a CPU taken out: per iteration, its log speed less its log share of time on a CPU against
+        its peers' (what it computed in the time it was given a CPU, against what they did); the
+        median of that from iteration `since` on, against its median before `since` (the healthy
+        level, measured the same way: some ranks get more of the CPUs than others all along).
+        Never below `speed` (this only tells load from a slow GPU) and at most 1.0; `speed` where
+        there is too little to go on. Taken per iteration, as the waits and the compute times they
+        lengthen move together from one iteration to the next (under two busy loops a healthy
+        CPU rank's share on a CPU read 0.05-0.75 per iteration, its peers' median 0.13-0.45)."""
+        kept = self._on_cpu.get(rank, ())
+        after = [y - c for it, y, c in kept if it >= since]
+        before = [y - c for it, y, c in kept if it < since][-HEALTHY_LEVEL:]
+        if len(after) < 3 or len(before) < SpeedTracker.warmup:
             return speed
-        return min(1.0, speed / math.exp(min(0.0, statistics.median(seen))))
+        return min(1.0, max(speed, math.exp(statistics.median(after) - statistics.median(before))))
 
     def _judge(self, it: int, logs: dict[int, float]) -> None:
         """One iteration's log speeds, each judged against the median of its peers' (a host
@@ -247,7 +257,12 @@ class Slowness:
             del self._relearn[rank]
             self._offsets[rank] = statistics.median(seen) - tracker.level
             return None
-        return tracker.update(rel - self._offsets.get(rank, 0.0), it)
+        y = rel - self._offsets.get(rank, 0.0)
+        if rank in self._cpu_rel:
+            kept = self._on_cpu.setdefault(rank, [])
+            kept.append((it, y, self._cpu_rel[rank]))
+            del kept[:-ON_CPU_KEEP]
+        return tracker.update(y, it)
 
     def _run_slowed(self, wall: float | None) -> bool:
         """Whether this iteration took clearly longer (PACE_SLACK) than the current plan's pace,

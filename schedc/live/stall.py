@@ -43,6 +43,16 @@ busy loops never found as slow: declared failed instead ("no heartbeat for
 0.38 and 0.15 (peers 0.03), found after 19 iterations (1.77 s) and 16
 (1.23 s), not declared failed.
 
+A thread can also wake late without waiting on a run queue while its
+process runs on: it woke, but another thread of its process held the
+interpreter's lock (the GIL) through a long call, or was itself preempted
+holding it. The process was not stopped then, it ran. So a wake-up counts
+as held no more than the part of its interval in which the process used no
+CPU at all (`process_time`, every thread's CPU time): a process stopped from
+outside uses none, one whose main thread holds the GIL uses as much as the
+interval. (Under two busy loops one healthy rank read 0.70 stalled over a
+second, and was reported at speed 0.40, before this bound.)
+
 `StallClock.tick` is the bookkeeping of one wake-up (fed numbers in tests);
 `StallClock.start` runs it on a daemon thread. `stalled` is the total so far,
 seconds, which the heartbeat carries (`schedc.live.detect.Beat.stalled_ms`).
@@ -153,25 +163,29 @@ class StallClock:
     clock: Callable[[], float] = time.monotonic
     run_delay: Callable[[], float | None] = thread_run_delay
     throttled: Callable[[], float | None] = lambda: None  # the cgroup's quota throttling so far (`CgroupThrottle`)
+    process_time: Callable[[], float | None] = lambda: None  # the process's CPU time so far, every thread's
+    # (`time.process_time`; None: not known, nothing bounds a wake-up's held time)
     stalled: float = 0.0  # seconds held stopped so far
-    _last: tuple[float, float, float | None] | None = field(default=None, repr=False)  # (clock, run delay,
-    # throttled) at the last wake-up
+    _last: tuple[float, float, float | None, float | None] | None = field(default=None, repr=False)  # (clock,
+    # run delay, throttled, process time) at the last wake-up
 
     def tick(self) -> None:
         """One wake-up (after sleeping `period` since the last): its lateness that the run
         queue does not explain is added to `stalled`, and so is its run-queue wait up to the
-        time its cgroup's CPU quota held the process meanwhile."""
-        now, delay, throttled = self.clock(), self.run_delay(), self.throttled()
+        time its cgroup's CPU quota held the process meanwhile; all of it at most the part of
+        the interval in which the process used no CPU (module docstring)."""
+        now, delay, throttled, cpu = self.clock(), self.run_delay(), self.throttled(), self.process_time()
         if delay is None:
             self._last = None
             return
         if self._last is not None:
-            t0, d0, h0 = self._last
+            t0, d0, h0, c0 = self._last
             late = max(0.0, (now - t0) - self.period)
             queued = max(0.0, delay - d0)
             held = 0.0 if throttled is None or h0 is None else max(0.0, throttled - h0)
-            self.stalled += min(late, max(0.0, late - queued) + min(queued, held))
-        self._last = (now, delay, throttled)
+            idle = late if cpu is None or c0 is None else max(0.0, (now - t0) - (cpu - c0))
+            self.stalled += min(late, max(0.0, late - queued) + min(queued, held), idle)
+        self._last = (now, delay, throttled, cpu)
 
     def start(self, halt: threading.Event) -> "StallClock":
         """Tick every `period` on a daemon thread until `halt` is set (nothing where the kernel
