@@ -88,6 +88,9 @@ BEAT_SLOW = 0.7
 #: and how many of those before a slowdown make the healthy level it is judged against.
 ON_CPU_KEEP = 400
 HEALTHY_LEVEL = 100
+#: Iterations under a new plan left out before its offset on a rank's compute speed is learned
+#: (`Slowness.after_plan_change`).
+RELEARN_SKIP = 8
 
 class Slowness:
     """The fail-slow policy. `mode` is ``act`` (switch plans by cost) or ``detect`` (only say so)."""
@@ -246,16 +249,16 @@ class Slowness:
 
     def _compute(self, rank: int, rel: float, it: int) -> Shift | None:
         """Feed `rank`'s compute speed against its peers' to its tracker, less the offset the
-        current plan puts on it (learned over its first `SpeedTracker.warmup` iterations under
-        the plan, after a plan change: `after_plan_change`)."""
+        current plan puts on it (learned over `SpeedTracker.warmup` iterations under the plan
+        after its first `RELEARN_SKIP`, after a plan change: `after_plan_change`)."""
         tracker = self.trackers.setdefault(rank, SpeedTracker())
         if rank in self._relearn:
             seen = self._relearn[rank]
             seen.append(rel)
-            if len(seen) < SpeedTracker.warmup:
+            if len(seen) < RELEARN_SKIP + SpeedTracker.warmup:
                 return None
             del self._relearn[rank]
-            self._offsets[rank] = statistics.median(seen) - tracker.level
+            self._offsets[rank] = statistics.median(seen[RELEARN_SKIP:]) - tracker.level
             return None
         y = rel - self._offsets.get(rank, 0.0)
         if rank in self._cpu_rel:
@@ -524,14 +527,18 @@ class Slowness:
         (an excluded GPU's return is priced again from its next probes).
 
         A member whose compute reads healthy has the offset the new plan puts on its compute
-        speed learned anew (the median of its first `SpeedTracker.warmup` iterations under it,
-        against its healthy level; its tracker, with the noise and wander it learned, goes on):
+        speed learned anew (the median of `SpeedTracker.warmup` iterations under it after the
+        first `RELEARN_SKIP`, against its healthy level; its tracker, with the noise and wander
+        it learned, goes on):
         the cost model misses real op times differently for another split of the layers (a CPU
         rank's millisecond ops do not grow with its layers as the model says), so every rank's
         speed against its peers' moves with a repartition. After a rebalance for a throttled
         rank, a healthy rank of another pipeline read 0.33-0.6 of its peers' against the old
-        level and was reported slow. (A slowdown that begins within those iterations is taken
-        for the offset; one found before the change stays.)"""
+        level and was reported slow. The first iterations under a new plan are left out: the
+        ranks settle into it at different paces, and a healthy stage-0 rank read 1.5-5.4 times
+        its peers' speed over its first 8 after a rebalance, 1.0 after, and was reported at 0.26
+        against an offset learned from them. (A slowdown that begins within those iterations is
+        taken for the offset; one found before the change stays.)"""
         ctl = self.ctl
         self.ladder.cancel_all()
         self._pace, self._pace_rates, self._window = [], [], []  # the new plan's pace is measured anew
