@@ -60,25 +60,60 @@ class Shift:
     confirmed_at: int  # the iteration whose report confirmed it
 
 
-@dataclass
-class _Run:
-    mu: float
-    kappa: float
-    alpha: float
-    beta: float
+#: A new run's prior (see `SpeedTracker.update`): kappa 0.1, alpha 1 (a Student t with 2 degrees
+#: of freedom); its mean and beta are the tracker's.
+PRIOR_KAPPA, PRIOR_ALPHA = 0.1, 1.0
 
-    def log_pred(self, y: float) -> float:
-        """Log of the Student-t predictive density of y under this run's posterior."""
-        nu = 2 * self.alpha
-        scale2 = self.beta * (self.kappa + 1) / (self.alpha * self.kappa)
-        z = (y - self.mu) ** 2 / (nu * scale2)
-        return (math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi * scale2)
-                - (nu + 1) / 2 * math.log1p(z))
 
-    def updated(self, y: float) -> "_Run":
-        k = self.kappa + 1
-        return _Run(mu=(self.kappa * self.mu + y) / k, kappa=k, alpha=self.alpha + 0.5,
-                    beta=self.beta + self.kappa * (y - self.mu) ** 2 / (2 * k))
+class _RunShapes:
+    """What the Normal-Gamma posterior of a run holding n observations has that does not depend on
+    the observations: kappa and alpha grow by 1 and 1/2 per observation whatever they are, so the
+    Student t's degrees of freedom and log-gamma terms are the same for every run of that length.
+    Computed once per length (grown by the same additions the posterior's update makes, so every
+    number is bit for bit what the update would compute), they leave each run's predictive and
+    update to a few multiplications and two logarithms: the supervisor runs three trackers per
+    rank and iteration over up to `SpeedTracker.window` runs each."""
+
+    def __init__(self):
+        self.kappa: list[float] = []  # index i: a run of i + 1 observations
+        self.alpha: list[float] = []
+        self._grow(PRIOR_KAPPA, PRIOR_ALPHA)
+
+    def _grow(self, kappa: float, alpha: float) -> None:
+        self.kappa.append(kappa + 1)
+        self.alpha.append(alpha + 0.5)
+
+    def upto(self, n: int) -> None:
+        while len(self.kappa) < n:
+            self._grow(self.kappa[-1], self.alpha[-1])
+
+    @staticmethod
+    def terms(kappa: float, alpha: float) -> tuple[float, ...]:
+        """(kappa + 1, alpha x kappa, nu, nu x pi, the log-gamma terms, (nu + 1) / 2) of a run."""
+        nu = 2 * alpha
+        return (kappa + 1, alpha * kappa, nu, nu * math.pi, math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2),
+                (nu + 1) / 2)
+
+
+_SHAPES = _RunShapes()
+_TERMS: list[tuple[float, ...]] = []  # `_RunShapes.terms` by run index
+_PRIOR_TERMS = _RunShapes.terms(PRIOR_KAPPA, PRIOR_ALPHA)
+
+
+def _terms_upto(n: int) -> list[tuple[float, ...]]:
+    _SHAPES.upto(n)
+    while len(_TERMS) < n:
+        i = len(_TERMS)
+        _TERMS.append(_RunShapes.terms(_SHAPES.kappa[i], _SHAPES.alpha[i]))
+    return _TERMS
+
+
+def _log_pred(y: float, mu: float, beta: float, terms: tuple[float, ...]) -> float:
+    """Log of the Student-t predictive density of y under a run's posterior (mean `mu`, `beta`)."""
+    kp1, ak, nu, nupi, lg, half = terms
+    scale2 = beta * kp1 / ak
+    z = (y - mu) ** 2 / (nu * scale2)
+    return lg - 0.5 * math.log(nupi * scale2) - half * math.log1p(z)
 
 
 @dataclass
@@ -98,7 +133,8 @@ class SpeedTracker:
     block: int = 20  # observations per block whose medians show how the healthy level wanders
     wander: float = 2.0  # how many times that wander a change must exceed
     _log_r: list[float] = field(default_factory=list)  # log posterior over run length 0..len-1
-    _runs: list[_Run] = field(default_factory=list)
+    _mu: list[float] = field(default_factory=list)  # each run's posterior mean (index i: i + 1 observations)
+    _beta: list[float] = field(default_factory=list)  # ... and beta (its kappa and alpha: `_RunShapes`)
     _ys: list[float] = field(default_factory=list)  # the last `window` observations
     _t: int = 0  # observations so far
     _baseline: float | None = None
@@ -132,26 +168,34 @@ class SpeedTracker:
             self._noise = max(self.noise, 1.4826 * statistics.median(steps) / math.sqrt(2))
         # A new run's prior: centred on the baseline (weakly: kappa 0.1), with this GPU's own
         # noise; heavy-tailed (alpha 1: a Student t with 2 degrees of freedom).
-        prior = _Run(mu=self._baseline, kappa=0.1, alpha=1.0, beta=self._noise ** 2)
-        if not self._runs:  # index i of the posterior is a run holding the last i+1 observations
-            self._log_r, self._runs, self._t = [0.0], [prior.updated(y)], 1
+        mu0, beta0 = self._baseline, self._noise ** 2
+        k0 = PRIOR_KAPPA + 1  # the prior updated with y: a run of one observation
+        first_mu, first_beta = (PRIOR_KAPPA * mu0 + y) / k0, beta0 + PRIOR_KAPPA * (y - mu0) ** 2 / (2 * k0)
+        if not self._mu:  # index i of the posterior is a run holding the last i+1 observations
+            self._log_r, self._mu, self._beta, self._t = [0.0], [first_mu], [first_beta], 1
             return None
         log_h, log_1h = math.log(self.hazard), math.log1p(-self.hazard)
-        preds = [lr + run.log_pred(y) for lr, run in zip(self._log_r, self._runs)]
+        n = len(self._mu)
+        terms = _terms_upto(n + 1)
+        kappa = _SHAPES.kappa
+        mus, betas = self._mu, self._beta
         # A run that begins with y: y is predicted by the prior (the new regime), not by the runs
         # before it; with the old regime's prediction the regime that explained y best was the one
         # begun an observation earlier, and every change was reported one iteration early.
-        change = log_h + prior.log_pred(y)  # (the posterior `_log_r` sums to 1)
-        grown = [p + log_1h for p in preds]
-        new_log_r = [change] + grown
-        new_runs = [prior.updated(y)] + [run.updated(y) for run in self._runs]
+        change = log_h + _log_pred(y, mu0, beta0, _PRIOR_TERMS)  # (the posterior `_log_r` sums to 1)
+        log, log1p = math.log, math.log1p  # (`_log_pred` written out: a call per run is a third of the time)
+        new_log_r = [change] + [lr + (lg - 0.5 * log(nupi * (scale2 := b * kp1 / ak))
+                                      - half * log1p((y - m) ** 2 / (nu * scale2))) + log_1h
+                                for lr, m, b, (kp1, ak, nu, nupi, lg, half) in zip(self._log_r, mus, betas, terms)]
+        new_mu = [first_mu] + [(kappa[i] * mus[i] + y) / kappa[i + 1] for i in range(n)]
+        new_beta = [first_beta] + [betas[i] + kappa[i] * (y - mus[i]) ** 2 / (2 * kappa[i + 1]) for i in range(n)]
         if len(new_log_r) > self.window:  # merge the tail into the longest kept run length
             tail = _logsumexp(new_log_r[self.window - 1:])
             new_log_r = new_log_r[:self.window - 1] + [tail]
-            new_runs = new_runs[:self.window]
+            new_mu, new_beta = new_mu[:self.window], new_beta[:self.window]
         norm = _logsumexp(new_log_r)
         self._log_r = [lr - norm for lr in new_log_r]
-        self._runs = new_runs
+        self._mu, self._beta = new_mu, new_beta
         self._t += 1
         best = max(range(len(self._log_r)), key=self._log_r.__getitem__)  # the most probable run
         held = best + 1  # observations in it
