@@ -61,3 +61,20 @@ def test_a_failure_while_the_survivors_restart_is_survived_exactly(tmp_path):
                for m in restarts), [(e["kind"], e["message"]) for e in result.events]
     assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events)
     assert len(result.generations[-1].members) == 3, [(e["kind"], e["message"]) for e in result.events]
+
+
+def test_a_gpu_asked_back_after_a_re_partition_is_refused_with_how_to_use_it_again(tmp_path):
+    # GPU (dp=0, pp=1) of the job was lost with its stage; after the re-partition the run's ranks
+    # are the 2 x 2 layout's, where (dp=0, pp=1) names another GPU, a running one. Growing back is
+    # not built: the request is refused with why and how to train on every GPU again (it used to
+    # say "runs already: nothing to take back"), and the run ends exactly.
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=7, want_weights=True, recovery="repartition", checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=LOSE_STAGE_1 + ["at iteration 5: recover gpu(dp=0, pp=1)"])
+    check_exact(out, result, 7)
+    (warning,) = [e["message"] for e in result.events if e["kind"] == "warning"]
+    assert warning.startswith("warning: cannot take GPU (dp=0, pp=1) back (injected `at iteration 5: recover "
+                              "gpu(dp=0, pp=1)`): the job was re-partitioned onto 4 GPUs as 2 x 2"), warning
+    assert "schedc train" in warning and "--resume" in warning and "--checkpoint-dir" in warning, warning
+    assert not [e for e in result.events if e["kind"] == "rejoin"]

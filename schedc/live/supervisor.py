@@ -40,7 +40,7 @@ from schedc.live.membership import Generation, JobStore
 from schedc.live.options import TrainOptions
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited, Injected,
                                   IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, WorkerError)
-from schedc.live.recovery import RecoveryPolicy
+from schedc.live.recovery import RecoveryPolicy, resume_command
 from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
@@ -110,6 +110,7 @@ class Supervisor(Transitions):
         self._switch_from: tuple[int, ...] = ()  # the members of the generation it switches from
         self._leaving: set[int] = set()  # members of that generation that are not in the next
         self._gen_speeds: dict[int, dict[int, float]] = {}  # generation -> rank -> the speed its plan assumes
+        self.repartitioned: str | None = None  # onto what the job was re-partitioned (its ranks are the layout's since)
         self._last_beats = 0.0
         self._training_started: float | None = None
         self._pending_write: tuple[int, Plan, dict[str, str]] | None = None
@@ -365,12 +366,28 @@ class Supervisor(Transitions):
             self._note("warning", f"warning: ignored a rejoin request that is not `recover gpu(dp=D, pp=S)`: "
                                   f"{msg.event!r}")
             return
-        cluster = self.plan.spec.cluster
+        cluster = self.recovery.initial_plan.spec.cluster  # (GPUs are named as the job named them)
         if not (0 <= ev.dp < cluster.dp and 0 <= ev.pp < cluster.pp):
             self._note("warning", f"warning: ignored a rejoin request for GPU (dp={ev.dp}, pp={ev.pp}): the cluster "
                                   f"has dp 0..{cluster.dp - 1} and pp 0..{cluster.pp - 1}")
             return
-        self.rejoins.request(cluster.rank_of(ev.dp, ev.pp), "asked for with schedc rejoin")
+        self._user_rejoin(cluster.rank_of(ev.dp, ev.pp), "asked for with schedc rejoin")
+
+    def _user_rejoin(self, rank: int, reason: str) -> None:
+        """A rejoin a user asked for (`schedc rejoin`, an injected `recover gpu(...)`), of a GPU named
+        as the job named it at its start (`rank` of the initial plan). After a re-partition the
+        run's ranks are the new layout's, and growing back onto returned GPUs is not built: say so,
+        and how to train on every GPU again, rather than take the name for another GPU's."""
+        if self.repartitioned is None:
+            self.rejoins.request(rank, reason)
+            return
+        g = self.recovery.initial_plan.spec.gpus[rank]
+        found = self.checkpoints.latest_own()
+        how = (f"stop the run and resume it from its latest checkpoint: `{resume_command(self.out, found, self.iterations)}`"
+               if found else "stop the run and start it again (it writes no checkpoint: --checkpoint-every K)")
+        self._note("warning", f"warning: cannot take GPU (dp={g.dp}, pp={g.pp}) back ({reason}): the job was "
+                              f"re-partitioned onto {self.repartitioned}, and growing back onto returned GPUs is not "
+                              f"built yet; to train on every GPU again, {how}", rank=rank)
 
     # -- what agents tell ----------------------------------------------------------------------------
 
@@ -438,7 +455,7 @@ class Supervisor(Transitions):
             return
         self.job.set_progress(it)
         for inj in self.injections.due_rejoins(it):  # `at iteration I: recover gpu(...)` as iteration I starts
-            self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
+            self._user_rejoin(inj.ranks[0], f"injected `{inj}`")
         self._note_slowdowns(it + 1)
         if self.phase == Phase.RUNNING:
             self.slowness.tick(it)
@@ -507,7 +524,7 @@ class Supervisor(Transitions):
             return
         for inj in self.injections.due_at(now - self._training_started):
             if inj.action == "rejoin":
-                self.rejoins.request(inj.ranks[0], f"injected `{inj}`")
+                self._user_rejoin(inj.ranks[0], f"injected `{inj}`")
             else:
                 self.fleet.fire(inj.index, inj.ranks)
 

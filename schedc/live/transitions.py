@@ -251,6 +251,10 @@ class Transitions:
         if change.restart_all:
             self.dead.clear()
             self.checkpoints.stages = change.plan.spec.pp  # (a re-partitioned plan has fewer stages)
+            if change.method == "repartition":
+                spec = change.plan.spec
+                self.repartitioned = (f"{len([g for g in spec.gpus if g.live])} GPUs as {spec.dp} x {spec.pp} after "
+                                      f"{self.completed} iterations")
             if change.method != "repartition":  # (the policy said what it re-partitioned)
                 self._note("restart", f"restarting every process from {restored_name(change.restore)} with the "
                                       "failed GPU(s) replaced", restore=change.restore)
