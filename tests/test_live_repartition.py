@@ -63,18 +63,46 @@ def test_a_failure_while_the_survivors_restart_is_survived_exactly(tmp_path):
     assert len(result.generations[-1].members) == 3, [(e["kind"], e["message"]) for e in result.events]
 
 
-def test_a_gpu_asked_back_after_a_re_partition_is_refused_with_how_to_use_it_again(tmp_path):
-    # GPU (dp=0, pp=1) of the job was lost with its stage; after the re-partition the run's ranks
-    # are the 2 x 2 layout's, where (dp=0, pp=1) names another GPU, a running one. Growing back is
-    # not built: the request is refused with why and how to train on every GPU again (it used to
-    # say "runs already: nothing to take back"), and the run ends exactly.
+BOTH_BACK = ["at iteration 5: recover gpu(dp=0, pp=1)", "at iteration 5: recover gpu(dp=1, pp=1)"]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_job_grows_back_onto_the_spec_once_every_lost_gpu_is_back(tmp_path, optimizer):
+    # Stage 1 is lost, the survivors run as 2 x 2; both GPUs come back at iteration 5 (named as the
+    # job named them at its start): at the next complete checkpoint every process restarts on the
+    # spec's 2 x 3 from it, re-sharded, and the run ends exactly.
+    out = compiled(tmp_path, dp=2, pp=3, optimizer=optimizer)
+    result = train(out, iterations=8, want_weights=True, recovery="repartition", checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + BOTH_BACK)
+    check_exact(out, result, 8)
+    first, grow = result.recoveries
+    assert first.method == "repartition" and grow.method == "grow-back" and grow.t_first is not None
+    rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
+    assert "1 of the 2 GPU(s) the job lost" in rejoins[0] and "every GPU the job lost is back" in rejoins[1]
+    note = [e for e in result.events if e["kind"] == "restart"][-1]
+    assert note["message"].startswith("growing back onto the spec's 2 x 3: restarting every process from iter-")
+    last = result.generations[-1]
+    assert len(last.members) == 6 and last.restore == note["restore"] and last.reason == "grow back"
+
+
+def test_a_failure_while_the_job_grows_back_is_survived_exactly(tmp_path):
     out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
-    result = train(out, iterations=7, want_weights=True, recovery="repartition", checkpoint_every=1,
-                   checkpoint_dir=str(tmp_path / "ckpt"),
-                   inject=LOSE_STAGE_1 + ["at iteration 5: recover gpu(dp=0, pp=1)"])
-    check_exact(out, result, 7)
+    result = train(out, iterations=8, want_weights=True, recovery="repartition", checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + BOTH_BACK + ["at recovery 2: fail rank 5"])
+    check_exact(out, result, 8)
+    assert any(e["message"].startswith("growing back onto the spec's 2 x 3") for e in result.events)
+    # The failure extends the grow-back (as a failure during any recovery does), routed around it.
+    assert [r.method for r in result.recoveries] == ["repartition", "reroute"]
+    assert result.recoveries[1].failed == [5] and len(result.generations[-1].members) == 5
+
+
+def test_without_checkpoints_a_gpu_asked_back_after_a_re_partition_is_refused_with_why(tmp_path):
+    # The job grows back through a checkpoint; a run that writes none cannot: the request says so
+    # (it used to take the name for the 2 x 2 layout's GPU (dp=0, pp=1) and say "runs already").
+    out = compiled(tmp_path, dp=2, pp=3)
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", inject=LOSE_STAGE_1 + BOTH_BACK[:1])
+    check_exact(out, result, 6)
     (warning,) = [e["message"] for e in result.events if e["kind"] == "warning"]
     assert warning.startswith("warning: cannot take GPU (dp=0, pp=1) back (injected `at iteration 5: recover "
                               "gpu(dp=0, pp=1)`): the job was re-partitioned onto 4 GPUs as 2 x 2"), warning
-    assert "schedc train" in warning and "--resume" in warning and "--checkpoint-dir" in warning, warning
-    assert not [e for e in result.events if e["kind"] == "rejoin"]
+    assert "--checkpoint-every" in warning and not [e for e in result.events if e["kind"] == "rejoin"]

@@ -19,7 +19,9 @@ for the supervisor to carry out:
   (`schedc.repartition.partition_units`), every process restarts on that plan
   and restores the latest checkpoint (or the initial weights) re-sharded onto
   its new split (`schedc.live.reshard`). Exact; the state comes from disk,
-  not over torch.distributed (at most `max_restarts` times);
+  not over torch.distributed (at most `max_restarts` times). Once every GPU
+  the job lost is asked back, the supervisor grows back onto the spec's plan
+  at the next complete checkpoint the same way (`Supervisor._grow_back`);
 * ``restart`` (torchelastic): every process restarts from the latest
   checkpoint, the failed GPUs replaced.
 

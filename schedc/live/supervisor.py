@@ -40,7 +40,7 @@ from schedc.live.membership import Generation, JobStore
 from schedc.live.options import TrainOptions
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited, Injected,
                                   IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, WorkerError)
-from schedc.live.recovery import RecoveryPolicy, resume_command
+from schedc.live.recovery import RecoveryPolicy
 from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
@@ -111,6 +111,8 @@ class Supervisor(Transitions):
         self._leaving: set[int] = set()  # members of that generation that are not in the next
         self._gen_speeds: dict[int, dict[int, float]] = {}  # generation -> rank -> the speed its plan assumes
         self.repartitioned: str | None = None  # onto what the job was re-partitioned (its ranks are the layout's since)
+        self._returned: set[int] = set()  # GPUs of the job's start asked back since (ranks of the initial plan)
+        self._grow_at_checkpoint = False  # every GPU lost is back: grow back at the next complete checkpoint
         self._last_beats = 0.0
         self._training_started: float | None = None
         self._pending_write: tuple[int, Plan, dict[str, str]] | None = None
@@ -342,6 +344,8 @@ class Supervisor(Transitions):
         if done is not None:
             self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {done.iteration} steps)",
                        path=str(done.path), iteration=done.iteration)
+            if self._grow_at_checkpoint and self.phase == Phase.RUNNING:
+                self._grow_back(done)
 
     def _on_checkpoint_failed(self, msg: CheckpointFailed, now: float) -> None:
         self._note("warning", f"warning: rank {msg.rank} could not write stage {msg.stage} of the "
@@ -376,18 +380,53 @@ class Supervisor(Transitions):
     def _user_rejoin(self, rank: int, reason: str) -> None:
         """A rejoin a user asked for (`schedc rejoin`, an injected `recover gpu(...)`), of a GPU named
         as the job named it at its start (`rank` of the initial plan). After a re-partition the
-        run's ranks are the new layout's, and growing back onto returned GPUs is not built: say so,
-        and how to train on every GPU again, rather than take the name for another GPU's."""
+        run's ranks are the new layout's: the GPU counts toward growing back onto the spec's
+        stages, which happens at the next complete checkpoint once every GPU the job lost is back
+        (every process restarts on the spec's plan from it, re-sharded: `_grow_back`)."""
         if self.repartitioned is None:
             self.rejoins.request(rank, reason)
             return
         g = self.recovery.initial_plan.spec.gpus[rank]
-        found = self.checkpoints.latest_own()
-        how = (f"stop the run and resume it from its latest checkpoint: `{resume_command(self.out, found, self.iterations)}`"
-               if found else "stop the run and start it again (it writes no checkpoint: --checkpoint-every K)")
-        self._note("warning", f"warning: cannot take GPU (dp={g.dp}, pp={g.pp}) back ({reason}): the job was "
-                              f"re-partitioned onto {self.repartitioned}, and growing back onto returned GPUs is not "
-                              f"built yet; to train on every GPU again, {how}", rank=rank)
+        if not self.options.checkpoint_every:
+            self._note("warning", f"warning: cannot take GPU (dp={g.dp}, pp={g.pp}) back ({reason}): the job was "
+                                  f"re-partitioned onto {self.repartitioned}, and it grows back onto returned GPUs "
+                                  "through a checkpoint, which this run does not write (--checkpoint-every K); to "
+                                  "train on every GPU again, stop the run and start it again", rank=rank)
+            return
+        self._returned.add(rank)
+        needed = len([x for x in self.recovery.initial_plan.spec.gpus if x.live]) - len(self.gen.members)
+        if len(self._returned) < needed:
+            self._note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) of the job is back ({reason}): {len(self._returned)} of "
+                                 f"the {needed} GPU(s) the job lost; it grows back once all are", rank=rank)
+            return
+        self._grow_at_checkpoint = True
+        self._note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) of the job is back ({reason}): every GPU the job lost is "
+                             "back; it grows back onto the spec's stages at the next complete checkpoint", rank=rank)
+
+    def _grow_back(self, found) -> None:
+        """Every GPU the job lost is back and checkpoint `found` is complete: every process restarts
+        on the spec's plan and restores it, re-sharded onto the spec's stages (the iterations run
+        since it are run again: a few, as it is the newest)."""
+        initial, now = self.recovery.initial_plan, self._now()
+        spec = initial.spec
+        self._note("restart", f"growing back onto the spec's {spec.dp} x {spec.pp}: restarting every process "
+                              f"from {found.path.name}, re-sharded", restore=str(found.path))
+        rec = Recovery(from_generation=self.gen.number, t_detect=now, method="grow-back",
+                       t_last_complete=max((r.end for r in self.ledger.records.values()), default=None),
+                       predicted_before_us=self.plan.metrics.iteration_time, events=["grow back"])
+        self.recoveries.append(rec)
+        self._recovery = rec
+        self.rejoins.cancel_all()
+        self.job.abort(self.gen.number)
+        self._kill_and_wait(sorted(self.alive - self.dead))
+        self.dead.clear()
+        self.checkpoints.stages = spec.pp
+        self.repartitioned, self._returned, self._grow_at_checkpoint = None, set(), False
+        self._announce(initial, restore=str(found.path), reason="grow back")
+        rec.to_generation, rec.t_plan, rec.t_announce = self.gen.number, now, self._now()
+        rec.predicted_after_us = initial.metrics.iteration_time
+        self._start_workers(self.gen.members)
+        self.phase = Phase.RECOVERING
 
     # -- what agents tell ----------------------------------------------------------------------------
 
@@ -433,7 +472,8 @@ class Supervisor(Transitions):
             rec.t_first = now
             t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
             self._note("recovered", f"first iteration under generation {gen} done {now - t0:.2f} s after the "
-                                    "failure", generation=gen, iteration=it)
+                                    + ("grow-back began" if rec.method == "grow-back" else "failure"),
+                       generation=gen, iteration=it)
             self._recovery = None
         loss_text = "" if record.loss is None else f"  loss {record.loss:.6f}"
         again = f"  (run {record.runs})" if record.runs > 1 else ""

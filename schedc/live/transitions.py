@@ -140,7 +140,8 @@ class Transitions:
                 back = f"restored {restored_name(self.gen.restore)}, iteration {start}"
             t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
             self._note("reconfigured", f"generation {self.gen.number}: {len(self.gen.members)} ranks reconfigured "
-                                       f"{now - t0:.2f} s after the failure; {back}",
+                                       f"{now - t0:.2f} s after the "
+                                       f"{'grow-back began' if rec.method == 'grow-back' else 'failure'}; {back}",
                        generation=self.gen.number, start=start, undone=undone)
 
     # -- planned changes (the policies' switches) ----------------------------------------------------
