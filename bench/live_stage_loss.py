@@ -11,6 +11,11 @@
 
     python bench/live_stage_loss.py [--iterations N] [--repeats R]
 
+Then the grow-back: `repartition` again, and the four GPUs asked back at iteration GROW_AT
+(`recover gpu(...)`, named as the job started): reported, from the grow-back's start (the next
+complete checkpoint once all are back), the reconfiguration and the first iteration on 16 GPUs,
+the iterations run again, and the period after against the simulator's.
+
 Reports, from the kill: detection, the new plan, reconfigured, the first iteration under the new
 plan; the steady period after, measured and as the simulator predicts; the GPUs the job ends on.
 In --emulate mode checkpoints hold no tensors, so no checkpoint bytes are read: a real job adds
@@ -35,6 +40,28 @@ from live_recovery import measure  # noqa: E402
 
 KILL = [f"at iteration 5 during B: fail gpu(dp={d}, pp=2)" for d in range(4)]
 METHODS = ("repartition", "auto", "restart")
+GROW_AT = 10
+BACK = [f"at iteration {GROW_AT}: recover gpu(dp={d}, pp=2)" for d in range(4)]
+
+
+def grow_back(out: Path, iterations: int) -> dict:
+    """The job re-partitioned after the kill, then grown back once the four GPUs are asked back."""
+    from live_recovery import CHECKPOINT_EVERY, DETECT_TIMEOUT, periods
+    from schedc.live import train
+
+    ckpt = out.parent / "checkpoints"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    result = train(out, iterations=iterations, emulate=True, inject=KILL + BACK, recovery="repartition",
+                   checkpoint_every=CHECKPOINT_EVERY, checkpoint_dir=str(ckpt), detect_timeout=DETECT_TIMEOUT)
+    grown = [r for r in result.recoveries if r.method == "grow-back"]
+    if not grown:
+        return {"ok": False, "iterations": len(result.iterations)}
+    rec, last = grown[-1], result.generations[-1]
+    return {"ok": result.ok, "iterations": len(result.iterations), "gpus_after": len(last.members),
+            "reconfigure_s": rec.t_ready - rec.t_detect, "first_iteration_s": rec.t_first - rec.t_detect,
+            "redone": sum(r.runs - 1 for r in result.iterations if r.generation == last.number),
+            "after_s": statistics.median(periods(result, last.number, skip_first=True)),
+            "predicted_after_s": last.predicted_iteration_time_us / 1e6}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +87,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{med('first_iteration_s'):.2f} | {med('after_s'):.3f} ({med('predicted_after_s'):.3f}) | "
                   f"{med('before_s'):.3f} | {gpus} | {rows[0]['iterations']}"
                   f"{'' if all(r['all_iterations'] and r['ok'] for r in rows) else ' (NOT all done)'} |")
+        g = [grow_back(out, args.iterations + 8) for _ in range(args.repeats)]
+        ok = [r for r in g if r.get("ok")]
+        print()
+        print("| grow back | reconfigured s | first iteration s | iterations run again | period after s (predicted) "
+              "| GPUs after |")
+        print("|---|---|---|---|---|---|")
+        if ok:
+            med = lambda key: statistics.median(r[key] for r in ok)  # noqa: E731
+            print(f"| 4 GPUs back at iteration {GROW_AT} | {med('reconfigure_s'):.2f} | {med('first_iteration_s'):.2f} | "
+                  f"{med('redone'):g} | {med('after_s'):.3f} ({med('predicted_after_s'):.3f}) | {ok[0]['gpus_after']} |")
+        else:
+            print(f"| 4 GPUs back at iteration {GROW_AT} | did not grow back | | | | |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
