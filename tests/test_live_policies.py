@@ -495,6 +495,7 @@ def test_a_gpu_slowed_on_a_loaded_host_is_found_at_its_speed_against_its_peers(p
           noise=0.05)
     (note,) = _slow_notes(ctl)
     _assert_slow(note, rank=1, speed=0.5, since=20)
+    assert slowness.net_of_load(1, 0.5, 20) == 0.5  # nobody waited for a CPU (a GPU's kernels): nothing moves
 
 
 def test_a_rank_the_scheduler_runs_half_as_much_as_its_peers_is_load_not_a_slow_gpu(plan):

@@ -169,20 +169,25 @@ class Slowness:
 
     def net_of_load(self, rank: int, speed: float, since: int) -> float:
         """`rank`'s compute speed against its peers' (its tracker's, `speed`) with its waits for
-        a CPU taken out: per iteration, its log speed less its log share of time on a CPU against
-        its peers' (what it computed in the time it was given a CPU, against what they did); the
-        median of that from iteration `since` on, against its median before `since` (the healthy
-        level, measured the same way: some ranks get more of the CPUs than others all along).
-        Never below `speed` (this only tells load from a slow GPU) and at most 1.0; `speed` where
-        there is too little to go on. Taken per iteration, as the waits and the compute times they
-        lengthen move together from one iteration to the next (under two busy loops a healthy
-        CPU rank's share on a CPU read 0.05-0.75 per iteration, its peers' median 0.13-0.45)."""
+        a CPU taken out. Per iteration, its log speed less its log share of time on a CPU against
+        its peers' is what it computed in the time it was given a CPU, against what they did; the
+        change of that from before iteration `since` to since (medians), less the change of the
+        log speed alone, is what the waits explain, and `speed` is moved by it. A rank the
+        scheduler ran half as much as its peers computes at half their speed on a healthy GPU;
+        where nobody waits (a GPU's kernels, an idle host) nothing moves. Never below `speed`
+        (this only tells load from a slow GPU), at most 1.0; `speed` where there is too little to
+        go on. Taken per iteration, as the waits and the compute times they lengthen move
+        together from one iteration to the next (under two busy loops a healthy CPU rank's share
+        on a CPU read 0.05-0.75 per iteration, its peers' median 0.13-0.45)."""
         kept = self._on_cpu.get(rank, ())
-        after = [y - c for it, y, c in kept if it >= since]
-        before = [y - c for it, y, c in kept if it < since][-HEALTHY_LEVEL:]
+        after = [(y, c) for it, y, c in kept if it >= since]
+        before = [(y, c) for it, y, c in kept if it < since][-HEALTHY_LEVEL:]
         if len(after) < 3 or len(before) < SpeedTracker.warmup:
             return speed
-        return min(1.0, max(speed, math.exp(statistics.median(after) - statistics.median(before))))
+        med = statistics.median
+        net = med(y - c for y, c in after) - med(y - c for y, c in before)
+        raw = med(y for y, _ in after) - med(y for y, _ in before)
+        return min(1.0, max(speed, speed * math.exp(net - raw)))
 
     def _judge(self, it: int, logs: dict[int, float]) -> None:
         """One iteration's log speeds, each judged against the median of its peers' (a host
