@@ -146,6 +146,20 @@ def test_a_switch_that_hangs_unseen_is_bounded_by_its_backstop(monkeypatch):
     assert out.result == "finished" and any("did not become ready within" in e for e in out.events)
 
 
+#: Seed 101837 of a 3000-seed campaign: rank 6 hangs in an op, then is stopped and continued; it
+#: is still hung, and declared failed ("stuck in an op") 10 s later, rightly. The checker ended
+#: every trouble window of a rank at its SIGCONT, the hang's too, and called it a healthy rank
+#: declared failed. Fix: a SIGCONT ends only the stop's window.
+HANG_THEN_A_STOP = [Fault("training", 0.78, "hang", (6,)), Fault("training", 0.72, "stop", (6,), duration=0.5)]
+
+
+def test_a_hung_rank_stopped_and_continued_is_still_hung_and_found():
+    out = simulate(101837, faults=HANG_THEN_A_STOP)
+    assert not out.violations, out.describe()
+    assert out.result == "finished"
+    assert any("rank 6 GPU (dp=2, pp=0) failed: stuck in an op" in e for e in out.events), out.describe()
+
+
 def test_a_failure_while_a_checkpoint_is_restored_restores_it_again():
     out = simulate(214, faults=STAGE_LOST_THEN_A_STOP)
     assert not out.violations, out.describe()

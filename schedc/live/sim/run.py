@@ -178,7 +178,7 @@ class _Checker:
         self.sup, self.world, self.options = sup, world, options
         self.pending = list(faults)
         self.armed_at: float | None = None  # when the next fault's trigger was met
-        self.trouble: dict[int, list[list[float]]] = {}  # rank -> [start, end] windows it was stopped/hung/dead
+        self.trouble: dict[int, list[list]] = {}  # rank -> [start, end, what] windows it was stopped/hung/dead
         self.slowed: set[int] = set()
         self.timers: list[tuple[float, str, tuple[int, ...]]] = []  # (at, what, ranks): ends of faults
         self.seen_events = 0
@@ -220,10 +220,10 @@ class _Checker:
         world.note(f"fault: {f}")
         if f.action == "kill":
             for r in world.signal(f.ranks, "kill"):
-                self.trouble.setdefault(r, []).append([now, float("inf")])
+                self.trouble.setdefault(r, []).append([now, float("inf"), "kill"])
         elif f.action == "stop":
             for r in world.signal(f.ranks, "stop"):  # (descheduled, SIGSTOP, a VM paused)
-                self.trouble.setdefault(r, []).append([now, float("inf")])
+                self.trouble.setdefault(r, []).append([now, float("inf"), "stop"])
                 self.slowed.add(r)  # (stopped a while, it was slow: a report of that is right)
             self.timers.append((now + f.duration, "cont", f.ranks))
         elif f.action == "hang":
@@ -231,7 +231,7 @@ class _Checker:
                 w = world.workers.get(r)
                 if w is not None and w.alive:
                     w.hung = True
-                    self.trouble.setdefault(r, []).append([now, float("inf")])
+                    self.trouble.setdefault(r, []).append([now, float("inf"), "hang"])
         elif f.action == "slow":
             for r in f.ranks:
                 world.slow[r] = f.factor
@@ -254,9 +254,12 @@ class _Checker:
             world.job.report(RejoinAsked(event=f"recover gpu(dp={g.dp}, pp={g.pp})", t=world.time()))
 
     def _trouble_ends(self, ranks, now: float) -> None:
+        """A stop of `ranks` ended (SIGCONT): a hang or a death that came with it goes on (seed
+        101837: a hung rank, stopped and continued, was declared failed while still hung, and the
+        checker, which had ended all its windows at the SIGCONT, called it healthy)."""
         for r in ranks:
             for window in self.trouble.get(r, []):
-                if window[1] == float("inf"):
+                if window[1] == float("inf") and window[2] == "stop":
                     window[1] = now
 
     # -- invariants ---------------------------------------------------------------------------------
@@ -273,7 +276,7 @@ class _Checker:
 
     def _check_failure(self, rank: int, t: float, message: str) -> None:
         slack = self.options.detect_timeout + 1.0
-        if any(start <= t + 1e-3 and end >= t - slack for start, end in self.trouble.get(rank, [])):  # (t is rounded)
+        if any(start <= t + 1e-3 and end >= t - slack for start, end, _ in self.trouble.get(rank, [])):  # (t is rounded)
             return
         self.world.violations.append(f"t={t:.3f}: healthy rank {rank} declared failed: {message}")
 
