@@ -158,3 +158,39 @@ def test_a_schedule_with_ops_that_start_together_is_simulated_from_its_own_order
     assert graph_of(sched) is None
     programs = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
     assert simulate(sched).iteration_end == run_programs(inst, programs, STEADY_ITERATIONS).iteration_end
+
+
+@given(inst=instances())
+def test_a_run_that_repeats_itself_is_extended_by_its_shift_exactly(inst):
+    """Once every O ends exactly P later than in the iteration before, a run without history
+    adds P per iteration instead of running the ops: every end of the last iteration and every
+    iteration's end are those of running all of them op by op (a run with history)."""
+    from schedc.simulate_engine import program_graph
+
+    try:
+        sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    except InfeasibleError:
+        return
+    programs = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
+    graph = program_graph(inst, programs)
+    for k in (1, 2, 3, STEADY_ITERATIONS, 2 * STEADY_ITERATIONS):
+        history: list[list[int]] = []
+        assert graph._run(k, None) == graph._run(k, history)
+
+
+def test_the_shift_is_taken_where_a_plan_settles_early_and_a_failed_gpu_has_no_o():
+    """The case the shortcut is for: a plan whose O ends repeat with a constant shift before
+    its last iteration (read off a run with history), on a cluster with a failed GPU (whose O
+    node no iteration computes, so it stays at 0 in the shifted ends too)."""
+    from schedc.simulate_engine import program_graph
+
+    inst = make_instance(3, 3, 6, failed=[(1, 1)])
+    sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    graph = program_graph(inst, {r: [op.id for op in prog] for r, prog in sched.programs.items()})
+    history: list[list[int]] = []
+    full = graph._run(2 * STEADY_ITERATIONS, history)
+    o_ends = [[h[o] for o in graph.o_nodes] for h in history]
+    shifts = [{a - b for a, b in zip(o_ends[k], o_ends[k - 1])} for k in range(1, len(o_ends))]
+    assert any(len(s) == 1 for s in shifts[:-1])  # it settles before the last iteration
+    assert len(graph.o_nodes) < len(inst.gpus)  # and a GPU has no O
+    assert graph._run(2 * STEADY_ITERATIONS, None) == full
