@@ -26,7 +26,8 @@ foreground call's deadline and a second). The events are planned in order,
 one at a time; an event whose replan raises (e.g. E301: a stage loses its last
 GPU) keeps its error, which `replan` raises as a cold call would. `close()`
 stops the preparing (the replan under way finishes on the thread, unused); a
-`Replanner` is also a context manager. It does not lower the thread's CPU
+`Replanner` is also a context manager. Prepared plans are kept until then: at 64 GPUs
+one holds 3.3 MB (its 6,208 ops), the 72 likely events 240 MB. It does not lower the thread's CPU
 priority (a thread that holds the interpreter lock while the kernel leaves it
 waiting would hold up the foreground): preparing uses a core while the
 foreground is idle.
@@ -181,13 +182,15 @@ class Replanner:
                     if self._closed:
                         return
                     key = self._planning = self._queue.pop(0)
+                result: Plan | SchedcError | None
                 try:
-                    result: Plan | SchedcError = replan(self.plan, key, None, time_limit=self.time_limit,
-                                                        **self._args)
+                    result = replan(self.plan, key, None, time_limit=self.time_limit, **self._args)
                 except SchedcError as exc:
                     result = exc
+                except Exception:  # a bug: the event is left to a cold call, which raises it there
+                    result = None
                 with self._lock:
-                    if not self._closed:
+                    if not self._closed and result is not None:
                         self._results[key] = result
                     self._planning = None
                     self._lock.notify_all()
