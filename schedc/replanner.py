@@ -19,7 +19,7 @@ call's deadline (a cold call), without waiting for the background.
 The background never delays a foreground call by more than the interpreter's
 thread switch interval (`sys.getswitchinterval()`, 5 ms by default, the most a
 thread waits for the interpreter lock): the background thread checks, at every
-Python function it enters, whether a foreground call (`replan`) is running,
+function it calls (Python's or C's), whether a foreground call (`replan`) is running,
 and then waits, without the lock, until none is (not while it holds one of
 schedc's own locks, which the foreground may need, nor for longer than the
 foreground call's deadline and a second). The events are planned in order,
@@ -201,13 +201,14 @@ class Replanner:
                 self._lock.notify_all()
 
     def _yield(self, frame, event: str, arg) -> None:
-        """The background thread's profile hook: on entering a Python function while a foreground
-        call runs, wait (without the interpreter's lock) until none does. Not while this thread
+        """The background thread's profile hook: on calling a function (Python's or C's: the
+        planner's inner loops call few Python functions, but many C ones, such as a heap's push)
+        while a foreground call runs, wait (without the interpreter's lock) until none does. Not while this thread
         holds a lock of schedc's that a foreground call takes (the Replanner's, the replans'
         collector pause, the CP-SAT sandbox's) or runs a module's top level (an import, whose
         lock the foreground may need), and not past the foreground calls' deadlines and
         `_WAIT_MARGIN_S`: a wait never deadlocks, whatever else this thread holds."""
-        if not self._foreground or event != "call" or frame.f_code.co_name == "<module>":
+        if not self._foreground or event not in _WAITS_AT or frame.f_code.co_name == "<module>":
             return
         if self._mutex.locked() or _held():
             return
@@ -217,6 +218,9 @@ class Replanner:
                 return
             self._clear.wait(left)
 
+
+#: The profile events at which the background waits for a foreground call to end: every call.
+_WAITS_AT = frozenset({"call", "c_call"})
 
 #: Seconds past the due end of the foreground calls after which the background goes on even if
 #: one still runs (one that waits for something this thread holds would otherwise never end).
