@@ -19,7 +19,9 @@ an idle core times how much slower this call runs than its CPU time says
 search inside the solver also times itself and stops before a step it cannot
 finish, so what comes back is the best plan found by then, verified. Every
 returned plan passed `verify_schedule`. Deterministic: the same plan and
-events give the same new plan. Never prints, never exits; raises
+events give the same new plan. `deadline=None` with a `time_limit` plans on that work
+budget alone (no clock): what `schedc.Replanner` prepares in the background for the likely
+next events, so that a launcher gets them in microseconds. Never prints, never exits; raises
 `SchedcError`s (E2xx for bad events, E301 when a stage loses every replica,
 E3xx when nothing fits in memory).
 """
