@@ -54,12 +54,17 @@ def __getattr__(name: str):
         from schedc import plan
 
         return getattr(plan, name)
+    if name == "Replanner":
+        from schedc.replanner import Replanner
+
+        return Replanner
     raise AttributeError(f"module 'schedc' has no attribute {name!r}")
 
 
 __all__ = [
     "__version__",
     "Plan",
+    "Replanner",
     "compile",
     "Diagnostic",
     "InfeasibleError",

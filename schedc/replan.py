@@ -19,7 +19,9 @@ an idle core times how much slower this call runs than its CPU time says
 search inside the solver also times itself and stops before a step it cannot
 finish, so what comes back is the best plan found by then, verified. Every
 returned plan passed `verify_schedule`. Deterministic: the same plan and
-events give the same new plan. Never prints, never exits; raises
+events give the same new plan. `deadline=None` with a `time_limit` plans on that work
+budget alone (no clock): what `schedc.Replanner` prepares in the background for the likely
+next events, so that a launcher gets them in microseconds. Never prints, never exits; raises
 `SchedcError`s (E2xx for bad events, E301 when a stage loses every replica,
 E3xx when nothing fits in memory).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import threading
 import time
 from dataclasses import replace
 from typing import Sequence
@@ -81,8 +84,15 @@ def _n_ops(instance: Instance) -> int:
     return instance.dp * instance.pp * instance.microbatches * kinds + len(instance.live_gpus())
 
 
-def replan(plan: Plan, event: str | Failure | Sequence[str | Failure], deadline: float = 1.0, *,
-           solver: str = "cpsat", seed: int = 0, symmetric: bool | None = None) -> Plan:
+def work_budget(deadline: float) -> float:
+    """The work budget (`SolveOptions.time_limit`, calibrated seconds) of a replan with `deadline`:
+    a function of the deadline alone, so that the same call gets the same budget."""
+    return deadline * _SOLVER_SHARE * _WORK_SHARE
+
+
+def replan(plan: Plan, event: str | Failure | Sequence[str | Failure], deadline: float | None = 1.0, *,
+           solver: str = "cpsat", seed: int = 0, symmetric: bool | None = None,
+           time_limit: float | None = None) -> Plan:
     """A verified plan for `plan.spec` with `event` applied, computed within `deadline` seconds.
 
     `event`: one event or a list, as text (``"fail gpu(dp=1, pp=2)"``,
@@ -95,11 +105,25 @@ def replan(plan: Plan, event: str | Failure | Sequence[str | Failure], deadline:
     classes of alike pipelines (`schedc.decompose`), keeping the components around
     earlier failures that the events leave alone and the programs of classes planned
     before, so the call costs what the events touch, not the cluster's size.
+
+    `time_limit` is the searches' work budget (`SolveOptions.time_limit`), by default
+    `work_budget(deadline)`. `deadline=None` plans on the work budget alone, without a clock
+    (then `time_limit` is required): the plan a quiet machine returns under `deadline` whenever
+    its `stopped_by` is "work", on any machine (what `schedc.Replanner` prepares).
     """
     started = time.monotonic()
     cpu_started = time.thread_time()
+    if deadline is not None and deadline <= 0:
+        raise InfeasibleError([error("E320", f"replan deadline must be positive, got {deadline}",
+                                     hint="pass deadline in seconds, e.g. deadline=1.0")])
+    if time_limit is None:
+        if deadline is None:
+            raise InfeasibleError([error("E320", "a replan without a deadline needs a work budget",
+                                         hint="pass a deadline, or time_limit (a work budget in calibrated seconds: "
+                                              "0.16 x a deadline is what one buys)")])
+        time_limit = work_budget(deadline)
     with _collector_paused():
-        return _replan(plan, event, deadline, solver, seed, (started, cpu_started), symmetric)
+        return _replan(plan, event, deadline, time_limit, solver, seed, (started, cpu_started), symmetric)
 
 
 def _slowdown(started: tuple[float, float]) -> float:
@@ -130,46 +154,56 @@ def _collector_paused():
     p95 0.12 s with it, 0.065 s without, `bench/replan_latency.py`). Pausing
     loses nothing: acyclic garbage is freed by reference counting as usual,
     and whatever cycles the call leaves are collected once the collector
-    runs again.
+    runs again. Calls on several threads (a `schedc.Replanner`'s preparing beside a launcher's
+    call) overlap: the first to start pauses it and the last to end restores it.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _paused_calls, _was_enabled
+    with _pause_lock:
+        if _paused_calls == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused_calls += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _pause_lock:
+            _paused_calls -= 1
+            if _paused_calls == 0 and _was_enabled:
+                gc.enable()
 
 
-def _replan(plan: Plan, event, deadline: float, solver: str, seed: int, clocks: tuple[float, float],
-            symmetric: bool | None) -> Plan:
+_pause_lock = threading.Lock()
+_paused_calls = 0  # replans running now, on any thread
+_was_enabled = False  # whether the collector ran before the first of them
+
+
+def _replan(plan: Plan, event, deadline: float | None, time_limit: float, solver: str, seed: int,
+            clocks: tuple[float, float], symmetric: bool | None) -> Plan:
     from schedc.solvers import SolveOptions, get_solver
 
     started = clocks[0]
-    if deadline <= 0:
-        raise InfeasibleError([error("E320", f"replan deadline must be positive, got {deadline}",
-                                     hint="pass deadline in seconds, e.g. deadline=1.0")])
     spec = apply_events(plan.spec, event)
     instance = from_spec(spec)
     dec = classes_for(instance, symmetric, solver, previous=decomposition_of(plan.schedule))
     # Class programs carry over when only GPU states changed (what events change).
     previous = plan.schedule if plan.instance.dp == instance.dp and plan.instance.same_costs(instance) else None
-    if dec is None:
-        reserve = _CHECK_S_PER_OP * _n_ops(instance)
-    else:  # only the classes to plan are verified and simulated op by op; the rest is per GPU
-        known = known_parts(previous)
-        new_pipelines = sum(cls.size for cls, sig in zip(dec.layout.classes, dec.signatures) if sig not in known)
-        reserve = (_CHECK_S_PER_OP * _n_ops(replace(instance, dp=new_pipelines))
-                   + _CHECK_S_PER_GPU * len(instance.gpus))
-    left = deadline - (time.monotonic() - started)
-    reserve = max(max(_CHECK_S_MIN, reserve) * _slowdown(clocks), _RESERVE_SHARE * left)
-    budget = max(0.0, min(deadline * _SOLVER_SHARE, left - reserve))
-    # The work budget is what the solver's share of the deadline buys on a quiet machine, so that
-    # there the search ends on it (reproducible: stopped_by "work"); the deadline ends it on a
-    # loaded one. A function of `deadline` alone, not of the time the call has taken so far, so
-    # that the same call gets the same budget.
-    options = SolveOptions(time_limit=deadline * _SOLVER_SHARE * _WORK_SHARE, seed=seed, hint=plan.schedule,
-                           deadline=time.monotonic() + budget)
+    solver_deadline = None
+    if deadline is not None:
+        if dec is None:
+            reserve = _CHECK_S_PER_OP * _n_ops(instance)
+        else:  # only the classes to plan are verified and simulated op by op; the rest is per GPU
+            known = known_parts(previous)
+            new_pipelines = sum(cls.size for cls, sig in zip(dec.layout.classes, dec.signatures)
+                                if sig not in known)
+            reserve = (_CHECK_S_PER_OP * _n_ops(replace(instance, dp=new_pipelines))
+                       + _CHECK_S_PER_GPU * len(instance.gpus))
+        left = deadline - (time.monotonic() - started)
+        reserve = max(max(_CHECK_S_MIN, reserve) * _slowdown(clocks), _RESERVE_SHARE * left)
+        solver_deadline = time.monotonic() + max(0.0, min(deadline * _SOLVER_SHARE, left - reserve))
+    # The work budget is what the solver's share of the deadline buys on a quiet machine
+    # (`work_budget`), so that there the search ends on it (reproducible: stopped_by "work"); the
+    # deadline ends it on a loaded one.
+    options = SolveOptions(time_limit=time_limit, seed=seed, hint=plan.schedule, deadline=solver_deadline)
     if dec is not None:
         # Only the classes the events made new are planned; the others keep their programs.
         schedule = plan_by_classes(instance, dec, get_solver(solver), options, solver, previous,

@@ -138,7 +138,7 @@ def simulate(schedule: Schedule, *, iterations: int = DEFAULT_ITERATIONS) -> Sim
     for g in inst.gpus:
         if not g.live:
             continue
-        busy[g.rank] = sum(dur[c] for c in graph.programs.get(g.rank, ())) + dur[o0 + g.rank]
+        busy[g.rank] = sum(map(dur.__getitem__, graph.programs.get(g.rank, ()))) + dur[o0 + g.rank]
         bubble[g.rank] = 1.0 - busy[g.rank] / period if period > 0 else 0.0
         peak[g.rank] = peaks[g.rank]
     return SimResult(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import accumulate
 from typing import Mapping, Sequence
 
@@ -344,15 +344,40 @@ class ProgramGraph:
             runs[iterations] = (tuple(end), tuple(ends))
         return end, ends
 
+    def _steps(self) -> tuple[list, list, list, list[int]]:
+        """What one iteration computes, node by node in order: (node, program predecessor, data
+        predecessor, delay, duration) for the compute ops and the O ops, (node, the ops it waits
+        for) for the barriers; and the nodes no iteration computes, which stay at 0 (the zero
+        node, a failed GPU's O). Made once per graph, used by every run."""
+        steps = self.__dict__.get("_steps_made")
+        if steps is None:
+            pa, pb, db, dur = self.pa, self.pb, self.db, self.dur
+            zero = self.n  # a node that always ends at 0: the data predecessor of ops without one
+            computed = set(self.order).union(self.o_nodes, range(self.bar0, self.bar0 + len(self.bar_preds)))
+            steps = self._steps_made = (
+                [(i, pa[i], pb[i] if pb[i] >= 0 else zero, db[i], dur[i]) for i in self.order],
+                [(i, pa[i], pb[i], db[i], dur[i]) for i in self.o_nodes],
+                [(self.bar0 + k, preds) for k, preds in enumerate(self.bar_preds)],
+                [i for i in range(self.n + 1) if i not in computed])
+        return steps
+
     def _run(self, iterations: int, history: list[list[int]] | None) -> tuple[list[int], list[int]]:
-        pa, pb, db, dur, bar0 = self.pa, self.pb, self.db, self.dur, self.bar0
-        zero = self.n  # a node that always ends at 0: the data predecessor of ops without one
-        compute = [(i, pa[i], pb[i] if pb[i] >= 0 else zero, db[i], dur[i]) for i in self.order]
-        o_steps = [(i, pa[i], pb[i], db[i], dur[i]) for i in self.o_nodes]
-        bars = [(bar0 + k, preds) for k, preds in enumerate(self.bar_preds)]
+        """Run `iterations` iterations. An iteration is a function of the previous one's O ends
+        alone (a first op waits for its rank's O; every other input is of the same iteration), and
+        adding P to every O end adds P to every end of the next iteration (all ends are at least
+        0, so the zero node never sets one). So once every O of iteration k ended exactly P later
+        than in iteration k - c (c up to `_CYCLE`; a failed GPU's pipeline often alternates
+        between two iterations, c = 2), iteration k + j is iteration k - c + j shifted by P for
+        every j > 0, and the rest of the run follows from the last c iterations, not op by op:
+        the same ends, exactly. Without history only. The first iteration's ends are kept
+        as the one-iteration run (what `scheduled_ops` takes)."""
+        compute, o_steps, bars, idle = self._steps()
+        o_nodes = self.o_nodes
         end = [0] * (self.n + 1)
         ends: list[int] = []
-        for _ in range(iterations):
+        o_hist: list[list[int]] = []  # the O ends of every iteration
+        kept: list[list[int]] = []  # the ends of the last _CYCLE iterations (without history)
+        for k in range(iterations):
             for i, a, b, d, du in compute:
                 t = end[a]
                 e = end[b] + d
@@ -363,10 +388,40 @@ class ProgramGraph:
                 t = end[a]
                 e = end[b] + d
                 end[i] = (e if e > t else t) + du
-            ends.append(max((end[o] for o in self.o_nodes), default=0))
+            o_end = [end[o] for o in o_nodes]
+            ends.append(max(o_end, default=0))
             if history is not None:
                 history.append(list(end))
+                continue
+            if k == 0 and iterations > 1:
+                self.__dict__.setdefault("_runs", {}).setdefault(1, (tuple(end), (ends[0],)))
+            if k + 1 == iterations or not o_end:
+                continue
+            o_hist.append(o_end)
+            kept.append(list(end))
+            del kept[:-_CYCLE]
+            for c in range(1, min(_CYCLE, k) + 1):
+                back = o_hist[k - c]
+                p = o_end[0] - back[0]
+                if p >= 0 and all(x - y == p for x, y in zip(o_end, back)):
+                    return self._repeat(kept[-c:], ends, iterations, c, p, idle)
         return end, ends
+
+    @staticmethod
+    def _repeat(last: list[list[int]], ends: list[int], iterations: int, c: int, p: int,
+                idle: list[int]) -> tuple[list[int], list[int]]:
+        """The run's last ends and every T_i, from the ends of iterations k - c + 1 .. k (`last`)
+        where iteration k's O ends are iteration k - c's plus `p`: from k + 1 on, iteration i is
+        iteration i - c shifted by `p` (T_i = T_(i-c) + p)."""
+        k = len(ends) - 1
+        while len(ends) < iterations:
+            ends.append(ends[-c] + p)
+        q, r = divmod(iterations - 1 - (k - c + 1), c)  # the last is iteration k - c + 1 + r, q c on
+        add = q * p
+        out = [x + add for x in last[r]] if add else list(last[r])
+        for i in idle:
+            out[i] = 0
+        return out, ends
 
     def barrier_summary(self) -> "BarrierSummary | None":
         """What the rest of a cluster needs to know of these programs to run them beside others
@@ -494,18 +549,24 @@ class ProgramGraph:
         out = []
         S, M = inst.pp, inst.microbatches
         names = kind_names(inst)
+        n_codes = self.bar0
+        table = _decoded(inst.dp, S, M, names) if n_codes <= _DECODED_MAX else None
         ties = False
         for g in inst.live_gpus():
             r = g.rank
             before = -1
             for c in self.programs.get(r, ()):
-                us, k = divmod(c, 3)  # decode_op, inlined: this runs once per op of every plan
-                u, s = divmod(us, S)
-                d, m = divmod(u, M)
+                if table is not None:
+                    kind, d, s, m = table[c]
+                else:
+                    us, k = divmod(c, 3)  # decode_op, inlined: this runs once per op of every plan
+                    u, s = divmod(us, S)
+                    d, m = divmod(u, M)
+                    kind = names[k]
                 start = end[c] - dur[c]
                 ties = ties or start <= before
                 before = start
-                out.append(scheduled_op(r, names[k], d, s, m, start, end[c]))
+                out.append(scheduled_op(r, kind, d, s, m, start, end[c]))
             o = self.o0 + r
             ties = ties or end[o] - dur[o] <= before
             out.append(scheduled_op(r, "O", g.dp, g.pp, None, end[o] - dur[o], end[o]))
@@ -543,6 +604,31 @@ class ProgramGraph:
             held = max(accumulate(delta[x % n] for x in self.programs.get(g.rank, ())), default=0)
             out[g.rank] = inst.stages[g.pp].static + max(0, held)
         return out
+
+
+#: Longest cycle of iterations a run looks for before it stops running ops one by one
+#: (`ProgramGraph._run`): with K = 8 iterations, one that repeats every c only settles in time
+#: for small c. Checking costs a copy of the ends per iteration (25 us at 6,000 ops, a fortieth
+#: of an iteration's ops).
+_CYCLE = 3
+
+
+#: Op codes up to which `scheduled_ops` decodes from a table kept per shape of cluster (a replan
+#: makes the ops of plans of one shape again and again; at 64 GPUs the table takes a third of
+#: the decoding's cost away, about 1 ms, for 0.6 MB). Above it, each code is decoded as it comes.
+_DECODED_MAX = 30_000
+
+
+@lru_cache(maxsize=2)
+def _decoded(dp: int, pp: int, microbatches: int, names: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
+    """(kind, dp, pp, mb) of every compute op code (`decode_op`) of a cluster of this shape."""
+    out = []
+    for c in range(dp * microbatches * pp * 3):
+        us, k = divmod(c, 3)
+        u, s = divmod(us, pp)
+        d, m = divmod(u, microbatches)
+        out.append((names[k], d, s, m))
+    return out
 
 
 #: Minus infinity for max-plus sums in integers: "no path".

@@ -27,6 +27,9 @@ from schedc.instance import Instance
 from schedc.schedule import OpId
 from schedc.simulate_engine import decode
 
+#: Code slot (op code % 3) of each kind a policy may prefer.
+_KIND_SLOT = {"F": 0, "B": 1, "W": 2}
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -131,72 +134,35 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
     for u in range(U):
         firsts[executor[u][0]].append(u)
 
-    readyF: list[list[tuple[int, int]]] = [[] for _ in range(n_ranks)]
-    readyB: list[list[tuple[int, int]]] = [[] for _ in range(n_ranks)]
+    readyF: list[list[int]] = [[] for _ in range(n_ranks)]
+    readyB: list[list[int]] = [[] for _ in range(n_ranks)]
     readyW: list[deque] = [deque() for _ in range(n_ranks)]
     mem = [0] * n_ranks
     inflight = [0] * n_ranks
     busy = [False] * n_ranks
     cap = list(caps)
     strict = policy.strict_forward
-    kinds = policy.kinds
+    prefer = tuple(_KIND_SLOT[k] for k in policy.kinds)
+    steady = iterations > 1
     rounds: list[tuple[list[list[int]], list[int]]] = [
         ([[] for _ in range(n_ranks)], []) for _ in range(iterations)]
+    programs_now = [rounds[0][0][r] for r in range(n_ranks)]  # each rank's program this iteration
+    order_now = [rounds[0][1]] * n_ranks  # the start order of the iteration each rank works on
+    push, pop = heapq.heappush, heapq.heappop
 
-    # Events: (time, seq, what, rank, u, kind). what 0 = an op ended, 1 = an input arrived.
-    events: list[tuple[int, int, int, int, int, str]] = []
-    seq = 0
-    for u in range(U):
-        r = executor[u][0]
-        heapq.heappush(readyF[r], (key[u], u))
+    # Events: (time, seq, what, rank, u); what: an op ended (0 F, 1 B, 2 W, 3 O) or an input
+    # arrived (4 a forward's, 5 a backward's). `seq` orders events of one time in the order they
+    # were made (so the rest of a tuple is never compared).
     remaining = iterations * U * S * (3 if decoupled else 2)
+    events: list[tuple[int, int, int, int, int]] = []
+    seq = 0
+    # Ready ops as one int each, key[u] * U + u: ordered as (key[u], u) (0 <= u < U).
+    kv = [key[u] * U + u for u in range(U)]
+    for u in range(U):
+        push(readyF[executor[u][0]], kv[u])
     relaxed = False
     now = 0
     touched = set(executor[u][0] for u in range(U))
-
-    def start(r: int, t: int, u: int, kind: str, k: int, dur: int) -> None:
-        """Start op `kind` (code offset `k`) of microbatch `u` on rank `r` at time `t`."""
-        nonlocal seq
-        busy[r] = True
-        c = (u * S + stage_of[r]) * 3 + k
-        programs, order = rounds[it_of[r]]
-        programs[r].append(c)
-        order.append(c)
-        seq += 1
-        heapq.heappush(events, (t + dur, seq, 0, r, u, kind))
-
-    def dispatch(r: int, t: int) -> None:
-        nonlocal seq
-        if iterations > 1 and ops_left[r] == 0:
-            # Every op of this iteration ended: step the optimizer once the barrier is reached.
-            it = it_of[r]
-            if not stepping[r] and group_left[it][group[stage_of[r]]] == 0 and it + 1 < iterations:
-                stepping[r] = busy[r] = True
-                seq += 1
-                heapq.heappush(events, (t + durO[r], seq, 0, r, -1, "O"))
-            return
-        for kind in kinds:
-            if kind == "B":
-                if readyB[r]:
-                    start(r, t, heapq.heappop(readyB[r])[1], "B", 1, durB[r])
-                    return
-            elif kind == "W":
-                if readyW[r]:
-                    start(r, t, readyW[r].popleft(), "W", 2, durW[r])
-                    return
-            else:
-                heap = readyF[r]
-                if not heap or inflight[r] >= cap[r] or mem[r] + act[r] > limit[r]:
-                    continue
-                if strict:
-                    # Forwards start in key order, so the next one is f_seq[r][f_ptr[r]].
-                    if heap[0][1] != f_seq[r][f_ptr[r]]:
-                        continue
-                    f_ptr[r] += 1
-                mem[r] += act[r]
-                inflight[r] += 1
-                start(r, t, heapq.heappop(heap)[1], "F", 0, durF[r])
-                return
 
     def op_ended(r: int, s: int, last: bool) -> None:
         """Count an ended op of rank r's iteration towards its O and its group's barrier."""
@@ -208,9 +174,50 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
                 touched.update(members[grp])
 
     while True:
-        for r in sorted(touched):
-            if not busy[r]:
-                dispatch(r, now)
+        # An idle GPU starts one of its ready ops, the policy's preferred kind first (ranks in
+        # order, so that events of one time are made in a fixed order).
+        for r in sorted(touched) if len(touched) > 1 else touched:
+            if busy[r]:
+                continue
+            if steady and ops_left[r] == 0:
+                # Every op of this iteration ended: step the optimizer once the barrier is reached.
+                it = it_of[r]
+                if not stepping[r] and group_left[it][group[stage_of[r]]] == 0 and it + 1 < iterations:
+                    stepping[r] = busy[r] = True
+                    seq += 1
+                    push(events, (now + durO[r], seq, 3, r, -1))
+                continue
+            for k in prefer:
+                if k == 1:
+                    if not readyB[r]:
+                        continue
+                    u = pop(readyB[r]) % U
+                    dur = durB[r]
+                elif k == 2:
+                    if not readyW[r]:
+                        continue
+                    u = readyW[r].popleft()
+                    dur = durW[r]
+                else:
+                    heap = readyF[r]
+                    if not heap or inflight[r] >= cap[r] or mem[r] + act[r] > limit[r]:
+                        continue
+                    if strict:
+                        # Forwards start in key order, so the next one is f_seq[r][f_ptr[r]].
+                        if heap[0] % U != f_seq[r][f_ptr[r]]:
+                            continue
+                        f_ptr[r] += 1
+                    mem[r] += act[r]
+                    inflight[r] += 1
+                    u = pop(heap) % U
+                    dur = durF[r]
+                busy[r] = True
+                c = (u * S + stage_of[r]) * 3 + k
+                programs_now[r].append(c)
+                order_now[r].append(c)
+                seq += 1
+                push(events, (now + dur, seq, k, r, u))
+                break
         touched = set()
         if not events:
             if remaining == 0:
@@ -224,58 +231,56 @@ def list_schedule(instance: Instance, executor: Sequence[Sequence[int]], key: Se
             continue
         now = events[0][0]
         while events and events[0][0] == now:
-            _, _, what, r, u, kind = heapq.heappop(events)
+            _, _, what, r, u = pop(events)
             touched.add(r)
-            if what == 1:
-                if kind == "F":
-                    if it_of[r] == u // U:
-                        heapq.heappush(readyF[r], (key[u % U], u % U))
-                    else:
-                        pending[r].append(u % U)
+            if what == 4:  # a forward's input arrived (u counts iterations: u // U)
+                if it_of[r] == u // U:
+                    push(readyF[r], kv[u % U])
                 else:
-                    heapq.heappush(readyB[r], (key[u], u))
+                    pending[r].append(u % U)
+                continue
+            if what == 5:
+                push(readyB[r], kv[u])
                 continue
             busy[r] = False
-            if kind == "O":
+            if what == 3:
                 # The next iteration: its first forwards, and those that arrived meanwhile.
                 stepping[r] = False
-                it_of[r] += 1
+                it = it_of[r] = it_of[r] + 1
+                programs_now[r] = rounds[it][0][r]
+                order_now[r] = rounds[it][1]
                 ops_left[r] = n_ops[r]
                 f_ptr[r] = 0
                 for v in firsts[r] if stage_of[r] == 0 else ():
-                    heapq.heappush(readyF[r], (key[v], v))
+                    push(readyF[r], kv[v])
                 for v in pending[r]:
-                    heapq.heappush(readyF[r], (key[v], v))
+                    push(readyF[r], kv[v])
                 pending[r] = []
                 continue
             remaining -= 1
             s = stage_of[r]
-            if kind == "F":
+            if what == 0:
                 if s + 1 < S:
-                    r2 = executor[u][s + 1]
                     seq += 1
-                    heapq.heappush(events, (now + tr[s], seq, 1, r2, u + it_of[r] * U, "F"))
+                    push(events, (now + tr[s], seq, 4, executor[u][s + 1], u + it_of[r] * U))
                 else:
-                    heapq.heappush(readyB[r], (key[u], u))
-            elif kind == "B":
+                    push(readyB[r], kv[u])
+                if steady:
+                    op_ended(r, s, False)
+            elif what == 1:
                 mem[r] -= bfree[r]
                 inflight[r] -= 1
                 if decoupled:
                     readyW[r].append(u)
                 if s > 0:
-                    r2 = executor[u][s - 1]
                     seq += 1
-                    heapq.heappush(events, (now + tr[s - 1], seq, 1, r2, u, "B"))
-                if iterations > 1:
+                    push(events, (now + tr[s - 1], seq, 5, executor[u][s - 1], u))
+                if steady:
                     op_ended(r, s, not decoupled)
-                continue
             else:
                 mem[r] -= stash[r]
-                if iterations > 1:
+                if steady:
                     op_ended(r, s, True)
-                continue
-            if iterations > 1:
-                op_ended(r, s, False)
     per_round = []
     for programs, order in rounds:
         per_round.append(({g.rank: programs[g.rank] for g in inst.gpus if g.live}, order))

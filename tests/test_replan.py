@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 
 import pytest
@@ -31,10 +30,10 @@ train { microbatches = 6 }
 
 replan_module = importlib.import_module("schedc.replan")  # (`schedc.replan` is the function)
 DEADLINE = 0.3
-#: A deadline no replan here comes near: with it, the work budget alone ends every search.
+#: A deadline no replan here comes near.
 NEVER = 60.0
-#: The work budget (`SolveOptions.time_limit`) each replan of the determinism test gets: about
-#: what a 0.3 s deadline buys (0.3 x 0.8 x 0.2), so the test stays quick.
+#: The work budget (`SolveOptions.time_limit`) each replan without a deadline gets here: about
+#: what a 0.3 s deadline buys (`replan.work_budget(0.3)`), so the tests stay quick.
 WORK = 0.05
 
 
@@ -42,19 +41,6 @@ WORK = 0.05
 def plan():
     warm_up()
     return compile(schedc.load(SPEC), time_limit=0.5)
-
-
-@contextlib.contextmanager
-def work_budget(seconds: float):
-    """`replan(..., deadline=NEVER)` gives its solver a work budget of `seconds`.
-
-    `replan` has no work-budget argument: it derives the budget from the deadline (a share
-    `_SOLVER_SHARE` of it for the solver, `_WORK_SHARE` of that as work), so the share is set
-    here. A deadline this far away is never reached, so what the solver returns is decided by
-    counted work alone: the same on a quiet or a loaded machine."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(replan_module, "_WORK_SHARE", seconds / (NEVER * replan_module._SOLVER_SHARE))
-        yield
 
 
 gpus = st.tuples(st.integers(0, 2), st.integers(0, 2))
@@ -78,21 +64,20 @@ def test_replan_after_any_events_is_verified_and_deterministic(plan, evs):
     deadline's effect has its own test below, and how long a replan takes is
     `bench/replan_latency.py`'s to measure."""
     current = plan
-    with work_budget(WORK):
-        for ev in evs:
-            try:
-                nxt = schedc.replan(current, ev, deadline=NEVER)
-            except SpecError as exc:
-                # Events a launcher may get wrong: recovering a healthy GPU, slowing a dead one,
-                # losing a stage's last replica (E301, which is also an InfeasibleError).
-                assert set(exc.codes) <= {"E208", "E216", "E301"}, exc.render()
-                continue
-            verify_schedule(nxt.schedule)
-            assert nxt.schedule.solver.stopped_by == "work", nxt.schedule.solver
-            again = schedc.replan(current, ev, deadline=NEVER)
-            assert again.schedule.ops == nxt.schedule.ops
-            assert nxt.metrics.iteration_time >= nxt.metrics.lower_bound - 1
-            current = nxt
+    for ev in evs:
+        try:
+            nxt = schedc.replan(current, ev, deadline=None, time_limit=WORK)
+        except SpecError as exc:
+            # Events a launcher may get wrong: recovering a healthy GPU, slowing a dead one,
+            # losing a stage's last replica (E301, which is also an InfeasibleError).
+            assert set(exc.codes) <= {"E208", "E216", "E301"}, exc.render()
+            continue
+        verify_schedule(nxt.schedule)
+        assert nxt.schedule.solver.stopped_by == "work", nxt.schedule.solver
+        again = schedc.replan(current, ev, deadline=None, time_limit=WORK)
+        assert again.schedule.ops == nxt.schedule.ops
+        assert nxt.metrics.iteration_time >= nxt.metrics.lower_bound - 1
+        current = nxt
 
 
 @pytest.mark.parametrize("event", ["fail node 0", "fail gpu(dp=1, pp=1)", "slow gpu(dp=1, pp=1) speed = 0.6"])
@@ -105,8 +90,7 @@ def test_a_deadline_that_cuts_the_search_short_still_gives_a_verified_plan_that_
     assert new.schedule.solver.stopped_by == "deadline", new.schedule.solver
     assert new.metrics.iteration_time >= new.metrics.lower_bound - 1
     # With time to spare the same event is planned by the work budget.
-    with work_budget(WORK):
-        assert schedc.replan(plan, event, deadline=NEVER).schedule.solver.stopped_by == "work"
+    assert schedc.replan(plan, event, deadline=None, time_limit=WORK).schedule.solver.stopped_by == "work"
 
 
 @pytest.mark.parametrize("event", ["fail gpu(dp=1, pp=1)", "slow gpu(dp=1, pp=1) speed = 0.6"])
@@ -141,8 +125,7 @@ def test_a_deadline_that_passes_during_the_first_candidate_gives_that_plan_verif
     assert info.stopped_by == "deadline" or info.status == "optimal", info
     assert info.detail.startswith("greedy"), info  # greedy's plan: neither CP-SAT's nor the old one
     assert new.metrics.iteration_time >= new.metrics.lower_bound - 1
-    with work_budget(WORK):
-        assert schedc.replan(plan, event, deadline=NEVER).schedule.solver.stopped_by == "work"
+    assert schedc.replan(plan, event, deadline=None, time_limit=WORK).schedule.solver.stopped_by == "work"
 
 
 def test_a_plan_proven_optimal_is_not_blamed_on_the_deadline(plan):

@@ -158,3 +158,58 @@ def test_a_schedule_with_ops_that_start_together_is_simulated_from_its_own_order
     assert graph_of(sched) is None
     programs = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
     assert simulate(sched).iteration_end == run_programs(inst, programs, STEADY_ITERATIONS).iteration_end
+
+
+@given(inst=instances())
+def test_a_run_that_repeats_itself_is_extended_by_its_shift_exactly(inst):
+    """Once every O ends exactly P later than in the iteration before, a run without history
+    adds P per iteration instead of running the ops: every end of the last iteration and every
+    iteration's end are those of running all of them op by op (a run with history)."""
+    from schedc.simulate_engine import program_graph
+
+    try:
+        sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    except InfeasibleError:
+        return
+    programs = {r: [op.id for op in prog] for r, prog in sched.programs.items()}
+    graph = program_graph(inst, programs)
+    for k in (1, 2, 3, STEADY_ITERATIONS, 2 * STEADY_ITERATIONS):
+        history: list[list[int]] = []
+        assert graph._run(k, None) == graph._run(k, history)
+
+
+def _settles(graph, iterations: int) -> tuple[int, int] | None:
+    """(k, c): the first iteration k whose O ends are all iteration k - c's plus one constant
+    (c = 1 or 2), read off a run with history, or None."""
+    history: list[list[int]] = []
+    graph._run(iterations, history)
+    o_ends = [[h[o] for o in graph.o_nodes] for h in history]
+    for k in range(1, iterations):
+        for c in (1, 2):
+            if k >= c and len({a - b for a, b in zip(o_ends[k], o_ends[k - c])}) == 1:
+                return k, c
+    return None
+
+
+@pytest.mark.parametrize("cycle, shape", [(1, (3, 3, 6)), (2, (8, 4, 16))])
+def test_the_shift_is_taken_where_a_plan_settles_early_and_a_failed_gpu_has_no_o(cycle, shape):
+    """The cases the shortcut is for: a plan whose O ends repeat with a constant shift every
+    iteration (c = 1), or every second one (c = 2: the bench's 8 x 4 cluster with a failed GPU
+    alternates between two iterations), before its last iteration; on a cluster with a failed
+    GPU, whose O node no iteration computes, so it stays at 0 in the shifted ends too."""
+    from schedc.bench.scenarios import Scenario
+    from schedc.events import apply_events
+    from schedc.instance import from_spec
+    from schedc.load import load
+    from schedc.simulate_engine import program_graph
+
+    dp, pp, mb = shape
+    inst = from_spec(apply_events(load(Scenario("s", "explicit", dp, pp, mb).spec_text()), "fail gpu(dp=1, pp=1)"))
+    sched = get_solver("greedy")(inst, SolveOptions(time_limit=0.01))
+    graph = program_graph(inst, {r: [op.id for op in prog] for r, prog in sched.programs.items()})
+    iterations = 2 * STEADY_ITERATIONS
+    settled = _settles(graph, iterations)
+    assert settled is not None and settled[1] == cycle and settled[0] < iterations - 2, settled
+    assert len(graph.o_nodes) < len(inst.gpus)  # a GPU has no O
+    for k in (STEADY_ITERATIONS, iterations, iterations + 1):
+        assert graph._run(k, None) == graph._run(k, [])
