@@ -331,8 +331,8 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
 #: must be planned (a spec with failed or slow GPUs); the plan gets the rest, so that the whole
 #: compile, reference included, costs about `time_limit` (it took twice that when each got all of
 #: it). The reference is planned once per process for every failure set of a spec
-#: (`_REFERENCES`). Check: `python bench/compile_budget.py`, whose `wall s` column should stay
-#: near `time_limit` on a quiet machine.
+#: (`_REFERENCES`). Check: `python bench/compile_budget.py`, whose `wall / limit` column should stay
+#: near 1 on a quiet machine for compiles whose every search spends its budget.
 REFERENCE_SHARE = 0.25
 #: Fault-free references planned in this process: (instance, solver, work budget, seed,
 #: symmetric) -> (iteration time, solver). Deterministic like the planning it saves, so a hit

@@ -35,7 +35,7 @@ class SolveOptions:
     """How long and how a solver searches.
 
     `time_limit` is a *work* budget, in calibrated seconds (about the wall time
-    on 2 idle cores; the calibrations are `cpsat._WALL_S_PER_DET` and
+    on 2 idle cores; the calibrations are `cpsat._WALL_MODEL` and
     `greedy.UNITS_PER_S`): CP-SAT gets `cpsat.deterministic_budget(time_limit, ...)`
     units of its deterministic time, greedy tries its counted list of candidates and then
     spends up to `greedy.polish_work(time_limit)` counted units in its local search. No

@@ -76,15 +76,16 @@ MIN_SEARCH_S = 0.15
 #: Share of the remaining wall time CP-SAT is given (see `_solve_model`).
 WALL_SHARE = 0.5
 #: Calibration of the work budget, so that `time_limit` of work takes about `time_limit` of
-#: wall on 2 idle cores: seconds of wall per unit of CP-SAT's deterministic time, as (base, per
-#: 1,000 model variables). CP-SAT runs one subsolver task at a time (`interleave_batch_size`),
-#: so its CPU time is the wall time it would take on an idle machine; measured that way, at
-#: `time_limit = 1`, 2.0-10 s per unit on 27 models of 270-840 variables (median 4.4; most of it
-#: each full subsolver's first task, which loads the model: 0.6-1 s for 15-90 ms of
-#: deterministic time), 2.1-3.3 s at 1,040-2,080 variables, 7.8 at 4,300 (docs/planner.md).
-#: A rough fit, spread 2x either way: it cannot see which models load slowly. Check:
-#: `python bench/compile_budget.py`, whose `cpu s` column should stay near `--time-limit`.
-_WALL_S_PER_DET = (4.0, 1.0)
+#: wall on 2 idle cores: a CP-SAT solve costs a fixed part (forking the solve's process, loading
+#: the model, presolve: seconds its deterministic time hardly counts) plus seconds per unit of
+#: deterministic time, as (fixed s, s per unit, s per unit per 1,000 model variables). CP-SAT
+#: runs one subsolver task at a time (`interleave_batch_size`), so its CPU time is the wall time
+#: it would take on an idle machine. Fitted (least mean |log error|) on the 38 solves of
+#: `python bench/compile_budget.py --json rows.json` (436-2,105 variables, 0.02-0.92 units):
+#: 0.2 s fixed and 2.4-2.8 s per unit; a solve's own cost is 0.5-2x the fit (a model's loading,
+#: which nothing counted in advance shows, makes the spread). Re-measure: run that command
+#: alone on a quiet machine and fit `cpu_s` of its `solves` against `det_used` and `variables`.
+_WALL_MODEL = (0.2, 2.25, 0.25)
 #: Share of a compile's work budget greedy's local search may spend on the seed
 #: (`greedy.polish_work`); CP-SAT gets what the seed's counted work left (at least
 #: `MIN_SEARCH_SHARE`), less the model's build, so that seed and search together cost about
@@ -95,10 +96,11 @@ MIN_SEARCH_SHARE = 0.3
 
 def deterministic_budget(time_limit: float, n_variables: int) -> float:
     """CP-SAT's deterministic-time limit for a work budget of `time_limit` seconds on a model of
-    `n_variables`: about `time_limit` of wall on 2 quiet cores, and the same units (so the same
-    plan) on any machine under any load."""
-    base, per_k = _WALL_S_PER_DET
-    return max(0.01, time_limit / (base + per_k * n_variables / 1000))
+    `n_variables`: about `time_limit` of wall on 2 quiet cores (`_WALL_MODEL`; a budget below the
+    solve's fixed part gets a token 0.01 units), and the same units (so the same plan) on any
+    machine under any load."""
+    fixed, per_unit, per_k = _WALL_MODEL
+    return max(0.01, (time_limit - fixed) / (per_unit + per_k * n_variables / 1000))
 
 
 # -- feasibility ---------------------------------------------------------------

@@ -21,6 +21,7 @@ from schedc.live.sim.run import Fault, fault_schedule, simulate
 SCHEDULES = int(os.environ.get("SCHEDC_SIM_SCHEDULES", "1000"))
 
 
+@pytest.mark.slow  # 1,000 simulated runs on two processes: the suite's longest test
 def test_a_campaign_of_seeded_fault_schedules_breaks_no_invariant():
     rows = campaign(0, SCHEDULES, jobs=2)
     bad = [story for _, _, violations, story in rows if violations]
