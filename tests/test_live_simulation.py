@@ -1,7 +1,7 @@
 """The live protocol under deterministic simulation (`schedc.live.sim`): the real supervisor
 against simulated processes, store and clock, driven by seeded fault schedules.
 
-The campaign's size is SCHEDC_SIM_SCHEDULES (default 1000 seeds, on two processes); a
+The campaign's size is SCHEDC_SIM_SCHEDULES (default 2000 seeds, on two processes); a
 longer campaign is ``python -m schedc.live.sim --schedules N --jobs 2``. A seed that breaks
 an invariant replays with ``python -m schedc.live.sim --first SEED --schedules 1 -v``;
 the failures found so far are kept below as fault lists (not seeds: the schedule generator
@@ -18,7 +18,7 @@ from schedc.live.sim import run as sim
 from schedc.live.sim.campaign import campaign
 from schedc.live.sim.run import Fault, fault_schedule, simulate
 
-SCHEDULES = int(os.environ.get("SCHEDC_SIM_SCHEDULES", "1000"))
+SCHEDULES = int(os.environ.get("SCHEDC_SIM_SCHEDULES", "2000"))
 
 
 @pytest.mark.slow  # 1,000 simulated runs on two processes: the suite's longest test
