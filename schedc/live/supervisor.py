@@ -111,7 +111,8 @@ class Supervisor(Transitions):
         self._leaving: set[int] = set()  # members of that generation that are not in the next
         self._gen_speeds: dict[int, dict[int, float]] = {}  # generation -> rank -> the speed its plan assumes
         self.repartitioned: str | None = None  # onto what the job was re-partitioned (its ranks are the layout's since)
-        self._returned: set[int] = set()  # GPUs of the job's start asked back since (ranks of the initial plan)
+        self.lost_to_repartition: set[int] = set()  # the GPUs lost when the job was re-partitioned (initial ranks)
+        self._returned: set[int] = set()  # of those, the ones asked back since
         self._grow_at_checkpoint = False  # every GPU lost is back: grow back at the next complete checkpoint
         self._last_beats = 0.0
         self._training_started: float | None = None
@@ -393,6 +394,10 @@ class Supervisor(Transitions):
                                   "through a checkpoint, which this run does not write (--checkpoint-every K); to "
                                   "train on every GPU again, stop the run and start it again", rank=rank)
             return
+        if rank not in self.lost_to_repartition:
+            self._note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) of the job did not leave it (it runs in the "
+                                 f"re-partitioned layout): nothing to take back ({reason})", rank=rank)
+            return
         self._returned.add(rank)
         needed = len([x for x in self.recovery.initial_plan.spec.gpus if x.live]) - len(self.gen.members)
         if len(self._returned) < needed:
@@ -422,6 +427,7 @@ class Supervisor(Transitions):
         self.dead.clear()
         self.checkpoints.stages = spec.pp
         self.repartitioned, self._returned, self._grow_at_checkpoint = None, set(), False
+        self.lost_to_repartition = set()
         self._announce(initial, restore=str(found.path), reason="grow back")
         rec.to_generation, rec.t_plan, rec.t_announce = self.gen.number, now, self._now()
         rec.predicted_after_us = initial.metrics.iteration_time

@@ -250,6 +250,8 @@ class Transitions:
         rec.events += list(change.events)
         rec.t_plan = self._now()
         if change.restart_all:
+            if change.method == "repartition" and self.repartitioned is None:
+                self.lost_to_repartition = set(self.dead)  # (ranks as the job started: the names a rejoin uses)
             self.dead.clear()
             self.checkpoints.stages = change.plan.spec.pp  # (a re-partitioned plan has fewer stages)
             if change.method == "repartition":
