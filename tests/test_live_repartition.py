@@ -106,3 +106,42 @@ def test_without_checkpoints_a_gpu_asked_back_after_a_re_partition_is_refused_wi
     assert warning.startswith("warning: cannot take GPU (dp=0, pp=1) back (injected `at iteration 5: recover "
                               "gpu(dp=0, pp=1)`): the job was re-partitioned onto 4 GPUs as 2 x 2"), warning
     assert "--checkpoint-every" in warning and not [e for e in result.events if e["kind"] == "rejoin"]
+
+
+def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tmp_path):
+    # GPUs are named as the job started: (dp=0, pp=0) never left (asking for it counts for nothing),
+    # the two of stage 1 did; once both are asked back the job grows back onto 2 x 3.
+    import subprocess
+    import sys
+    import threading
+
+    from live_support import wait_until
+
+    out = compiled(tmp_path, dp=2, pp=3, forward="20ms")
+    lines: list[str] = []
+    box = {}
+
+    def run():
+        box["result"] = train(out, iterations=150, emulate=True, recovery="repartition", checkpoint_every=2,
+                              checkpoint_dir=str(tmp_path / "ckpt"), on_line=lines.append, inject=LOSE_STAGE_1)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        wait_until(lambda: any("generation 1" in ln and "reconfigured" in ln for ln in lines),
+                   "the re-partitioned generation", state=lambda: lines[-3:])
+        (store,) = [ln.rsplit("store ", 1)[1].strip() for ln in lines if "running from iteration" in ln]
+        for gpu in ("dp=0, pp=0", "dp=0, pp=1", "dp=1, pp=1"):
+            asked = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", store, f"recover gpu({gpu})"],
+                                   capture_output=True, text=True, timeout=60)
+            assert asked.returncode == 0, asked.stderr
+            wait_until(lambda: any(f"GPU ({gpu}) of the job" in ln for ln in lines), f"the answer for {gpu}",
+                       state=lambda: lines[-3:])
+    finally:
+        t.join(timeout=180)
+    result = box["result"]
+    rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
+    assert "GPU (dp=0, pp=0) of the job did not leave it" in rejoins[0], rejoins
+    assert "1 of the 2 GPU(s) the job lost" in rejoins[1] and "every GPU the job lost is back" in rejoins[2], rejoins
+    assert [r.method for r in result.recoveries] == ["repartition", "grow-back"]
+    assert len(result.generations[-1].members) == 6 and len(result.iterations) == 150
