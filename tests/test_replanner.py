@@ -14,21 +14,8 @@ from schedc.plan import compile
 from schedc.replanner import Replanner, likely_events
 from schedc.solvers.cpsat import warm_up
 from schedc.verify import verify_schedule
+from test_replan import SPEC  # (the 3 x 3 cluster the replan tests use)
 
-SPEC = """
-cluster {
-    dp = 3  pp = 3  gpus_per_node = 3
-    gpu { memory = 8GiB }
-    link { latency = 10us  bandwidth = 10GB/s }
-}
-stages {
-    all {
-        forward = 1ms  backward_input = 1ms  backward_weight = 0.5ms  optimizer = 0.2ms
-        activation = 512MiB  stash = 128MiB  static = 2GiB  send = 8MiB
-    }
-}
-train { microbatches = 6 }
-"""
 
 replanner_module = importlib.import_module("schedc.replanner")
 replan_module = importlib.import_module("schedc.replan")  # (`schedc.replan` is the function)
