@@ -44,6 +44,11 @@ class Recovery:
     predicted_before_us: int | None = None
     predicted_after_us: int | None = None
 
+    @property
+    def start_word(self) -> str:
+        """What its times count from, as the run's messages say it."""
+        return "grow-back began" if self.method == "grow-back" else "failure"
+
     def durations(self) -> dict[str, float | None]:
         """Seconds from the fault (or its detection) to each milestone."""
         t0 = self.t_fault if self.t_fault is not None else self.t_detect

@@ -478,8 +478,7 @@ class Supervisor(Transitions):
             rec.t_first = now
             t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
             self._note("recovered", f"first iteration under generation {gen} done {now - t0:.2f} s after the "
-                                    + ("grow-back began" if rec.method == "grow-back" else "failure"),
-                       generation=gen, iteration=it)
+                                    f"{rec.start_word}", generation=gen, iteration=it)
             self._recovery = None
         loss_text = "" if record.loss is None else f"  loss {record.loss:.6f}"
         again = f"  (run {record.runs})" if record.runs > 1 else ""

@@ -140,8 +140,7 @@ class Transitions:
                 back = f"restored {restored_name(self.gen.restore)}, iteration {start}"
             t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
             self._note("reconfigured", f"generation {self.gen.number}: {len(self.gen.members)} ranks reconfigured "
-                                       f"{now - t0:.2f} s after the "
-                                       f"{'grow-back began' if rec.method == 'grow-back' else 'failure'}; {back}",
+                                       f"{now - t0:.2f} s after the {rec.start_word}; {back}",
                        generation=self.gen.number, start=start, undone=undone)
 
     # -- planned changes (the policies' switches) ----------------------------------------------------
@@ -250,14 +249,14 @@ class Transitions:
         rec.events += list(change.events)
         rec.t_plan = self._now()
         if change.restart_all:
-            if change.method == "repartition" and self.repartitioned is None:
-                self.lost_to_repartition = set(self.dead)  # (ranks as the job started: the names a rejoin uses)
-            self.dead.clear()
-            self.checkpoints.stages = change.plan.spec.pp  # (a re-partitioned plan has fewer stages)
             if change.method == "repartition":
+                if self.repartitioned is None:
+                    self.lost_to_repartition = set(self.dead)  # (ranks as the job started: the names a rejoin uses)
                 spec = change.plan.spec
                 self.repartitioned = (f"{len([g for g in spec.gpus if g.live])} GPUs as {spec.dp} x {spec.pp} after "
                                       f"{self.completed} iterations")
+            self.dead.clear()
+            self.checkpoints.stages = change.plan.spec.pp  # (a re-partitioned plan has fewer stages)
             if change.method != "repartition":  # (the policy said what it re-partitioned)
                 self._note("restart", f"restarting every process from {restored_name(change.restore)} with the "
                                       "failed GPU(s) replaced", restore=change.restore)
