@@ -11,7 +11,7 @@ Pure bookkeeping on the supervisor's clock: no I/O.
 from __future__ import annotations
 
 from schedc.live.protocol import IterationDone
-from schedc.live.slowness import measured_speed
+from schedc.live.slowness import cpu_share, measured_speed
 from schedc.runtime.result import IterationRecord
 
 
@@ -70,7 +70,7 @@ class Ledger:
         measured = {r: measured_speed(rep, speeds.get(r, 1.0)) for r, rep in sorted(reps.items())}
         record = IterationRecord(it, gen, loss, round(start, 4), round(end, 4), runs=(old.runs + 1) if old else 1,
                                  speeds={r: round(v, 4) for r, v in measured.items() if v is not None},
-                                 on_cpu={r: round(1.0 - rep.queued / rep.compute, 4) for r, rep in sorted(reps.items())
+                                 on_cpu={r: round(cpu_share(rep), 4) for r, rep in sorted(reps.items())
                                          if rep.compute > 0 and rep.queued > 0})
         self.records[it] = record
         self.history.append(record)

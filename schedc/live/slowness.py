@@ -75,6 +75,12 @@ def measured_speed(rep: IterationDone, plan_speed: float) -> float | None:
     return planned * plan_speed / compute if compute > 0 and planned > 0 else None
 
 
+def cpu_share(rep: IterationDone) -> float | None:
+    """The share of a rank's measured compute in one iteration that its thread was on a CPU, not
+    waiting for one (None when it computed nothing)."""
+    return 1.0 - min(rep.queued, rep.compute) / rep.compute if rep.compute > 0 else None
+
+
 #: Iterations that set a plan's pace (the median of their wall times), and how much longer than
 #: it an iteration must take for the run to count as slowed (gating the heartbeat-rate signal).
 PACE_ITERATIONS = 8
@@ -141,8 +147,7 @@ class Slowness:
         if speed is None:
             return
         self._rounds.setdefault(rep.it, {})[rep.rank] = math.log(speed)
-        share = 1.0 - min(rep.queued, rep.compute) / rep.compute
-        self._cpu_rounds.setdefault(rep.it, {})[rep.rank] = math.log(max(share, 1e-3))
+        self._cpu_rounds.setdefault(rep.it, {})[rep.rank] = math.log(max(cpu_share(rep), 1e-3))
         self._judge_rounds(rep.it - ROUND_LAG)
 
     def beat_rates(self, rates: dict[int, float]) -> None:
