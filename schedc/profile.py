@@ -281,12 +281,12 @@ def _profile_stage(spec: Spec, s: int, layers_range, layers, loss_fn, inp, targe
     import torch
 
     from schedc.costmodel import ring_allreduce_time
-    from schedc.runtime.primitives import _make_optimizer
+    from schedc.runtime.primitives import make_optimizer
     from schedc.runtime.stagework import StageWork, run_layers
 
     work = StageWork(layers, loss_fn, global_microbatches=spec.dp * spec.train.microbatches, device=dev,
                      first_layer=layers_range[0])
-    optimizer = _make_optimizer(spec.train.optimizer, work.params, spec.train.lr)
+    optimizer = make_optimizer(spec.train.optimizer, work.params, spec.train.lr)
     for p in work.params:  # as the runtime: gradients exist from the start, W adds into them
         p.grad = torch.zeros_like(p)
     received = s > 0

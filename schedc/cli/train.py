@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "printed with its numbers), reroute (survivors take the failed GPU's work), "
                              "drop-pipeline (its pipeline leaves), restart (everything restarts from the latest "
                              "checkpoint, the GPU replaced)")
+    parser.add_argument("--shadow", action="store_true",
+                        help="every GPU also keeps an exact copy of the previous stage, stepped with the "
+                             "gradient its GPUs stream to it: losing every GPU of a stage then loses no work "
+                             "(the survivors save the state and restart from it); costs memory and one more "
+                             "optimizer step per iteration (docs/live.md: shadows)")
     parser.add_argument("--horizon", type=float, default=None, metavar="S",
                         help="recovery auto: seconds to the next failure assumed until two have been seen, "
                              "then their mean gap (default: the spec's `recovery.horizon`, else 900)")
@@ -98,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         replan_deadline=args.replan_deadline,
         transition_timeout=args.transition_timeout,
         max_restarts=args.max_restarts, want_weights=bool(args.save_weights), hosts=args.hosts,
-        store_host=args.store_host, store_port=args.store_port, device=args.device, backend=args.backend)
+        store_host=args.store_host, store_port=args.store_port, device=args.device, backend=args.backend,
+        shadow=args.shadow)
 
     def line(text: str) -> None:
         if not args.json:

@@ -46,7 +46,8 @@ from schedc.live.membership import Generation, Heartbeat, JobStore
 from schedc.live.opclock import make_clock
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
                                    IterationDone, Left, Probe, Ready, Started, WorkerError)
-from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
+from schedc.live.rollback import RollbackError, StepSnapshot, roll_back, rollback_target
+from schedc.live.shadow import ShadowLink, ShadowStage, assignment, shadowed_stage
 from schedc.live.stall import CgroupThrottle, StallClock
 from schedc.runtime.manifest import Manifest
 
@@ -113,6 +114,8 @@ class LiveWorker:
         self._seq = 0
         self.rt = None
         self.snapshot: StepSnapshot | None = None
+        self.shadow: ShadowStage | None = None  # --shadow: this rank's copy of the previous stage
+        self.shadow_snapshot: StepSnapshot | None = None  # ... and its rollback copy
         self.trigger = Trigger(())
         self._side_pool: ThreadPoolExecutor | None = None
         self._side_job = job.clone()  # the side thread's own store connection
@@ -196,9 +199,16 @@ class LiveWorker:
             self._wait_joined(gen)
             transport = self._connect(gen, manifest)
             self.rt.retarget(manifest, transport)
+            self._link_shadow(manifest)
             start, undone = self._resume(gen, transport)
+            if gen.dump:  # save the survivors' state (own stages and shadows) as a checkpoint, then wait
+                self._dump(gen)
+                self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time(),
+                                      shadow=self._shadow_valid()))
+                return
             program = self._program(gen, manifest)
-            self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time()))
+            self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time(),
+                                  shadow=self._shadow_valid()))
             self.state = "run"
             for it in range(start, self.config.iterations):
                 if self.aborted():
@@ -341,6 +351,9 @@ class LiveWorker:
         if not self.joiner.follow(self.rt, self.heartbeat.directive):
             return False
         self.snapshot.invalidate()
+        if self.shadow is not None:  # the weights are the donor's; the shadow was not stepped with them
+            self.shadow.valid = False
+            self.shadow_snapshot.invalidate()
         return True
 
     def _side(self) -> ThreadPoolExecutor:
@@ -368,6 +381,11 @@ class LiveWorker:
 
             gpusleep.cycles_per_us(self.rt.device)  # now, not inside the first op an injected slowdown slows
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
+        shadowed = shadowed_stage(self.rt.stage, manifest.pp) if self.config.shadow else None
+        if shadowed is not None:
+            self.shadow = ShadowStage(manifest, shadowed, emulate=self.config.emulate, device=self.device)
+            self.shadow_snapshot = StepSnapshot(self.shadow.module, self.shadow.optimizer, overlap=False)
+            self.rt.shadow = self.shadow
         if self.config.probe and not self.config.emulate:  # the healthy time of one probe (`_probe`)
             import torch
 
@@ -441,7 +459,57 @@ class LiveWorker:
         target = rollback_target([int(steps[0]), -int(steps[1])])
         undone = roll_back(self.rt.steps_done, target, self.snapshot)
         self.rt.steps_done = target
+        if self.shadow is not None:
+            try:
+                roll_back(self.shadow.steps, target, self.shadow_snapshot)
+                self.shadow.steps = target
+            except RollbackError:  # (a shadow that cannot be brought there is no longer one)
+                self.shadow.valid = False
         return target, undone
+
+    def _link_shadow(self, manifest: Manifest) -> None:
+        """This rank's part in the plan's gradient streaming (--shadow): whom it sends to, and
+        from whom its shadow's gradient comes (none when the plan shadows another stage here)."""
+        if not self.config.shadow:
+            return
+        link = ShadowLink.of(manifest, self.rank)
+        held = assignment(manifest).get(self.rank)
+        fits = self.shadow is not None and held is not None and held[0] == self.shadow.stage
+        self.rt.shadow_to = link.sends_to
+        self.rt.shadow_from = link.source if fits else None
+
+    def _shadow_valid(self) -> bool:
+        """Whether this rank's shadow holds its stage exactly, at this rank's own step count."""
+        return bool(self.shadow is not None and self.shadow.valid and self.shadow.steps == self.rt.steps_done)
+
+    def _dump(self, gen: Generation) -> None:
+        """A dump generation (a stage lost on every GPU, --shadow): the lowest member of each stage
+        writes its stage, and for a stage no member holds, the first holder with a valid shadow
+        of it writes the shadow, as the run's checkpoint after this many steps. Written here, not
+        on the side thread: the generation is ready once they are on disk."""
+        if self._side_pool is not None:
+            self._side_pool.shutdown(wait=True)  # (a periodic checkpoint still being saved comes first)
+            self._side_pool = None
+        coords = gen.manifest["coords"]
+        if self._stage_writer(gen):
+            layers = None if self.rt.partition is None else self.rt.partition[self.rt.stage]
+            self._write_stage(gen, self.rt.stage, self.rt.stage_state(), layers, self.rt.model_layers)
+        copy = self.shadow
+        if copy is None or not self._shadow_valid():
+            return
+        owners = [r for r in gen.members if coords[str(r)][1] == copy.stage]
+        if not owners and self.job.store.add(f"g{gen.number}/dump/stage{copy.stage}", 1) == 1:
+            self._write_stage(gen, copy.stage, copy.state(), copy.layers, copy.model_layers)
+
+    def _write_stage(self, gen: Generation, stage: int, state: dict, layers, model_layers) -> None:
+        steps = int(state["steps"])
+        where = dict(rank=self.rank, stage=stage, iteration=steps, gen=gen.number)
+        try:
+            checkpoint.write_stage(Path(self.config.checkpoint_dir), steps, stage, state)
+        except Exception as exc:  # a full or read-only disk: the supervisor says so and restores an older one
+            self.job.report(CheckpointFailed(reason=_reason(exc), **where))
+            return
+        self.job.report(CheckpointWritten(**where, layers=layers, model_layers=model_layers))
 
     def _restore(self, restore: str) -> None:
         if restore == "initial":
@@ -455,6 +523,15 @@ class LiveWorker:
                 state = checkpoint.load_stage(found, self.rt.stage)
         self.rt.load_stage_state(state)
         self.snapshot.invalidate()
+        if self.shadow is not None:  # the shadowed stage, from the same state
+            copy = self.shadow
+            if restore == "initial":
+                copy.load(self.rt.initial_stage_state(copy.stage))
+            elif checkpoint.split_differs(found.meta, self.rt.manifest.pp, copy.partition):
+                copy.load(reshard.reshard_stage(found, copy.layers, copy.module))
+            else:
+                copy.load(checkpoint.load_stage(found, copy.stage))
+            self.shadow_snapshot.invalidate()
 
     def _program(self, gen: Generation, manifest: Manifest):
         from schedc.runtime.program import program_from_text
@@ -530,6 +607,8 @@ class LiveWorker:
         and not on others, and a member may run on into the next iteration's) never replaces the
         copy from before the step this rank did apply."""
         self.snapshot.take(steps_done)
+        if self.shadow_snapshot is not None:
+            self.shadow_snapshot.take(steps_done)
 
     def op_done(self, kind: str, d: int, mb: int | None, us: int) -> None:
         if kind != "O":  # O includes its all-reduce: waiting for peers is not this GPU's speed

@@ -62,6 +62,7 @@ class Generation:
     reason: str = ""
     start_at: int | None = None  # a planned switch: the generation before runs iterations < start_at
     speeds: dict[int, float] | None = None  # member -> the speed the plan assumes for it (1.0 if absent)
+    dump: bool = False  # the members only save their state (own stages and shadows) as a checkpoint
 
     def speed(self, rank: int) -> float:
         return (self.speeds or {}).get(rank, 1.0)
@@ -69,14 +70,16 @@ class Generation:
     def to_json(self) -> dict:
         return {"number": self.number, "members": list(self.members), "manifest": self.manifest,
                 "restore": self.restore, "injections": list(self.injections), "reason": self.reason,
-                "start_at": self.start_at, "speeds": {str(r): v for r, v in (self.speeds or {}).items()}}
+                "start_at": self.start_at, "speeds": {str(r): v for r, v in (self.speeds or {}).items()},
+                "dump": self.dump}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Generation":
         return cls(number=obj["number"], members=tuple(obj["members"]), manifest=obj["manifest"],
                    restore=obj["restore"], injections=tuple(obj["injections"]), reason=obj["reason"],
                    start_at=obj.get("start_at"),
-                   speeds={int(r): v for r, v in obj["speeds"].items()} if obj.get("speeds") else None)
+                   speeds={int(r): v for r, v in obj["speeds"].items()} if obj.get("speeds") else None,
+                   dump=bool(obj.get("dump", False)))
 
 
 #: Bytes per store value of a blob (the libuv store server refuses values over 8 MiB).

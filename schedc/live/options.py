@@ -44,6 +44,7 @@ class TrainOptions:
     agent_timeout: float = 60.0
     device: str = "cpu"  # cpu, cuda (rank i on GPU i mod the GPUs of its host) or cuda:N (every rank on GPU N)
     backend: str = "auto"  # how ranks talk: a live run recovers over gloo (CUDA tensors go through host memory)
+    shadow: bool = False  # every GPU also holds the previous stage: a stage lost on every GPU loses no work
 
     def with_spec(self, spec) -> "TrainOptions":
         """These options with the spec's `recovery` block filling what was not given (policy,

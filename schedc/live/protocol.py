@@ -103,6 +103,7 @@ class Ready:
     start: int
     undone: bool  # it undid its last optimizer step (it was one ahead)
     t: float
+    shadow: bool = False  # --shadow: it holds an exact shadow of the previous stage, at `start` steps
 
 
 @message("iter")
@@ -301,6 +302,7 @@ class RunConfig:
     cluster: tuple[int, int]  # (dp, pp): what `schedc rejoin` checks a GPU against
     stall_clock: bool = False  # workers time their stops (`schedc.live.stall`; --fail-slow act or detect)
     device: str = "cpu"  # --device: where workers compute (`schedc.runtime.placement.rank_device`)
+    shadow: bool = False  # --shadow: every GPU also holds the previous stage (`schedc.live.shadow`)
 
     def encode(self) -> bytes:
         body = {f.name: getattr(self, f.name) for f in fields(self)}

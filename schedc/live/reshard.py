@@ -103,7 +103,7 @@ def _move_optimizer_state(found: Checkpoint, stage: int, old: dict, a: int, laye
 
 
 def _optimizer(found: Checkpoint, names: list[str], state: dict, groups: list[dict]) -> dict | None:
-    """The new stage's optimizer state_dict: one group (as `primitives._make_optimizer` makes)
+    """The new stage's optimizer state_dict: one group (as `primitives.make_optimizer` makes)
     over all its parameters, with the hyperparameters every old group agreed on."""
     if not names:
         return None

@@ -129,6 +129,8 @@ class Supervisor(Transitions):
         self._old_due = math.inf  # when a planned switch's old generation should have ended at the latest
         self._wait_noted = False
         self._late = 0
+        self.shadows_held: set[int] = set()  # --shadow: ranks whose shadow was exact when they were last ready
+        self._dump_refused = False  # a dump generation missed its deadline: this recovery restores without one
         self._taken_back: set[int] = set()  # ranks declared failed by silence and given a fresh process once
         control = SupervisorControl(self)
         self.rejoins = Rejoins(control)
@@ -209,7 +211,8 @@ class Supervisor(Transitions):
             checkpoint_dir=str(self.ckpt_root.resolve()), want_weights=opts.want_weights,
             injections=tuple(i.to_json() for i in self.injections.all),
             coords={str(g.rank): (g.dp, g.pp) for g in spec.gpus}, probe=opts.fail_slow == "act",
-            cluster=(spec.cluster.dp, spec.cluster.pp), stall_clock=opts.fail_slow != "off", device=opts.device))
+            cluster=(spec.cluster.dp, spec.cluster.pp), stall_clock=opts.fail_slow != "off", device=opts.device,
+            shadow=opts.shadow))
         self.fleet = self.world.fleet(self.job, spec, opts.hosts)
         if removed:
             self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")

@@ -95,6 +95,9 @@ class Transitions:
             self._note("warning", f"could not write the plan of generation {number}: {exc}")
 
     def _generation_ready(self, now: float) -> None:
+        if self.gen.dump:
+            self._after_dump(now)
+            return
         start = min(r.start for r in self._ready.values())
         undone = sum(1 for r in self._ready.values() if r.undone)
         # Every iteration before `start` is committed: every survivor applied its step.
@@ -102,6 +105,8 @@ class Transitions:
             self._iteration_done(record, now)
         self.checkpoints.resumed(self.gen.number, start)  # checkpoint files of undone steps are written again
         self.generation_records[-1].t_ready = now
+        self.shadows_held = {r for r, m in self._ready.items() if m.shadow}
+        self._dump_refused = False
         first = self._training_started is None
         changed = self.phase in (Phase.RECOVERING, Phase.SWITCHING)
         self.phase = Phase.RUNNING
@@ -236,6 +241,12 @@ class Transitions:
         fault = self.injections.fault_time(failed)
         if fault is not None and rec.t_fault is None:
             rec.t_fault = fault - self.t0
+        self._decide(rec, failed, suspects)
+
+    def _decide(self, rec: Recovery, failed: Sequence[int], suspects: dict) -> None:
+        """Choose and announce how to go on after `failed` failed (of `self.plan`)."""
+        if self._dump_first():
+            return
         try:
             change = self.recovery.decide(self.plan, failed, self.dead)
         except RunError as exc:
@@ -243,6 +254,7 @@ class Transitions:
                 rec.events += describe(failure_events(self.plan.spec, failed))
             self._fail(list(exc.diagnostics))
             return
+        old = self.gen
         if change.restart_all:
             self._stop_survivors()
         rec.method = change.method
@@ -279,6 +291,81 @@ class Transitions:
                 self._taken_back.add(r)
                 self.rejoins.request(r, "declared failed by its silence; the GPU may be healthy: one fresh "
                                         "process takes it back")
+
+    # -- shadows (--shadow): save what the survivors hold before every process restarts ------------
+
+    def _dump_first(self) -> bool:
+        """Whether a dump generation was announced before choosing how to go on (`schedc.live.shadow`).
+
+        With --shadow, when every process is about to restart from a checkpoint (a stage lost on
+        every GPU, or `--recovery restart`), the survivors first save what they hold as a newer
+        checkpoint, if they hold every stage (their own, or a valid shadow of it on the next
+        stage) and have trained past the latest checkpoint. Once that generation is ready, the
+        choice is made (`_after_dump`): the checkpoint it restores is then the one just saved."""
+        if not self.options.shadow or self.gen is None or self._dump_refused:
+            return False
+        if self.gen.restore is not None and self.generation_records[-1].t_ready is None:
+            return False  # a restore not yet done everywhere: its members' states differ
+        spec = self.plan.spec
+        live = [g for g in spec.gpus if g.live and g.rank not in self.dead]
+        if spec.pp < 2 or not live:
+            return False
+        if self.options.recovery != "restart" and {g.pp for g in live} == set(range(spec.pp)):
+            return False  # every stage has a live GPU: the survivors go on without a restart
+        lost, held_by = [], {}
+        for s in range(spec.pp):
+            if any(g.pp == s for g in live):
+                continue
+            holders = sorted(g.rank for g in live if g.pp == (s + 1) % spec.pp and g.rank in self.shadows_held)
+            if not holders:
+                return False
+            lost.append(s)
+            held_by[s] = holders
+        found = self.checkpoints.latest_own()
+        if found is not None and found.iteration >= self.completed:
+            return False  # nothing trained since the latest checkpoint
+        number = self.gen.number + 1
+        members = tuple(sorted(g.rank for g in live))
+        reason = "the survivors save their state and the shadows of stage(s) " + ", ".join(map(str, lost))
+        gen = Generation(number, members, dict(self.gen.manifest, programs={}), restore=None,
+                         injections=tuple(self.injections.armed()), reason=reason, dump=True)
+        self.job.announce(gen, {})
+        self.gen = gen
+        self._ready, self._done = {}, set()
+        self._unexplained = None
+        now = self._now()
+        self._announced_at, self._up_at, self._old_done_at, self._wait_noted = now, None, None, False
+        self._gen_speeds[number] = {}
+        self.generation_records.append(GenerationRecord(number, list(members), reason, None,
+                                                        self.plan.metrics.iteration_time, None, round(now, 4)))
+        self.phase = Phase.RECOVERING
+        where = "; ".join(f"stage {s} from its shadow on rank(s) {held_by[s]}" for s in lost)
+        self._note("shadow", f"generation {number}: the {len(members)} survivors save the state they hold"
+                             + (f" ({where})" if lost else "") + ", to restart from it", generation=number,
+                   stages=lost, holders=held_by)
+        return True
+
+    def _after_dump(self, now: float) -> None:
+        """The dump generation is ready: its members agreed on a step count and wrote what they hold.
+        Choose again: the latest checkpoint is now the state they saved (or, if a stage could not be
+        written after all, the one before)."""
+        start = min(r.start for r in self._ready.values())
+        for record in self.ledger.commit_before(start, lambda g: self._gen_speeds.get(g, {})):
+            self._iteration_done(record, now)
+        self.checkpoints.resumed(self.gen.number, start)
+        self.shadows_held = {r for r, m in self._ready.items() if m.shadow}
+        self.generation_records[-1].t_ready = now
+        self._late = 0
+        found = self.checkpoints.latest_own()
+        if found is not None and found.iteration == start:
+            self._note("shadow", f"generation {self.gen.number}: saved the state after {start} steps ({found.path.name}): "
+                                 "nothing trained since the last checkpoint is lost", generation=self.gen.number,
+                       iteration=start, path=str(found.path))
+        else:
+            self._note("warning", f"warning: generation {self.gen.number} could not save every stage after {start} "
+                                  "steps: restoring the latest complete checkpoint instead")
+        failed = [g.rank for g in self.plan.spec.gpus if g.live and g.rank in self.dead]
+        self._decide(self._recovery, failed, {})
 
     def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
         plan, s = change.plan, change.plan.schedule.solver
@@ -369,6 +456,14 @@ class Transitions:
         rolled back in memory; a planned switch is abandoned for the plan that ran); the second
         time in a row, restart every process from the latest checkpoint; then stop with E554."""
         gen, bound = self.gen, self.options.transition_timeout
+        if gen.dump:  # the survivors did not save their state in time: restore the latest checkpoint
+            self.job.abort(gen.number)
+            self._note("deadline", f"generation {gen.number} did not save the survivors' state within {bound:g} s "
+                                   f"(rank(s) {late} never reported): restoring the latest complete checkpoint "
+                                   "instead", generation=gen.number, ranks=late)
+            self._dump_refused = True
+            self._decide(self._recovery, [g.rank for g in self.plan.spec.gpus if g.live and g.rank in self.dead], {})
+            return
         self._late += 1
         what = (f"generation {gen.number} did not become ready within {bound:g} s of its members running "
                 f"(rank(s) {late} never reported ready)")

@@ -19,6 +19,8 @@ from pathlib import Path
 from schedc.diagnostics import RunError, error
 
 ACTIVATION, GRADIENT = 0, 1  # the kinds of boundary messages (`schedc.runtime.transport.Message`)
+SHADOW_GRADIENT = 2  # a stage's summed gradient, streamed to a live shadow's holder (`schedc.live.shadow`)
+KINDS = 3
 
 
 @dataclass(frozen=True)

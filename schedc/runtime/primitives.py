@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from schedc.diagnostics import RunError, error
-from schedc.runtime.channels import ACTIVATION, GRADIENT
+from schedc.runtime.channels import ACTIVATION, GRADIENT, SHADOW_GRADIENT
 from schedc.runtime.manifest import (Manifest, build_model, call_with_model_args, data_ref, load_callable,
                                      stage_layer_keys)
 from schedc.runtime.stagework import StageWork, run_layers
@@ -106,6 +106,12 @@ class Runtime:
     # (flat, in `params` order): what a live run streams to a rejoining GPU of this stage.
     keep_step_grad: bool = False
     last_step_grad: torch.Tensor | None = None
+    # Live shadows (`schedc.live.shadow`): the holders this rank streams its stage's summed
+    # gradient to after each all-reduce; the copy of the previous stage it holds (a
+    # `ShadowStage`), and the rank that streams that stage's gradient to it in this plan.
+    shadow_to: tuple[int, ...] = ()
+    shadow: object | None = None
+    shadow_from: int | None = None
     _stash: dict[tuple[int, int], _Stash] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -131,7 +137,7 @@ class Runtime:
                               first_layer=a)
         self.module, self.params = self.work.module, self.work.params
         self.state_keys = stage_layer_keys(layers, partition, self.stage)
-        self.optimizer = _make_optimizer(self.manifest.optimizer, self.params, self.manifest.lr)
+        self.optimizer = make_optimizer(self.manifest.optimizer, self.params, self.manifest.lr)
         for p in self.params:
             p.grad = torch.zeros_like(p)
 
@@ -252,6 +258,7 @@ class Runtime:
             self.run_emulated(us, time.perf_counter())
             if self.observer is not None:
                 self.observer.step_starts(self.steps_done)
+            self._step_shadow(None)
             self.steps_done += 1
         else:
             started = time.perf_counter()
@@ -263,16 +270,45 @@ class Runtime:
     def _all_reduce_and_step(self) -> None:
         """Sum the gradients over the stage, step, count the step. Nothing that can fail or be
         interrupted comes between the step and its count: a live run rolls back by that count."""
-        if not self.params:
+        flat = None
+        if self.params:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            self.transport.all_reduce_stage(self.stage, flat)
+            for holder in self.shadow_to:  # (sent as it is: nothing writes to `flat` afterwards)
+                self.transport.send(flat, holder, self._message(SHADOW_GRADIENT, 0, 0, self.stage),
+                                    f"the summed gradient of stage {self.stage}")
+        held = self._shadow_gradient()
+        if not self.params and self.shadow is None:
             self.steps_done += 1
             return
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        self.transport.all_reduce_stage(self.stage, flat)
         if self.observer is not None:
             self.observer.step_starts(self.steps_done)
-        if self.keep_step_grad:
+        if self.keep_step_grad and flat is not None:
             self.last_step_grad = flat  # a fresh tensor every step: nothing writes to it afterwards
-        self.apply_step(flat)
+        self._step_shadow(held)
+        if flat is None:
+            self.steps_done += 1
+        else:
+            self.apply_step(flat)
+
+    def _shadow_gradient(self) -> torch.Tensor | None:
+        """The summed gradient of the stage this rank shadows, from the rank streaming it."""
+        copy = self.shadow
+        if copy is None or self.shadow_from is None or not copy.streams:
+            return None
+        stage = copy.stage
+        return self.transport.recv((copy.numel,), copy.params[0].dtype, self.shadow_from,
+                                   self._message(SHADOW_GRADIENT, 0, 0, stage),
+                                   f"the summed gradient of stage {stage} (its shadow)")
+
+    def _step_shadow(self, held: torch.Tensor | None) -> None:
+        """Step the shadow with this rank's own step: both always hold the same steps (one rollback
+        copy undoes both). A shadow nobody streams to in this plan is stale from here on."""
+        if self.shadow is None:
+            return
+        if self.shadow_from is None:
+            self.shadow.valid = False
+        self.shadow.apply(held)
 
     def apply_step(self, flat: torch.Tensor | None) -> None:
         """One optimizer step with the stage's summed gradient `flat`, counted. A GPU that catches
@@ -280,15 +316,8 @@ class Runtime:
         if self.emulate or not self.params:
             self.steps_done += 1
             return
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
-        self.optimizer.step()
+        step_with(self.params, self.optimizer, flat)
         self.steps_done += 1
-        for p in self.params:
-            p.grad.zero_()
 
     # -- iteration bookkeeping --------------------------------------------------
 
@@ -335,8 +364,8 @@ class Runtime:
         (safe to save from another thread while training goes on)."""
         if self.emulate:
             return {"steps": self.steps_done, "model": {}, "optimizer": None, "params": []}
-        optimizer = _to_host(self.optimizer.state_dict()) if self.optimizer is not None else None
-        model = _to_host(self.module.state_dict())
+        optimizer = to_host(self.optimizer.state_dict()) if self.optimizer is not None else None
+        model = to_host(self.module.state_dict())
         return {"steps": self.steps_done, "model": model, "optimizer": optimizer,
                 "params": optimized_names(self.module)}
 
@@ -350,15 +379,16 @@ class Runtime:
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
-    def initial_stage_state(self) -> dict:
-        """The stage as `model.source` builds it, before any step (what a run starts from)."""
+    def initial_stage_state(self, stage: int | None = None) -> dict:
+        """The stage (this rank's, or `stage`) as `model.source` builds it, before any step
+        (what a run starts from)."""
         if self.emulate:
             return {"steps": 0, "model": {}, "optimizer": None}
         layers, _, partition = build_model(self.manifest)
-        a, b = partition[self.stage]
+        a, b = partition[self.stage if stage is None else stage]
         fresh = nn.Sequential(*layers[a:b])
         params = [p for p in fresh.parameters() if p.requires_grad]
-        optimizer = _make_optimizer(self.manifest.optimizer, params, self.manifest.lr)
+        optimizer = make_optimizer(self.manifest.optimizer, params, self.manifest.lr)
         return {"steps": 0, "model": fresh.state_dict(),
                 "optimizer": optimizer.state_dict() if optimizer is not None else None}
 
@@ -418,15 +448,29 @@ class Runtime:
                             f"the input gradient of d{d}:{stage}{kind}{mb}")
 
 
-def _to_host(value):
+def to_host(value):
     """A copy of `value` (an optimizer's state_dict) with every tensor copied to host memory."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {k: _to_host(v) for k, v in value.items()}
+        return {k: to_host(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_host(v) for v in value)
+        return type(value)(to_host(v) for v in value)
     return value  # numbers, strings, None: immutable
+
+
+def step_with(params: list[torch.Tensor], optimizer: torch.optim.Optimizer, flat: torch.Tensor) -> None:
+    """One optimizer step of `params` with their summed gradient `flat` (in `params` order); the
+    gradients are zero again afterwards. The one code a stage's step runs, wherever it runs (its
+    own GPUs, a GPU that catches up, a shadow's holder): the same state and gradient, the same bits."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
+    optimizer.step()
+    for p in params:
+        p.grad.zero_()
 
 
 def optimized_names(module: nn.Module) -> list[str]:
@@ -436,7 +480,7 @@ def optimized_names(module: nn.Module) -> list[str]:
     return [name for name, p in module.named_parameters() if p.requires_grad]
 
 
-def _make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     if not params:
         return None
     if name == "sgd":

@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from schedc.runtime.manifest import Manifest, build_model, call_with_model_args, data_ref, load_callable
-from schedc.runtime.primitives import _make_optimizer
+from schedc.runtime.primitives import make_optimizer
 
 
 def reference_train(manifest: Manifest, iterations: int, device: str = "cpu") -> tuple[dict, list[float]]:
@@ -21,7 +21,7 @@ def reference_train(manifest: Manifest, iterations: int, device: str = "cpu") ->
     loss_fn = loss_fn.to(device) if isinstance(loss_fn, nn.Module) else loss_fn
     batch = load_callable(data_ref(manifest), "model.data", (manifest.spec_dir,))
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _make_optimizer(manifest.optimizer, params, manifest.lr)
+    optimizer = make_optimizer(manifest.optimizer, params, manifest.lr)
     n = manifest.global_microbatches
     losses = []
     for it in range(iterations):

@@ -19,13 +19,13 @@ import torch
 import torch.distributed as dist
 
 from schedc.diagnostics import RunError, error
-from schedc.runtime.channels import ReceiveOrder
+from schedc.runtime.channels import KINDS, ReceiveOrder
 from schedc.runtime.manifest import Manifest
 
 # Tags repeat after this many iterations. Messages only pass between neighbouring stages,
 # and a rank cannot finish iteration k+1 before its neighbours have sent it their part of
 # k+1, so neighbours are never more than one iteration apart: 16 is ample, and keeps tags
-# below 2**31 for up to 16*2*D*M*S < 2**31 (e.g. D = M = 256, S = 64).
+# below 2**31 for up to 16*3*D*M*S < 2**31 (three kinds of message; e.g. D = M = 256, S = 64).
 _TAG_ITERATIONS = 16
 EMULATED_MESSAGE = 16  # floats sent per boundary message in --emulate mode (no model to size it)
 #: The longest pause between two looks at a generation-start collective (`all_reduce_min`),
@@ -46,7 +46,7 @@ class Message(NamedTuple):
 
 def message_tag(iteration: int, kind: int, d: int, m: int, boundary: int, manifest: Manifest) -> int:
     """A tag unique per (iteration, kind, d, m, boundary) among messages that can be in flight."""
-    tag = (iteration % _TAG_ITERATIONS) * 2 + kind
+    tag = (iteration % _TAG_ITERATIONS) * KINDS + kind
     tag = tag * manifest.dp + d
     tag = tag * manifest.microbatches + m
     return tag * manifest.pp + boundary

@@ -1,0 +1,147 @@
+"""Live shadows (`schedc train --shadow`): every stage's state also lives on the next stage.
+
+Re-routing needs a live replica of every stage. When a burst takes every GPU
+of one stage, the stage's weights and optimizer state are gone, and without
+a shadow the job restores the latest checkpoint: everything trained since it
+is lost. With shadows, every live GPU of stage (s + 1) mod S holds an exact
+copy of stage s (its *shadow*), kept exact by streaming gradients rather than
+state: after stage s's gradient all-reduce, a live GPU of stage s (its
+*source*) sends the summed gradient, one flat tensor, to each holder
+assigned to it, and the holder applies the same optimizer step to its copy
+with the same code (`schedc.runtime.primitives.step_with`): the same bits.
+A stage is then lost for good only when its every GPU and every GPU of the
+next stage are lost together.
+
+Costs (per GPU): the previous stage's weights, a gradient buffer and its
+optimizer state in memory; per iteration, one optimizer step of the previous
+stage and receiving its gradient (the holder steps after both, so that its
+own state and its shadow always hold the same number of steps, and one
+rollback copy undoes both).
+
+How a loss uses them (`schedc.live.transitions`): the survivors first run a
+*dump* generation: they agree on a step count as any generation does (rolling
+back one step where needed, the shadow included), then the lowest survivor of
+each stage writes it, and for a stage with no survivor the first holder with
+a valid shadow writes that, as a checkpoint of the run. Every process then
+restarts from that checkpoint on the new plan, as from any checkpoint. A
+holder's shadow is invalid once its own state was replaced without it (a
+catch-up from a donor); it says so when it reports ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from schedc.runtime.manifest import Manifest
+
+
+
+def shadowed_stage(stage: int, stages: int) -> int | None:
+    """The stage whose shadow a GPU of `stage` holds (None with a single stage)."""
+    return None if stages < 2 else (stage - 1) % stages
+
+
+def assignment(manifest: Manifest) -> dict[int, tuple[int, int]]:
+    """Every holder of the plan -> (the stage it shadows, the rank that sends it that stage's
+    gradient): the live GPUs of stage s + 1 take the live GPUs of stage s as sources in turn."""
+    stages = manifest.pp
+    if stages < 2:
+        return {}
+    out: dict[int, tuple[int, int]] = {}
+    for s in range(stages):
+        sources = sorted(manifest.stage_groups[s])
+        holders = sorted(manifest.stage_groups[(s + 1) % stages])
+        if not sources:
+            continue
+        for j, h in enumerate(holders):
+            out[h] = (s, sources[j % len(sources)])
+    return out
+
+
+@dataclass(frozen=True)
+class ShadowLink:
+    """A rank's part in one generation's streaming: who it sends its stage's summed gradient to,
+    and whom it receives its shadow's from (None: it holds no shadow in this plan)."""
+
+    sends_to: tuple[int, ...]
+    source: int | None
+
+    @classmethod
+    def of(cls, manifest: Manifest, rank: int) -> "ShadowLink":
+        plan = assignment(manifest)
+        sends = tuple(h for h, (_, src) in sorted(plan.items()) if src == rank)
+        mine = plan.get(rank)
+        return cls(sends, None if mine is None else mine[1])
+
+
+class ShadowStage:
+    """A holder's copy of the previous stage: its module, parameters and optimizer, built as the
+    stage's own GPUs build theirs, stepped with the gradient its source streams."""
+
+    def __init__(self, manifest: Manifest, stage: int, *, emulate: bool, device: str = "cpu"):
+        from schedc.runtime.primitives import make_optimizer
+        from schedc.runtime.manifest import build_model
+        from schedc.runtime.stagework import StageWork
+
+        self.stage = stage
+        self.steps = 0
+        self.valid = True
+        self.emulate = emulate
+        self.module = None
+        self.params: list[torch.Tensor] = []
+        self.optimizer = None
+        self.layers: tuple[int, int] | None = None
+        self.model_layers: int | None = None
+        self.partition = None
+        if emulate:
+            return
+        layers, _, partition = build_model(manifest)
+        a, b = partition[stage]
+        self.partition = tuple(tuple(p) for p in partition)
+        self.layers, self.model_layers = (a, b), len(layers)
+        work = StageWork(layers[a:b], None, global_microbatches=manifest.global_microbatches, device=device,
+                         first_layer=a)
+        self.module, self.params = work.module, work.params
+        self.optimizer = make_optimizer(manifest.optimizer, self.params, manifest.lr)
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    @property
+    def streams(self) -> bool:
+        """Whether a gradient comes for it each step (a stage without trainable parameters: none)."""
+        return bool(self.params) and not self.emulate
+
+    def apply(self, flat: torch.Tensor | None) -> None:
+        """One optimizer step with the stage's summed gradient, as its own GPUs take it."""
+        from schedc.runtime.primitives import step_with
+
+        if self.streams:
+            step_with(self.params, self.optimizer, flat)
+        self.steps += 1
+
+    def state(self) -> dict:
+        """The stage's state as its own GPU's `Runtime.stage_state` gives it (what a checkpoint holds)."""
+        from schedc.runtime.primitives import optimized_names, to_host
+
+        if self.emulate:
+            return {"steps": self.steps, "model": {}, "optimizer": None, "params": []}
+        return {"steps": self.steps, "model": to_host(self.module.state_dict()),
+                "optimizer": to_host(self.optimizer.state_dict()) if self.optimizer is not None else None,
+                "params": optimized_names(self.module)}
+
+    def load(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        self.valid = True
+        if self.emulate:
+            return
+        self.module.load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        for p in self.params:
+            p.grad.zero_()

@@ -1,0 +1,118 @@
+"""`schedc train --shadow`: every GPU of stage s + 1 keeps an exact copy of stage s, stepped with
+the gradient stage s streams to it. When every GPU of a stage is killed, the survivors save what
+they hold (their stages, the lost stage's shadow) as a checkpoint and every process restarts from
+it: nothing trained since the last periodic checkpoint is lost, and training ends exactly where
+single-process training does."""
+
+from __future__ import annotations
+
+import pytest
+
+from live_support import check_exact, compiled
+from schedc.live import train
+from schedc.live.shadow import ShadowLink, assignment, shadowed_stage
+from schedc.runtime.manifest import Manifest
+
+LOSE_STAGE_1 = ["at iteration 3 during B: fail gpu(dp=0, pp=1)", "at iteration 3 during B: fail gpu(dp=1, pp=1)"]
+
+
+def _events(result, kind: str) -> list[str]:
+    return [e["message"] for e in result.events if e["kind"] == kind]
+
+
+def _story(result) -> list[tuple[str, str]]:
+    return [(e["kind"], e["message"]) for e in result.events]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_killed_stage_comes_back_from_its_shadows_with_no_work_lost(tmp_path, optimizer):
+    # No periodic checkpoint: without shadows the survivors would restart from the initial weights
+    # (iterations 0-2 trained again); with them, from the state after 3 steps.
+    out = compiled(tmp_path, dp=2, pp=3, optimizer=optimizer)
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1)
+    check_exact(out, result, 6)
+    (saving,) = [m for m in _events(result, "shadow") if "survivors save" in m]
+    assert "stage 1 from its shadow on rank(s) [2, 5]" in saving, _story(result)
+    assert any("saved the state after 3 steps" in m for m in _events(result, "shadow")), _story(result)
+    dump, last = result.generations[-2:]
+    assert sorted(dump.members) == [0, 2, 3, 5] and dump.restore is None
+    assert last.restore.endswith("iter-000003") and len(last.members) == 4, _story(result)
+    (rec,) = result.recoveries
+    assert rec.method == "repartition" and rec.resumed_at == 3
+
+
+def test_a_stage_killed_in_its_optimizer_step_is_restored_exactly(tmp_path):
+    # Killed in O: some survivors may have stepped and others not; the dump generation agrees on
+    # the fewest steps (a rollback, the shadows included) before it saves.
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=["at iteration 3 during O: fail gpu(dp=0, pp=1)",
+                           "at iteration 3 during O: fail gpu(dp=1, pp=1)"])
+    check_exact(out, result, 6)
+    last = result.generations[-1]
+    assert last.restore.endswith(("iter-000003", "iter-000004")), _story(result)
+
+
+def test_a_holder_lost_while_the_survivors_save_leaves_the_other_holder(tmp_path):
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + ["at recovery 1: fail rank 2"])
+    check_exact(out, result, 6)
+    assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events), _story(result)
+    last = result.generations[-1]
+    assert last.restore.endswith("iter-000003") and 2 not in last.members, _story(result)
+
+
+def test_a_stage_lost_with_every_holder_falls_back_to_the_checkpoint(tmp_path):
+    # Stage 1 and every holder of its shadow (stage 2) are lost at once: nothing holds stage 1 any
+    # more, so no dump generation is tried; the survivors restore the latest periodic checkpoint.
+    # (At the iteration's start: killed during an op, one stage's death would keep the other's
+    # GPUs from ever reaching theirs.)
+    out = compiled(tmp_path, dp=2, pp=3)
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True, checkpoint_every=2,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=[f"at iteration 3: fail gpu(dp={d}, pp={p})" for d in (0, 1) for p in (1, 2)])
+    check_exact(out, result, 6)
+    assert not [m for m in _events(result, "shadow") if "survivors save" in m], _story(result)
+    assert result.generations[-1].restore.endswith("iter-000002"), _story(result)
+
+
+def test_a_restart_with_a_replacement_restores_the_survivors_state(tmp_path):
+    # --recovery restart restarts every process from a checkpoint; with shadows the survivors
+    # save a newer one first (here every stage still has a GPU of its own: no shadow is needed).
+    out = compiled(tmp_path, dp=2, pp=2, optimizer="adam")
+    result = train(out, iterations=6, want_weights=True, recovery="restart", shadow=True, checkpoint_every=2,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=["at iteration 3 during F: fail gpu(dp=1, pp=0)"])
+    check_exact(out, result, 6)
+    assert result.generations[-1].restore.endswith("iter-000003"), _story(result)
+    assert len(result.generations[-1].members) == 4
+
+
+# -- the assignment of holders and sources -----------------------------------------------------------
+
+
+def _manifest(stage_groups, coords) -> Manifest:
+    return Manifest(spec="s.sched", schedc_version="0", dp=2, pp=len(stage_groups), microbatches=2,
+                    live_ranks=tuple(sorted(coords)), coords=coords,
+                    stage_groups=tuple(tuple(g) for g in stage_groups), programs={}, source="m.py", data=None,
+                    partition=None, optimizer="sgd", lr=0.1, iterations=1, decouple_backward=True,
+                    stagger_optimizer=True)
+
+
+def test_every_gpu_of_the_next_stage_holds_a_stage_and_sources_take_turns():
+    # 2 x 3 with rank 1 (dp=0, pp=1) routed around: stage 1's one live GPU (4) sends to both holders.
+    coords = {0: (0, 0), 2: (0, 2), 3: (1, 0), 4: (1, 1), 5: (1, 2)}
+    m = _manifest([(0, 3), (4,), (2, 5)], coords)
+    plan = assignment(m)
+    assert plan == {4: (0, 0), 2: (1, 4), 5: (1, 4), 0: (2, 2), 3: (2, 5)}
+    assert ShadowLink.of(m, 4) == ShadowLink(sends_to=(2, 5), source=0)
+    assert ShadowLink.of(m, 3) == ShadowLink(sends_to=(), source=5)
+    assert ShadowLink.of(m, 0) == ShadowLink(sends_to=(4,), source=2)
+
+
+def test_a_single_stage_has_no_shadows():
+    assert shadowed_stage(0, 1) is None and shadowed_stage(0, 3) == 2 and shadowed_stage(2, 3) == 1
+    m = _manifest([(0, 1)], {0: (0, 0), 1: (1, 0)})
+    assert assignment(m) == {} and ShadowLink.of(m, 0) == ShadowLink((), None)
