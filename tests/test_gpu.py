@@ -132,3 +132,23 @@ def test_live_training_on_a_gpu_survives_killed_ranks_exactly(tmp_path, inject, 
     # into differences of up to lr per step (5 steps of 1e-3 at worst; docs/live.md has what a GPU gave).
     cpu, _ = reference_train(load_manifest(out), iterations, device="cpu")
     assert max_weight_diff(result.state_dict, cpu) <= 1e-4
+
+
+def test_live_shadows_on_a_gpu_bring_a_lost_stage_back_with_no_work_lost(tmp_path):
+    # --shadow with the ranks on a GPU: stage 0's GPUs hold stage 1's shadow (on the GPU, stepped
+    # with the gradient stage 1 streams through host memory); both GPUs of stage 1 are killed and
+    # the survivors restart from the state after 3 steps (no periodic checkpoint is written).
+    from schedc.live import train
+
+    iterations = 5
+    out = tmp_path / "out"
+    schedc.compile(schedc.load(LIVE_GPT.format(dp=2, pp=2, failures=""))).write(out)
+    result = train(out, iterations=iterations, want_weights=True, device="cuda", shadow=True,
+                   recovery="repartition", checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=["at iteration 3 during B: fail gpu(dp=0, pp=1)",
+                           "at iteration 3 during B: fail gpu(dp=1, pp=1)"])
+    assert result.generations[-1].restore.endswith("iter-000003"), result.events
+    assert [r.iteration for r in result.iterations] == list(range(iterations))
+    ref, ref_losses = reference_train(load_manifest(out), iterations, device="cuda")
+    assert max_weight_diff(result.state_dict, ref) <= 1e-5  # (the same bound as above, and why)
+    assert result.losses == pytest.approx(ref_losses, abs=1e-5)
