@@ -191,6 +191,19 @@ def test_blobs_over_the_store_limit_go_in_chunks():
     assert job.blob("cu/1/state") is None and not job.store.check(["cu/1/state/0"])
 
 
+def test_a_stage_s_final_weights_may_be_larger_than_a_store_value():
+    # A re-partitioned job's stages hold more layers than the spec's: a GPT's whole model as one
+    # stage was 13.8 MB, and the store's server refuses values over 8 MiB (`--save-weights` failed).
+    from schedc.live import membership
+    from schedc.live.membership import JobStore
+
+    job = JobStore.serve()
+    big = bytes(range(256)) * (membership.BLOB_CHUNK // 256 * 3)
+    assert len(big) > 8 << 20 and job.weights(2, 0) is None
+    job.put_weights(2, 0, big)
+    assert job.weights(2, 0) == big
+
+
 # -- the stall clock: a process held stopped against one starved by load ---------------------------
 
 class _Kernel:

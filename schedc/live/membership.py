@@ -249,11 +249,12 @@ class JobStore:
     # -- results ----------------------------------------------------------------------
 
     def put_weights(self, number: int, stage: int, blob: bytes) -> None:
-        self.store.set(f"result/{number}/{stage}", blob)
+        """A stage's final weights (`torch.save` bytes): a blob, as a stage may hold more than a
+        store value may (a re-partitioned job's stages are larger than the spec's)."""
+        self.put_blob(f"result/{number}/{stage}", blob)
 
     def weights(self, number: int, stage: int) -> bytes | None:
-        key = f"result/{number}/{stage}"
-        return self.store.get(key) if self.store.check([key]) else None
+        return self.blob(f"result/{number}/{stage}")
 
 
 @dataclass
