@@ -72,11 +72,13 @@ def periods(result, generation: int, skip_first: bool) -> list[float]:
     return gaps[1:] if skip_first and len(gaps) > 2 else gaps
 
 
-def measure(out: Path, method: str, inject: list[str], iterations: int) -> dict:
+def measure(out: Path, method: str, inject: list[str], iterations: int, **options) -> dict:
+    """One emulated run of `out` through `inject` under `method` (and `options` of `schedc.live.train`)."""
     ckpt = out.parent / "checkpoints"
     shutil.rmtree(ckpt, ignore_errors=True)  # every run writes its own
     result = train(out, iterations=iterations, emulate=True, inject=inject, recovery=method,
-                   checkpoint_every=CHECKPOINT_EVERY, checkpoint_dir=str(ckpt), detect_timeout=DETECT_TIMEOUT)
+                   checkpoint_every=CHECKPOINT_EVERY, checkpoint_dir=str(ckpt), detect_timeout=DETECT_TIMEOUT,
+                   **options)
     gens = result.generations
     before = periods(result, gens[0].number, skip_first=True)
     after = periods(result, gens[-1].number, skip_first=True)

@@ -1,13 +1,16 @@
 """A whole stage killed: the 16-GPU job (4 pipelines x 4 stages) of specs/emulate-4x4.sched in
---emulate mode, every GPU of stage 2 killed (SIGKILL) in the same iteration, under the three ways
-`schedc train` goes on:
+--emulate mode, every GPU of stage 2 killed (SIGKILL) in iteration 8 (3 iterations after the
+checkpoint of iteration 5), under the ways `schedc train` goes on:
 
 * `repartition`: no replacement process; the 12 survivors run 4 pipelines of 3 stages, every
   process restarted from the latest checkpoint re-sharded onto the new split;
 * `auto` (the default): the lost stage comes back from the latest checkpoint with 4 replacement
   processes (which a cluster that just lost those GPUs may not have);
 * `restart`: every process restarts from the latest checkpoint with the GPUs replaced
-  (torchelastic).
+  (torchelastic);
+* `repartition --shadow`: as `repartition`, but every GPU of stage 3 holds stage 2's shadow
+  (`schedc.live.shadow`): the survivors save what they hold and restart from that, so no
+  iteration since the last checkpoint is trained again.
 
     python bench/live_stage_loss.py [--iterations N] [--repeats R]
 
@@ -38,9 +41,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import schedc  # noqa: E402
 from live_recovery import measure  # noqa: E402
 
-KILL = [f"at iteration 5 during B: fail gpu(dp={d}, pp=2)" for d in range(4)]
-METHODS = ("repartition", "auto", "restart")
-GROW_AT = 10
+KILL = [f"at iteration 8 during B: fail gpu(dp={d}, pp=2)" for d in range(4)]
+METHODS = (("repartition", "repartition", {}), ("auto", "auto", {}), ("restart", "restart", {}),
+           ("repartition --shadow", "repartition", {"shadow": True}))
+GROW_AT = 12
 BACK = [f"at iteration {GROW_AT}: recover gpu(dp={d}, pp=2)" for d in range(4)]
 
 
@@ -66,7 +70,7 @@ def grow_back(out: Path, iterations: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iterations", type=int, default=14)
+    ap.add_argument("--iterations", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="schedc-stage-loss-"))
@@ -74,19 +78,20 @@ def main(argv: list[str] | None = None) -> int:
         out = work / "out"
         schedc.compile(ROOT / "specs" / "emulate-4x4.sched").write(out)
         print("| method | detected s | planned s | reconfigured s | first iteration s | period after s "
-              "(predicted) | period before s | GPUs after | iterations |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for method in METHODS:
-            rows = [measure(out, method, KILL, args.iterations) for _ in range(args.repeats)]
+              "(predicted) | period before s | GPUs after | iterations | run again |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for label, method, options in METHODS:
+            rows = [measure(out, method, KILL, args.iterations, **options) for _ in range(args.repeats)]
 
             def med(key):
                 vals = [r[key] for r in rows if r.get(key) is not None]
                 return statistics.median(vals) if vals else float("nan")
             gpus = rows[0]["gpus_after"] if "gpus_after" in rows[0] else "-"
-            print(f"| {method} | {med('detect_s'):.2f} | {med('plan_s'):.2f} | {med('reconfigure_s'):.2f} | "
+            print(f"| {label} | {med('detect_s'):.2f} | {med('plan_s'):.2f} | {med('reconfigure_s'):.2f} | "
                   f"{med('first_iteration_s'):.2f} | {med('after_s'):.3f} ({med('predicted_after_s'):.3f}) | "
                   f"{med('before_s'):.3f} | {gpus} | {rows[0]['iterations']}"
-                  f"{'' if all(r['all_iterations'] and r['ok'] for r in rows) else ' (NOT all done)'} |")
+                  f"{'' if all(r['all_iterations'] and r['ok'] for r in rows) else ' (NOT all done)'} | "
+                  f"{med('redone'):g} |")
         g = [grow_back(out, args.iterations + 8) for _ in range(args.repeats)]
         ok = [r for r in g if r.get("ok")]
         print()

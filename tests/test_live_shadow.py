@@ -116,3 +116,32 @@ def test_a_single_stage_has_no_shadows():
     assert shadowed_stage(0, 1) is None and shadowed_stage(0, 3) == 2 and shadowed_stage(2, 3) == 1
     m = _manifest([(0, 1)], {0: (0, 0), 1: (1, 0)})
     assert assignment(m) == {} and ShadowLink.of(m, 0) == ShadowLink((), None)
+
+
+# -- refused before anything starts ------------------------------------------------------------------
+
+
+def test_shadows_that_do_not_fit_a_gpu_s_memory_are_refused_with_the_numbers(tmp_path):
+    import schedc
+    from live_support import spec_text
+    from schedc.diagnostics import RunError
+
+    # 40 MiB of static state per stage: the plan peaks at 46-52 MiB per GPU, which 80 MiB GPUs
+    # hold, but not with the previous stage's 40 MiB on top.
+    text = spec_text(dp=2, pp=2).replace("memory = 1GiB", "memory = 80MiB").replace("static = 16MiB", "static = 40MiB")
+    out = tmp_path / "out"
+    schedc.compile(text).write(out)
+    with pytest.raises(RunError) as err:
+        train(out, iterations=2, shadow=True)
+    (d,) = err.value.diagnostics
+    assert d.code == "E555" and d.message.startswith("--shadow needs ") and "over the GPUs' 80" in d.message, d
+    assert "leave out --shadow" in d.hint
+
+
+def test_a_single_stage_job_is_told_that_shadows_need_two_stages(tmp_path):
+    from schedc.diagnostics import RunError
+
+    out = compiled(tmp_path, dp=2, pp=1)
+    with pytest.raises(RunError) as err:
+        train(out, iterations=2, shadow=True)
+    assert err.value.codes == ["E555"] and "single stage" in err.value.diagnostics[0].message

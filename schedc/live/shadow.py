@@ -145,3 +145,32 @@ class ShadowStage:
             self.optimizer.load_state_dict(state["optimizer"])
         for p in self.params:
             p.grad.zero_()
+
+
+def check_memory(plan) -> None:
+    """E555 when `--shadow` cannot be kept: a single stage, or a GPU whose planned peak memory plus
+    the previous stage's weights, gradients and optimizer state (the spec's `static` of that
+    stage) passes its memory limit."""
+    from schedc.diagnostics import RunError, error
+    from schedc.printer import human_bytes
+
+    spec = plan.spec
+    if spec.pp < 2:
+        raise RunError([error("E555", "--shadow keeps each stage's state on the next stage, and this job has a "
+                                      "single stage", hint="leave out --shadow")])
+    costs = {st.pp: st for st in spec.stages}
+    limit = plan.metrics.memory_limit
+    worst = None
+    for rank, peak in sorted(plan.metrics.peak_memory.items()):
+        stage = next(g.pp for g in spec.gpus if g.rank == rank)
+        need = peak + costs[shadowed_stage(stage, spec.pp)].static
+        if need > limit and (worst is None or need > worst[1]):
+            worst = (rank, need, peak, stage)
+    if worst is not None:
+        rank, need, peak, stage = worst
+        raise RunError([error("E555", f"--shadow needs {human_bytes(need)} on rank {rank} (stage {stage}): its "
+                                      f"planned peak {human_bytes(peak)} plus stage "
+                                      f"{shadowed_stage(stage, spec.pp)}'s shadow, over the GPUs' "
+                                      f"{human_bytes(limit)}",
+                              hint="leave out --shadow, or give the GPUs more memory (or use more stages: "
+                                   "each stage's state is then smaller)")])

@@ -77,6 +77,10 @@ class Supervisor(Transitions):
         from schedc.runtime.manifest import refuse_tensor_parallel
 
         refuse_tensor_parallel(spec.cluster.tp)
+        if options.shadow:
+            from schedc.live.shadow import check_memory
+
+            check_memory(self.plan)
         # Before anything starts: a machine without the GPUs asked for hears it now (E580/E581).
         from schedc.runtime.placement import place_live
 
