@@ -46,7 +46,7 @@ from schedc.live.membership import Generation, Heartbeat, JobStore
 from schedc.live.opclock import make_clock
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
                                    IterationDone, Left, Probe, Ready, Started, WorkerError)
-from schedc.live.rollback import RollbackError, StepSnapshot, roll_back, rollback_target
+from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
 from schedc.live.shadow import ShadowLink, ShadowStage, assignment, shadowed_stage
 from schedc.live.stall import CgroupThrottle, StallClock
 from schedc.runtime.manifest import Manifest
@@ -115,7 +115,6 @@ class LiveWorker:
         self.rt = None
         self.snapshot: StepSnapshot | None = None
         self.shadow: ShadowStage | None = None  # --shadow: this rank's copy of the previous stage
-        self.shadow_snapshot: StepSnapshot | None = None  # ... and its rollback copy
         self.trigger = Trigger(())
         self._side_pool: ThreadPoolExecutor | None = None
         self._side_job = job.clone()  # the side thread's own store connection
@@ -214,6 +213,8 @@ class LiveWorker:
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
                 if self._switch_at(gen, it):  # a planned switch: leave in order, nothing to undo
+                    if self.shadow is not None:
+                        self.shadow.settle(transport, wait=True)
                     transport.flush()
                     self.job.report(Left(rank=self.rank, gen=gen.number, steps=self.rt.steps_done, t=time.time()))
                     return
@@ -248,6 +249,8 @@ class LiveWorker:
         finally:
             self._probing.clear()
             if transport is not None:
+                if self.shadow is not None:
+                    self.shadow.settle(transport, wait=False)
                 transport.close()
             if self.rt is not None:
                 self.rt.abandon_iteration()
@@ -353,7 +356,6 @@ class LiveWorker:
         self.snapshot.invalidate()
         if self.shadow is not None:  # the weights are the donor's; the shadow was not stepped with them
             self.shadow.valid = False
-            self.shadow_snapshot.invalidate()
         return True
 
     def _side(self) -> ThreadPoolExecutor:
@@ -384,7 +386,6 @@ class LiveWorker:
         shadowed = shadowed_stage(self.rt.stage, manifest.pp) if self.config.shadow else None
         if shadowed is not None:
             self.shadow = ShadowStage(manifest, shadowed, emulate=self.config.emulate, device=self.device)
-            self.shadow_snapshot = StepSnapshot(self.shadow.module, self.shadow.optimizer, overlap=False)
             self.rt.shadow = self.shadow
         if self.config.probe and not self.config.emulate:  # the healthy time of one probe (`_probe`)
             import torch
@@ -456,16 +457,36 @@ class LiveWorker:
         # an abort ends even when a member abandoned the generation while forming them.
         steps = torch.tensor([self.rt.steps_done, -self.rt.steps_done], dtype=torch.int64)
         transport.all_reduce_min(steps, "the members' step counts")
-        target = rollback_target([int(steps[0]), -int(steps[1])])
+        low, high = int(steps[0]), -int(steps[1])
+        if gen.dump:
+            low = self._dump_target(gen, transport, low, high)
+        target = rollback_target([low, high])
         undone = roll_back(self.rt.steps_done, target, self.snapshot)
         self.rt.steps_done = target
-        if self.shadow is not None:
-            try:
-                roll_back(self.shadow.steps, target, self.shadow_snapshot)
-                self.shadow.steps = target
-            except RollbackError:  # (a shadow that cannot be brought there is no longer one)
-                self.shadow.valid = False
+        if self.shadow is not None:  # (it lags one step: never ahead of the target, nothing to undo)
+            self.shadow.catch_up(target)
         return target, undone
+
+    def _dump_target(self, gen: Generation, transport, low: int, high: int) -> int:
+        """The steps a dump generation saves: the fewest any member holds (`low`), or fewer where a
+        lost stage's shadows hold fewer (a shadow lags its holder by a step, and a stage killed
+        before its all-reduce never took the step its survivors took); a shadow that would need
+        a survivor to go back more than one step is given up instead. Every member takes part."""
+        import torch
+
+        mine = low
+        copy = self.shadow
+        if copy is not None and copy.streams and copy.valid:
+            coords = gen.manifest["coords"]
+            if not any(coords[str(r)][1] == copy.stage for r in gen.members):  # its stage is lost
+                reach = copy.reachable()
+                if reach >= high - 1:
+                    mine = min(low, reach)
+                else:
+                    copy.valid = False
+        target = torch.tensor([mine], dtype=torch.int64)
+        transport.all_reduce_min(target, "the steps the lost stages' shadows hold")
+        return int(target[0])
 
     def _link_shadow(self, manifest: Manifest) -> None:
         """This rank's part in the plan's gradient streaming (--shadow): whom it sends to, and
@@ -531,7 +552,6 @@ class LiveWorker:
                 copy.load(reshard.reshard_stage(found, copy.layers, copy.module))
             else:
                 copy.load(checkpoint.load_stage(found, copy.stage))
-            self.shadow_snapshot.invalidate()
 
     def _program(self, gen: Generation, manifest: Manifest):
         from schedc.runtime.program import program_from_text
@@ -607,8 +627,6 @@ class LiveWorker:
         and not on others, and a member may run on into the next iteration's) never replaces the
         copy from before the step this rank did apply."""
         self.snapshot.take(steps_done)
-        if self.shadow_snapshot is not None:
-            self.shadow_snapshot.take(steps_done)
 
     def op_done(self, kind: str, d: int, mb: int | None, us: int) -> None:
         if kind != "O":  # O includes its all-reduce: waiting for peers is not this GPU's speed

@@ -147,6 +147,15 @@ class Rejoins:
             self.ctl.direct(s["donor"], None)
         self.sessions.clear()
 
+    def drop_all(self, why: str) -> list[int]:
+        """Give up every GPU being taken back (said, with `why`); the ranks given up."""
+        dropped = sorted(self.wanted)
+        for rank in dropped:
+            self.ctl.note("rejoin", f"rank {rank} was being taken back: {why}", rank=rank)
+        self.cancel_all()
+        self.wanted.clear()
+        return dropped
+
     def lost(self, rank: int) -> None:
         """A standby process died: it does not come back (a new request can start another)."""
         if rank in self.wanted:

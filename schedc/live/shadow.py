@@ -12,11 +12,18 @@ with the same code (`schedc.runtime.primitives.step_with`): the same bits.
 A stage is then lost for good only when its every GPU and every GPU of the
 next stage are lost together.
 
+A shadow lags its holder by one step: the gradient of step k is received
+while the holder computes iteration k + 1 and applied in that iteration's
+optimizer op, just before the holder's own step k + 1. Nothing waits for the
+shadowed stage's all-reduce, the transfer overlaps an iteration, and the
+shadow is never ahead of its holder: a rollback never has to undo it. After
+a failure, the gradient that arrived before the generation ended brings it
+to the step count the survivors agree on (`catch_up`); one that did not
+arrive leaves it stale.
+
 Costs (per GPU): the previous stage's weights, a gradient buffer and its
 optimizer state in memory; per iteration, one optimizer step of the previous
-stage and receiving its gradient (the holder steps after both, so that its
-own state and its shadow always hold the same number of steps, and one
-rollback copy undoes both).
+stage and receiving its gradient.
 
 How a loss uses them (`schedc.live.transitions`): the survivors first run a
 *dump* generation: they agree on a step count as any generation does (rolling
@@ -88,6 +95,10 @@ class ShadowStage:
         self.stage = stage
         self.steps = 0
         self.valid = True
+        # The receive of the last step's gradient, posted in this generation: (the steps it brings
+        # the copy to, its work, its buffer); `received` once a generation ended with it there.
+        self.pending: tuple[int, object, torch.Tensor] | None = None
+        self.received: tuple[int, torch.Tensor] | None = None
         self.emulate = emulate
         self.module = None
         self.params: list[torch.Tensor] = []
@@ -135,9 +146,39 @@ class ShadowStage:
                 "optimizer": to_host(self.optimizer.state_dict()) if self.optimizer is not None else None,
                 "params": optimized_names(self.module)}
 
+    def settle(self, transport, *, wait: bool) -> None:
+        """A generation ends: keep the gradient its posted receive brings, waited for (`wait`: an
+        orderly end, the sender has sent it) or only if it is there already (an abort)."""
+        if self.pending is None:
+            return
+        steps, work, buf = self.pending
+        if wait:
+            self.received = (steps, transport.wait_posted(work, buf, None, "the last gradient of a shadow"))
+        elif transport.landed(work):
+            self.received = (steps, buf.to(self.params[0].device))
+        self.pending = None
+
+    def reachable(self) -> int:
+        """The steps `catch_up` can bring the copy to (its own, or one more with a kept gradient)."""
+        got = self.received
+        return self.steps + (1 if got is not None and got[0] == self.steps + 1 else 0)
+
+    def catch_up(self, target: int) -> None:
+        """After a generation's members agreed on `target` steps: bring the copy there with the
+        gradient kept at the end of the last generation (it lags one step), else it is stale."""
+        got, self.received = self.received, None
+        if not self.streams:
+            self.steps = target
+            return
+        if got is not None and got[0] == self.steps + 1 == target:
+            self.apply(got[1])
+        if self.steps != target:
+            self.valid = False
+
     def load(self, state: dict) -> None:
         self.steps = int(state["steps"])
         self.valid = True
+        self.pending = self.received = None
         if self.emulate:
             return
         self.module.load_state_dict(state["model"])

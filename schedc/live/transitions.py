@@ -262,6 +262,13 @@ class Transitions:
         rec.t_plan = self._now()
         if change.restart_all:
             if change.method == "repartition":
+                # A GPU still being taken back (catching up on standby) has no place in the new
+                # layout, whose ranks are numbered anew: it counts as lost, and asked for again,
+                # grows the job back like the others.
+                pending = self.rejoins.drop_all("the job re-partitioned first: it counts as lost; ask for it "
+                                                "again to grow the job back")
+                self._kill_and_wait(sorted(set(pending) & self.alive))
+                self.dead.update(pending)
                 if self.repartitioned is None:
                     self.lost_to_repartition = set(self.dead)  # (ranks as the job started: the names a rejoin uses)
                 spec = change.plan.spec

@@ -260,6 +260,7 @@ class Runtime:
                 self.observer.step_starts(self.steps_done)
             self._step_shadow(None)
             self.steps_done += 1
+            self._post_shadow_gradient()
         else:
             started = time.perf_counter()
             self._all_reduce_and_step()
@@ -290,25 +291,51 @@ class Runtime:
             self.steps_done += 1
         else:
             self.apply_step(flat)
+        self._post_shadow_gradient()
 
-    def _shadow_gradient(self) -> torch.Tensor | None:
-        """The summed gradient of the stage this rank shadows, from the rank streaming it."""
+    # A shadow lags its holder by one step (`schedc.live.shadow`): the gradient of step k comes
+    # while the holder computes iteration k + 1, and is applied in that iteration's optimizer op,
+    # just before the holder's own step k + 1. Nothing then waits for the shadowed stage's
+    # all-reduce, and the transfer overlaps the next iteration.
+
+    def _shadow_gradient(self) -> tuple[int, torch.Tensor] | None:
+        """The last step's summed gradient of the stage this rank shadows (waited for, if it has not
+        come yet), with the step count it brings the shadow to."""
         copy = self.shadow
-        if copy is None or self.shadow_from is None or not copy.streams:
+        if copy is None or copy.pending is None:
             return None
-        stage = copy.stage
-        return self.transport.recv((copy.numel,), copy.params[0].dtype, self.shadow_from,
-                                   self._message(SHADOW_GRADIENT, 0, 0, stage),
-                                   f"the summed gradient of stage {stage} (its shadow)")
+        steps, work, buf = copy.pending
+        got = self.transport.wait_posted(work, buf, self.shadow_from,
+                                         f"the summed gradient of stage {copy.stage} (its shadow)")
+        copy.pending = None  # (only now: a wait that failed leaves it to `ShadowStage.settle`)
+        return steps, got
 
-    def _step_shadow(self, held: torch.Tensor | None) -> None:
-        """Step the shadow with this rank's own step: both always hold the same steps (one rollback
-        copy undoes both). A shadow nobody streams to in this plan is stale from here on."""
-        if self.shadow is None:
+    def _step_shadow(self, held: tuple[int, torch.Tensor] | None) -> None:
+        """Bring the shadow to this rank's step count, just before this rank's own step. A shadow
+        that cannot be (a gradient missed, none streamed in this plan) is stale from here on."""
+        copy = self.shadow
+        if copy is None:
+            return
+        if not copy.streams:  # (no state: it only counts)
+            copy.steps = self.steps_done + 1
+            return
+        if held is not None and held[0] == copy.steps + 1:
+            copy.apply(held[1])
+        if copy.steps != self.steps_done:
+            copy.valid = False
+
+    def _post_shadow_gradient(self) -> None:
+        """Post the receive of the step just taken's gradient of the shadowed stage (see above)."""
+        copy = self.shadow
+        if copy is None or not copy.streams:
             return
         if self.shadow_from is None:
-            self.shadow.valid = False
-        self.shadow.apply(held)
+            copy.valid = False
+            return
+        work, buf = self.transport.post_recv((copy.numel,), copy.params[0].dtype, self.shadow_from,
+                                             self._message(SHADOW_GRADIENT, 0, 0, copy.stage),
+                                             f"the summed gradient of stage {copy.stage} (its shadow)")
+        copy.pending = (self.steps_done, work, buf)
 
     def apply_step(self, flat: torch.Tensor | None) -> None:
         """One optimizer step with the stage's summed gradient `flat`, counted. A GPU that catches

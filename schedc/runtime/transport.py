@@ -31,6 +31,9 @@ EMULATED_MESSAGE = 16  # floats sent per boundary message in --emulate mode (no 
 #: The longest pause between two looks at a generation-start collective (`all_reduce_min`),
 #: seconds: what that once-per-generation wait may add after the collective completes.
 POLL_MAX_S = 0.002
+#: Seconds a generation that ends gives a posted receive to show it has its message
+#: (`Transport.landed`): what it may add to a recovery when the message never came.
+LANDED_WAIT = 0.05
 
 
 class Message(NamedTuple):
@@ -150,6 +153,35 @@ class Transport:
             work, buf = self._recv_in_order(shape, dtype, frm, msg, what)
         self._wait(work, what, peer=frm)
         return buf.to(self.device)
+
+    def post_recv(self, shape, dtype, frm: int, msg: Message, what: str) -> tuple[object, torch.Tensor]:
+        """Post a receive and go on: (its work, its buffer), for `wait_posted` later (a message
+        wanted later than it may come; by tag, so not with `order`)."""
+        if self.order is not None:
+            raise RuntimeError("a posted receive is matched by its tag: not with a receive order")
+        self._check_interrupted(what)
+        buf = torch.empty(shape, dtype=dtype, device=self.wire)
+        group, tag = self._route(msg)
+        return self._post(lambda: group.recv([buf], self.manifest.dist_rank(frm), tag), what, peer=frm), buf
+
+    def wait_posted(self, work, buf: torch.Tensor, frm: int, what: str) -> torch.Tensor:
+        """Wait for a receive `post_recv` posted: its tensor, on this rank's device."""
+        self._check_interrupted(what)
+        self._wait(work, what, peer=frm)
+        return buf.to(self.device)
+
+    def landed(self, work) -> bool:
+        """Whether a posted receive has its message, waiting LANDED_WAIT at most: for a generation
+        that ends (gloo reports a receive complete only once waited for, whatever has arrived; a
+        wait that times out may break the group's connections, which then close anyway). One
+        left unfinished makes the groups go on a thread, as a stranded collective's."""
+        try:
+            if work.wait(timedelta(seconds=LANDED_WAIT)) is not False:
+                return True
+        except RuntimeError:
+            pass
+        self._stranded = True
+        return False
 
     def _route(self, msg: Message) -> tuple[object, int]:
         """The group a message travels over and its tag (with `order`: the tag is the kind)."""
