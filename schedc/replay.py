@@ -256,6 +256,7 @@ class _Run:
         overhead = planner.shadow_s(user)
         # GPU -> the units of the shadow it holds up to date (none without shadows).
         self.shadow: dict[int, frozenset[int]] = shadows_of(user) if overhead is not None else {}
+        self.shadows_on = overhead is not None  # the current plan keeps shadows
         self.used: frozenset[int] = planner.all  # GPUs the current plan runs on
         self.layout: Layout | None = None  # None: the user's layout (re-routed or dropped)
         self.method = "reroute"
@@ -414,13 +415,14 @@ class _Run:
         self._switch(t, best, opts, why)
 
     def _note_unchanged(self, t: float, live: frozenset[int], why: str) -> None:
-        cur = Option(self.method, self.iteration_s, 0.0, detail="unchanged")
+        cur = Option(self.method, self.iteration_s, 0.0, detail="unchanged", shadows=self.shadows_on)
         self.result.decisions.append(Decision(t, len(live), cur, (), why))
 
     def _switch(self, t: float, best: Option, opts: Sequence[Option], why: str) -> None:
         self.result.decisions.append(Decision(t, len(self.live), best, tuple(opts), why))
         self.method = best.method
         self.iteration_s = best.iteration_s
+        self.shadows_on = best.shadows
         # A restore under way is not cut short by a switch: its state is still on its way (and
         # the work since the checkpoint is lost whatever runs next).
         carried = self.transition_left if self.restoring else 0.0
