@@ -263,7 +263,7 @@ class _Run:
         self.iteration_s: float | None = planner.fault_free_s + (overhead or 0.0)
         self.pending: tuple[float, Option] | None = None  # a grow decided by ski rental: when, to what
         self.transition_left = 0.0  # seconds of the current transition still to pay
-        self.restoring = False  # the current transition restores from the checkpoint
+        self.restoring = False  # the current transition restarts from a checkpoint (or the local states)
 
     # -- the options ------------------------------------------------------------------------------
 
