@@ -120,9 +120,20 @@ def flops_time(flops: int, cluster: ClusterSpec) -> int:
 
 def optimizer_time(params: int, model: ModelSpec, cluster: ClusterSpec, optimizer: str) -> int:
     """All-reduce of the gradients among `dp` replicas (ring) + a memory-bound optimizer step."""
-    state = static_bytes_per_param(model, optimizer)
-    step = _ceil(Fraction(2 * state * params * 1_000_000, HBM_BANDWIDTH))
+    step = optimizer_step_time(params * static_bytes_per_param(model, optimizer))
     return step + ring_allreduce_time(params * BYTES_PER_ELEMENT[model.precision], cluster)
+
+
+def optimizer_step_time(static_bytes: int) -> int:
+    """Microseconds of the optimizer step alone (no all-reduce) on a stage whose static state is
+    `static_bytes`: memory-bound, every byte read and written once at `HBM_BANDWIDTH`."""
+    return _ceil(Fraction(2 * static_bytes * 1_000_000, HBM_BANDWIDTH))
+
+
+def gradient_bytes(static_bytes: int, model: ModelSpec, optimizer: str) -> int:
+    """Bytes of the gradient of a stage whose static state is `static_bytes`: its parameters
+    (``static / static_bytes_per_param``) x the bytes of an element, as the all-reduce moves it."""
+    return static_bytes * BYTES_PER_ELEMENT[model.precision] // static_bytes_per_param(model, optimizer)
 
 
 def ring_allreduce_time(grad_bytes: int, cluster: ClusterSpec) -> int:

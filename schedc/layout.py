@@ -96,6 +96,24 @@ class Units:
         (only the optimizer step's all-reduce does, through the number of pipelines)."""
         return self.slice_costs(a, b, 1, 1, 0)
 
+    def shadow_parts(self, a: int, b: int) -> tuple[int, int, int]:
+        """(optimizer step us, gradient bytes, checkpoint bytes) of units [a, b), for a shadow
+        copy of them (`shadow_overhead_us`) and a checkpoint of them: the cost model's memory-bound
+        step without its all-reduce (`costmodel.optimizer_step_time`), the gradient as the all-reduce
+        moves it (`costmodel.gradient_bytes`: parameters x bytes of the precision), and the weights
+        and optimizer state (the static state less the gradient buffer). For a `stages` block the
+        parameters are inferred from `static` by the same per-parameter accounting (the spec's
+        precision, bf16 without a `model` block; its optimizer)."""
+        key = ("shadow", a, b)
+        if key not in self._table:
+            from schedc import costmodel
+            from schedc.spec import ModelSpec
+
+            static = self.shape_free(a, b).static
+            grad = costmodel.gradient_bytes(static, self.spec.model or ModelSpec(), self.spec.train.optimizer)
+            self._table[key] = (costmodel.optimizer_step_time(static), grad, static - grad)
+        return self._table[key]
+
     def state_bytes(self, a: int, b: int) -> int:
         """Bytes that move when units [a, b) go to another GPU: their persistent state (weights,
         optimizer state, the gradient buffer: a stage's `static` memory), which the receiver also
@@ -221,6 +239,75 @@ def layout_objective(units: Units, layout: Layout, held: Mapping[int, frozenset[
     slots = layout.microbatches + layout.pp - 1
     iteration = slots * layout_bottleneck(units, layout, speed) + layout_optimizer(units, layout, speed)
     return horizon_iterations * iteration + transition_us(units, layout, held, bandwidth)
+
+
+def shadow_stage(s: int, pp: int) -> int | None:
+    """The stage whose shadow the GPUs of stage `s` hold under `schedc train --shadow`: the
+    previous one, ``(s - 1) mod pp`` (stage 0 holds the last stage's); None with one stage."""
+    return None if pp <= 1 else (s - 1) % pp
+
+
+def shadows_of(layout: Layout) -> dict[int, frozenset[int]]:
+    """Physical GPU -> the units of the shadow it holds under `layout` (none with one stage)."""
+    out = {}
+    for _, s, r in layout.slots():
+        prev = shadow_stage(s, layout.pp)
+        out[r] = frozenset() if prev is None else frozenset(range(*layout.slices[prev]))
+    return out
+
+
+def _stage_gpus(layout: Layout) -> list[list[int]]:
+    return [[r for row in layout.ranks if (r := row[s]) is not None] for s in range(layout.pp)]
+
+
+def shadow_fits(units: Units, layout: Layout, memory: int) -> bool:
+    """Whether every GPU of `layout` holds its stage and the previous stage's shadow (weights,
+    gradient buffer, optimizer state: the previous slice's `static`) within `memory`: ``static(s)
+    + static(s - 1) + ceil(in_flight x dp / k) x activation(s) <= memory``, with `k` the stage's
+    GPUs (fewer than `dp` with holes or re-routed GPUs: they share its microbatches in flight),
+    the partitioner's memory model (`partition_units`). True with one stage (no shadows)."""
+    if layout.pp <= 1:
+        return True
+    gpus = _stage_gpus(layout)
+    for s, (a, b) in enumerate(layout.slices):
+        if not gpus[s]:
+            continue
+        own = units.shape_free(a, b)
+        shadow = units.shape_free(*layout.slices[shadow_stage(s, layout.pp)]).static  # type: ignore[misc]
+        flight = -(-in_flight(s, layout.pp, layout.microbatches) * layout.dp // len(gpus[s]))
+        if own.static + shadow + flight * own.activation > memory:
+            return False
+    return True
+
+
+def shadow_overhead_us(units: Units, layout: Layout, link, speed: Mapping[int, float] | None = None) -> int:
+    """Microseconds `schedc train --shadow` adds to an iteration of `layout`, conservatively as a
+    sum after the iteration: the slowest of the stages' gradient streams, each ``ceil(h / k) x
+    link.transfer_time(gradient(s)) + step(s) / speed`` for stage `s` with `k` live GPUs sending
+    its summed gradient to the `h` GPUs of stage s + 1 that hold its shadow (the sends spread over
+    the senders, each to ``ceil(h / k)`` holders in turn, at the link's bandwidth), and the
+    holders' optimizer step on the shadow (`Units.shadow_parts`; its all-reduce is not repeated),
+    on the slowest holder. 0 with one stage."""
+    if layout.pp <= 1:
+        return 0
+    speed = speed or {}
+    gpus = _stage_gpus(layout)
+    worst = 0
+    for t in range(layout.pp):
+        s = shadow_stage(t, layout.pp)
+        holders, senders = gpus[t], gpus[s]  # type: ignore[index]
+        if not holders or not senders:
+            continue
+        step, grad, _ = units.shadow_parts(*layout.slices[s])  # type: ignore[index]
+        sends = -(-len(holders) // len(senders)) * link.transfer_time(grad)
+        worst = max(worst, sends + max(scaled_duration(step, speed.get(r, 1.0)) for r in holders))
+    return worst
+
+
+def checkpoint_bytes(units: Units) -> int:
+    """Bytes of the whole model's weights and optimizer state (`Units.shadow_parts`): what a
+    checkpoint of it writes."""
+    return units.shadow_parts(0, units.count)[2]
 
 
 def layout_spec(spec: Spec, layout: Layout) -> Spec:

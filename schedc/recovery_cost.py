@@ -22,6 +22,18 @@ in parallel); state that no live GPU holds any more (every replica of a
 layer lost) comes back from the latest checkpoint: `Costs.restart_s` plus
 the work since it, half a checkpoint interval on average.
 
+**Shadows** (`schedc replay --shadow`, modelling `schedc train --shadow`):
+the GPUs of stage s + 1 also hold an exact copy of stage s's state, kept up
+to date by streaming its gradient every iteration (`schedc.layout.
+shadow_overhead_us` prices that, `shadow_fits` says whether a layout has the
+memory for it). When some stage has no live GPU of its own but every stage
+still has a live holder (its own GPUs or its shadow's), nothing since the
+checkpoint is lost: the survivors write their states to local disk and every
+process restarts from them (a *local restore*: `Costs.restart_s` plus the
+whole model's weights and optimizer state written and read at
+`Costs.disk_bandwidth`, plus the interrupted iteration). Only a stage lost
+with all its holders comes back from the checkpoint.
+
 **Choosing after a loss**: the current plan cannot go on, so the option that
 trains a horizon's worth of work soonest wins: ``transition + n x
 iteration`` seconds for the ``n = horizon / fault-free iteration``
@@ -66,12 +78,18 @@ class Costs:
     * `checkpoint_every_s` 1800: how often a checkpoint is written; a restart loses half of it.
     * `horizon_s` 900: the expected time to the next event before any gap was seen (the shared
       AWS trace's mean gap is 902 s).
+    * `disk_bandwidth` 1 GB/s (bytes/s): how fast the survivors write their states to local disk
+      and read them back in a local restore (shadows only). A local NVMe SSD sustains 2-3 GB/s
+      sequential, a network block volume (EBS gp3) up to 1 GB/s, so 1 GB/s is the slower of the
+      two; re-measure with ``dd if=/dev/zero of=FILE bs=1M count=8192 oflag=direct`` and the
+      read back with ``iflag=direct``.
     """
 
     reconfigure_s: float = 1.0
     restart_s: float = 30.0
     checkpoint_every_s: float = 1800.0
     horizon_s: float = 900.0
+    disk_bandwidth: float = 1e9
 
     @classmethod
     def of(cls, recovery=None, **overrides: float | None) -> "Costs":
@@ -87,6 +105,12 @@ class Costs:
         """Work lost by a restore from the latest checkpoint, on average."""
         return self.checkpoint_every_s / 2
 
+    def local_restore_s(self, state_bytes: int) -> float:
+        """A local restore beside the interrupted iteration: the restart's fixed part, and
+        `state_bytes` (the whole model's weights and optimizer state) written to local disk by
+        the survivors and read back, at `disk_bandwidth`."""
+        return self.restart_s + 2 * state_bytes / self.disk_bandwidth
+
 
 @dataclass(frozen=True)
 class Option:
@@ -98,6 +122,8 @@ class Option:
     moved_bytes: int = 0  # the largest share one GPU receives
     detail: str = ""
     restore: bool = False  # the state comes back from the latest checkpoint
+    local: bool = False  # it comes back from the survivors' own states and shadows (no work lost)
+    shadows: bool = False  # the plan keeps shadows (`schedc replay --shadow`), their cost in `iteration_s`
     risk_s: float = 0.0  # expected cost of a restore the layout risks at the next event (`restore_risk_s`)
     plan: object = field(default=None, compare=False, repr=False)
 
@@ -112,31 +138,49 @@ class Option:
         it = "stalled" if self.iteration_s is None else f"{self.iteration_s * 1e3:.1f} ms/iteration"
         moved = f", moves {self.moved_bytes / 2**20:.0f} MiB" if self.moved_bytes else ""
         risk = f", restore risk {self.risk_s:.1f} s" if self.risk_s >= 0.05 else ""
-        return f"{self.method}: {it}, transition {self.transition_s:.2f} s{moved}{risk}"
+        shadows = ", with shadows" if self.shadows else ""
+        return f"{self.method}: {it}{shadows}, transition {self.transition_s:.2f} s{moved}{risk}"
 
 
 def transition_s(costs: Costs, *, lost_gpus: bool, moved_bytes: int, bandwidth: int,
-                 previous_iteration_s: float | None, restore: bool = False, planned: bool = False) -> float:
+                 previous_iteration_s: float | None, restore: bool = False, planned: bool = False,
+                 local_bytes: int | None = None) -> float:
     """The price of a switch before the new plan's first iteration (see the module docstring).
     `planned`: a restart nothing forced (GPUs came back): a checkpoint is written just before it,
-    so no work is lost, only the restart's fixed part is paid."""
+    so no work is lost, only the restart's fixed part is paid. `local_bytes` (with `restore`): a
+    local restore from the survivors' states and shadows, the whole model's `local_bytes` of
+    weights and optimizer state written and read at `costs.disk_bandwidth` instead of the work
+    since the checkpoint (`Costs.local_restore_s`)."""
     t = costs.reconfigure_s + moved_bytes / bandwidth
     if lost_gpus and previous_iteration_s is not None:
         t += previous_iteration_s  # the iteration that was running is rolled back
-    if restore:
+    if restore and local_bytes is not None:
+        t += costs.local_restore_s(local_bytes)
+    elif restore:
         t += costs.restart_s + (0.0 if planned else costs.lost_work_s)
     return t
 
 
-def restore_risk_s(costs: Costs, replicas: Sequence[int], loss: "LossRate") -> float:
+def restore_risk_s(costs: Costs, replicas: Sequence[int], loss: "LossRate",
+                   holders: Sequence[int] | None = None, local_bytes: int = 0) -> float:
     """Expected seconds of restore a plan risks at the next event: a stage (a group of units with
     the same holders) whose `k` replicas all go in one loss must come back from the checkpoint.
     Each GPU is taken with probability `loss.fraction` by a loss event (the events so far), so
     the stage is lost with ``fraction ** k``; the risk is ``loss.share x min(1, sum of those) x
     (restart + lost work)``. A layout whose stages have one GPU each (one pipeline, or a hole
-    beside a single replica) pays it in full; two replicas make it about ``fraction`` as large."""
-    p = min(1.0, sum(loss.fraction ** k for k in replicas if k > 0))
-    return loss.share * p * (costs.restart_s + costs.lost_work_s)
+    beside a single replica) pays it in full; two replicas make it about ``fraction`` as large.
+
+    With shadows, `holders[i]` GPUs of the next stage also hold stage i: it comes back from the
+    checkpoint only with all ``k + h`` gone (``fraction ** (k + h)``); losing its `k` alone
+    (``fraction ** k - fraction ** (k + h)``) costs a local restore of `local_bytes` instead."""
+    f = loss.fraction
+    if holders is None:
+        p = min(1.0, sum(f ** k for k in replicas if k > 0))
+        return loss.share * p * (costs.restart_s + costs.lost_work_s)
+    pairs = [(k, h) for k, h in zip(replicas, holders) if k > 0]
+    p = min(1.0, sum(f ** (k + h) for k, h in pairs))
+    local = min(1.0, sum(f ** k - f ** (k + h) for k, h in pairs))
+    return loss.share * (p * (costs.restart_s + costs.lost_work_s) + local * costs.local_restore_s(local_bytes))
 
 
 class LossRate:

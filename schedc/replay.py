@@ -25,6 +25,15 @@ the latest checkpoint, which costs a restart and the work since it. The
 figures per policy: samples trained as a fraction of what the user's
 fault-free plan trains in the same time, hours stalled (no plan could run),
 switches, and time spent in transitions.
+
+With `shadow=True` (`schedc replay --shadow`, the model of `schedc train
+--shadow`), every plan of more than one stage whose GPUs have the memory for
+it (`layout.shadow_fits`; a plan that does not runs without shadows) also
+keeps, on each GPU of stage s + 1, a shadow of stage s: its iterations are
+longer by `layout.shadow_overhead_us`, and a unit counts as held by the GPUs
+holding its shadow too. A unit held only as a shadow is restored locally
+(`recovery_cost.Costs.local_restore_s`: no work lost). The fraction's
+denominator stays the user's fault-free plan without shadows.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ from typing import Mapping, Sequence
 
 from schedc.diagnostics import SchedcError, SpecError, error, did_you_mean
 from schedc.recovery_cost import Costs, Horizon, LossRate, Option, choose, grow_delay_s, restore_risk_s, transition_s
-from schedc.layout import Layout, bytes_of, held_units, received_bytes, units_of
+from schedc.layout import (Layout, bytes_of, checkpoint_bytes, held_units, received_bytes, shadow_fits,
+                           shadow_overhead_us, shadows_of, units_of)
 from schedc.repartition import PLANNED_SHAPES, Shape, candidate_shapes, place, plan_layout
 from schedc.spec import Failure, Spec
 from schedc.trace import Trace, availability, check_fits
@@ -56,6 +66,8 @@ class Decision:
         return {"t": self.t, "live": self.live, "method": self.chosen.method, "reason": self.reason,
                 "iteration_s": self.chosen.iteration_s, "transition_s": round(self.chosen.transition_s, 3),
                 "moved_bytes": self.chosen.moved_bytes, "detail": self.chosen.detail,
+                "restore": ("local" if self.chosen.local else "checkpoint") if self.chosen.restore else None,
+                "shadows": self.chosen.shadows,
                 "options": [{"method": o.method, "iteration_s": o.iteration_s,
                              "transition_s": round(o.transition_s, 3), "moved_bytes": o.moved_bytes}
                             for o in self.options]}
@@ -71,6 +83,8 @@ class PolicyReplay:
     stalled_s: float = 0.0
     transition_s: float = 0.0
     switches: int = 0
+    checkpoint_restarts: int = 0  # switches that restart from the latest checkpoint (a planned restart included)
+    local_restores: int = 0  # switches that restart from the survivors' states and shadows (no work lost)
     decisions: list[Decision] = field(default_factory=list)
     #: (start s, end s, fraction of fault-free throughput) stretches, for the plot.
     segments: list[tuple[float, float, float]] = field(default_factory=list)
@@ -82,7 +96,8 @@ class PolicyReplay:
     def to_json(self, decisions: bool = False) -> dict:
         out = {"samples_fraction": round(self.samples_fraction, 6), "samples": round(self.samples, 1),
                "stalled_s": round(self.stalled_s, 1), "switches": self.switches,
-               "transition_s": round(self.transition_s, 1)}
+               "transition_s": round(self.transition_s, 1), "checkpoint_restarts": self.checkpoint_restarts,
+               "local_restores": self.local_restores}
         if decisions:
             out["decisions"] = [d.to_json() for d in self.decisions]
         return out
@@ -103,16 +118,26 @@ class ReplayResult:
     costs: Costs
     policies: Mapping[str, PolicyReplay]
     live: tuple[tuple[float, int], ...]  # (time, live GPUs) at each event
+    shadow: bool = False  # shadows modelled (`replay(shadow=True)`)
+    #: With shadows: seconds they add to an iteration of the user's layout (None: it has one stage, or
+    #: its GPUs lack the memory), and the bytes a local restore writes and reads.
+    shadow_overhead_s: float | None = None
+    checkpoint_bytes: int = 0
 
     def to_json(self, decisions: bool = False) -> dict:
-        return {"spec": self.spec, "trace": self.trace, "seed": self.seed, "gpus": self.gpus,
-                "gpus_per_instance": self.per_instance, "duration_s": self.duration_s, "events": self.events,
-                "fault_free_iteration_s": self.fault_free_iteration_s,
-                "global_microbatches": self.global_microbatches, "horizon": self.horizon,
-                "costs": {"reconfigure_s": self.costs.reconfigure_s, "restart_s": self.costs.restart_s,
-                          "checkpoint_every_s": self.costs.checkpoint_every_s,
-                          "default_horizon_s": self.costs.horizon_s},
-                "policies": {name: p.to_json(decisions) for name, p in self.policies.items()}}
+        costs = {"reconfigure_s": self.costs.reconfigure_s, "restart_s": self.costs.restart_s,
+                 "checkpoint_every_s": self.costs.checkpoint_every_s, "default_horizon_s": self.costs.horizon_s}
+        out = {"spec": self.spec, "trace": self.trace, "seed": self.seed, "gpus": self.gpus,
+               "gpus_per_instance": self.per_instance, "duration_s": self.duration_s, "events": self.events,
+               "fault_free_iteration_s": self.fault_free_iteration_s,
+               "global_microbatches": self.global_microbatches, "horizon": self.horizon, "costs": costs,
+               "shadow": self.shadow}
+        if self.shadow:
+            costs["disk_bandwidth"] = self.costs.disk_bandwidth
+            out["shadow_overhead_s"] = self.shadow_overhead_s
+            out["checkpoint_bytes"] = self.checkpoint_bytes
+        out["policies"] = {name: p.to_json(decisions) for name, p in self.policies.items()}
+        return out
 
 
 def check_policies(names: Sequence[str]) -> tuple[str, ...]:
@@ -128,18 +153,48 @@ def check_policies(names: Sequence[str]) -> tuple[str, ...]:
 class Planner:
     """The plans of every state a replay meets, cached: iteration seconds per method and state."""
 
-    def __init__(self, spec: Spec, *, solver: str = "greedy", time_limit: float = 0.05, seed: int = 0):
+    def __init__(self, spec: Spec, *, solver: str = "greedy", time_limit: float = 0.05, seed: int = 0,
+                 shadow: bool = False):
         from schedc.plan import compile as compile_plan
 
         self.spec = spec.without_failures()
         self.solver, self.time_limit, self.seed = solver, time_limit, seed
+        self.shadow = shadow
         self.base = compile_plan(self.spec, solver=solver, time_limit=time_limit, seed=seed)
         self.fault_free_s = self.base.metrics.iteration_time / 1e6
         self.units = units_of(self.spec)
         self.user_held = held_units(self.spec)
         self.all = frozenset(range(self.spec.dp * self.spec.pp))
+        self.checkpoint_bytes = checkpoint_bytes(self.units)
         self._replans: dict[tuple[str, frozenset[int]], float | None] = {}
         self._layouts: dict[tuple, float | None] = {}
+        self._shadows: dict[tuple, float | None] = {}
+        grid: list[list[int | None]] = [[None] * self.spec.pp for _ in range(self.spec.dp)]
+        for g in self.spec.gpus:
+            grid[g.dp][g.pp] = g.rank
+        self._user_ranks = tuple(tuple(row) for row in grid)
+
+    def user_layout(self, live: frozenset[int]) -> Layout:
+        """The user's layout with the GPUs not in `live` as holes (re-routed to their peers)."""
+        slices = self.spec.partition if self.units.kind == "layer" else tuple((s, s + 1) for s in range(self.spec.pp))
+        ranks = tuple(tuple(r if r in live else None for r in row) for row in self._user_ranks)
+        return Layout(self.spec.dp, self.spec.pp, self.spec.microbatches,
+                      tuple(slices), ranks)  # type: ignore[arg-type]
+
+    def shadow_s(self, layout: Layout) -> float | None:
+        """Seconds shadows add to an iteration of `layout` (`shadow_overhead_us`); None when it runs
+        without them: shadows off, one stage, or a GPU without the memory for its shadow (`shadow_fits`)."""
+        if not self.shadow or layout.pp <= 1:
+            return None
+        counts = tuple(sum(row[s] is not None for row in layout.ranks) for s in range(layout.pp))
+        speeds = tuple(None if r is None else self.spec.gpus[r].speed for row in layout.ranks for r in row)
+        key = (layout.dp, layout.pp, layout.microbatches, layout.slices, counts, speeds)
+        if key not in self._shadows:
+            fits = shadow_fits(self.units, layout, self.spec.cluster.gpu.memory)
+            speed = {g.rank: g.speed for g in self.spec.gpus}
+            self._shadows[key] = (shadow_overhead_us(self.units, layout, self.spec.cluster.link, speed) / 1e6
+                                  if fits else None)
+        return self._shadows[key]
 
     def _stage_of(self, rank: int) -> int:
         return self.spec.gpus[rank].pp
@@ -197,36 +252,67 @@ class _Run:
         self.result = PolicyReplay(name)
         self.live: frozenset[int] = planner.all
         self.held: dict[int, frozenset[int]] = dict(planner.user_held)
+        user = planner.user_layout(planner.all)
+        overhead = planner.shadow_s(user)
+        # GPU -> the units of the shadow it holds up to date (none without shadows).
+        self.shadow: dict[int, frozenset[int]] = shadows_of(user) if overhead is not None else {}
+        self.shadows_on = overhead is not None  # the current plan keeps shadows
         self.used: frozenset[int] = planner.all  # GPUs the current plan runs on
         self.layout: Layout | None = None  # None: the user's layout (re-routed or dropped)
         self.method = "reroute"
-        self.iteration_s: float | None = planner.fault_free_s
+        self.iteration_s: float | None = planner.fault_free_s + (overhead or 0.0)
         self.pending: tuple[float, Option] | None = None  # a grow decided by ski rental: when, to what
         self.transition_left = 0.0  # seconds of the current transition still to pay
-        self.restoring = False  # the current transition restores from the checkpoint
+        self.restoring = False  # the current transition restarts from a checkpoint (or the local states)
 
     # -- the options ------------------------------------------------------------------------------
 
     def _state_lost(self) -> bool:
-        """Whether some unit has no up-to-date copy on a live GPU (it must come from the checkpoint)."""
+        """Whether some unit has no up-to-date copy of its own on a live GPU (it must be restored)."""
         have = frozenset().union(*[self.held.get(r, frozenset()) for r in self.live])
         return len(have) < self.p.units.count
+
+    def _restore(self) -> str | None:
+        """How lost state comes back: None (nothing lost), "local" (every unit still has a live
+        holder counting shadows: the survivors' states, no work lost) or "checkpoint"."""
+        if not self._state_lost():
+            return None
+        have = frozenset().union(*[self.held.get(r, frozenset()) | self.shadow.get(r, frozenset())
+                                   for r in self.live])
+        return "local" if len(have) == self.p.units.count else "checkpoint"
+
+    def _transition(self, restore: str | None, lost_gpus: bool, moved: int) -> float:
+        return transition_s(self.costs, lost_gpus=lost_gpus, moved_bytes=0 if restore else moved,
+                            bandwidth=self.p.spec.cluster.link.bandwidth, previous_iteration_s=self.iteration_s,
+                            restore=restore is not None,
+                            local_bytes=self.p.checkpoint_bytes if restore == "local" else None)
+
+    def _risk(self, replicas: list[int], shadows: bool) -> float:
+        """`restore_risk_s` of a plan with `replicas[s]` GPUs in stage s (the holders of stage s's
+        shadow are stage s + 1's)."""
+        holders = [replicas[(s + 1) % len(replicas)] for s in range(len(replicas))] if shadows else None
+        return restore_risk_s(self.costs, replicas, self.loss, holders, self.p.checkpoint_bytes)
+
+    @staticmethod
+    def _restore_detail(restore: str | None) -> str:
+        return {None: "", "checkpoint": "; lost state restored from the checkpoint",
+                "local": "; lost stage(s) restarted from the survivors' shadows on local disk"}[restore]
 
     def _user_layout_option(self, method: str, lost_gpus: bool) -> Option:
         failed = self.p.all - self.live
         it = self.p.replanned(method, failed)
         if it is None:
             return Option(method, None, 0.0, detail="cannot run")
+        overhead = self.p.shadow_s(self.p.user_layout(self.live))
         moved = max((bytes_of(self.p.units, self.p.user_held[r] - self.held.get(r, frozenset())) for r in self.live),
                     default=0)
-        restore = self._state_lost()
-        t = transition_s(self.costs, lost_gpus=lost_gpus, moved_bytes=0 if restore else moved,
-                         bandwidth=self.p.spec.cluster.link.bandwidth, previous_iteration_s=self.iteration_s,
-                         restore=restore)
-        detail = f"{len(failed)} GPU(s) down" + ("; lost state restored from the checkpoint" if restore else "")
+        restore = self._restore()
+        t = self._transition(restore, lost_gpus, moved)
+        detail = f"{len(failed)} GPU(s) down" + self._restore_detail(restore)
         replicas = [sum(1 for r in self.live if self.p.spec.gpus[r].pp == st) for st in range(self.p.spec.pp)]
-        return Option(method, it, t, 0 if restore else moved, detail, restore=restore,
-                      risk_s=restore_risk_s(self.costs, replicas, self.loss))
+        return Option(method, it + (overhead or 0.0), t, 0 if restore else moved, detail,
+                      restore=restore is not None, local=restore == "local", shadows=overhead is not None,
+                      risk_s=self._risk(replicas, overhead is not None))
 
     def _repartition_options(self, lost_gpus: bool) -> list[Option]:
         if self.live == self.p.all:
@@ -239,16 +325,16 @@ class _Run:
             it = self.p.layout_s(layout)
             if it is None:
                 continue
+            overhead = self.p.shadow_s(layout)
             received = received_bytes(self.p.units, layout, self.held)
-            restore = self._state_lost()
+            restore = self._restore()
             moved = 0 if restore else max(received.values(), default=0)
-            t = transition_s(self.costs, lost_gpus=lost_gpus, moved_bytes=moved,
-                             bandwidth=self.p.spec.cluster.link.bandwidth, previous_iteration_s=self.iteration_s,
-                             restore=restore)
+            t = self._transition(restore, lost_gpus, moved)
             replicas = [sum(1 for row in layout.ranks if row[st] is not None) for st in range(layout.pp)]
-            out.append(Option("repartition", it, t, moved, layout.describe(self.p.units.kind)
-                              + ("; lost state restored from the checkpoint" if restore else ""), restore=restore,
-                              risk_s=restore_risk_s(self.costs, replicas, self.loss), plan=layout))
+            out.append(Option("repartition", it + (overhead or 0.0), t, moved,
+                              layout.describe(self.p.units.kind) + self._restore_detail(restore),
+                              restore=restore is not None, local=restore == "local", shadows=overhead is not None,
+                              risk_s=self._risk(replicas, overhead is not None), plan=layout))
         return out or [Option("repartition", None, 0.0, detail="no layout fits the live GPUs")]
 
     def _restart_option(self, lost_gpus: bool) -> Option:
@@ -257,12 +343,22 @@ class _Run:
             return Option("restart", None, 0.0, detail="fewer live GPUs than one pipeline")
         layout = place(self.p.spec, shape, sorted(self.live), self.p.user_held)
         it = self.p.layout_s(layout)
-        # Forced by a loss, the work since the last checkpoint is lost; a restart to grow writes one first.
-        planned = not lost_gpus and self.iteration_s is not None and not self._state_lost()
-        t = transition_s(self.costs, lost_gpus=False, moved_bytes=0, bandwidth=1, previous_iteration_s=None,
-                         restore=True, planned=planned)
-        return Option("restart", it, t, 0, f"{shape.dp} pipeline(s) of the user's shape", restore=True,
-                      risk_s=restore_risk_s(self.costs, [shape.dp] * shape.pp, self.loss), plan=layout)
+        overhead = self.p.shadow_s(layout) if it is not None else None
+        local = self._restore() == "local"
+        if local:
+            # A stage lost with a live holder of its shadow: the survivors' states on local disk.
+            t = transition_s(self.costs, lost_gpus=lost_gpus, moved_bytes=0, bandwidth=1,
+                             previous_iteration_s=self.iteration_s, restore=True,
+                             local_bytes=self.p.checkpoint_bytes)
+        else:
+            # Forced by a loss, the work since the last checkpoint is lost; a restart to grow writes one first.
+            planned = not lost_gpus and self.iteration_s is not None and not self._state_lost()
+            t = transition_s(self.costs, lost_gpus=False, moved_bytes=0, bandwidth=1, previous_iteration_s=None,
+                             restore=True, planned=planned)
+        return Option("restart", None if it is None else it + (overhead or 0.0), t, 0,
+                      f"{shape.dp} pipeline(s) of the user's shape" + (self._restore_detail("local") if local else ""),
+                      restore=True, local=local, shadows=overhead is not None,
+                      risk_s=self._risk([shape.dp] * shape.pp, overhead is not None), plan=layout)
 
     def options(self, lost_gpus: bool) -> list[Option]:
         if self.name == "reroute":
@@ -284,6 +380,7 @@ class _Run:
         self.pending = None
         for r in lost:
             self.held.pop(r, None)
+            self.shadow.pop(r, None)
         for r in live - set(self.held):
             self.held[r] = frozenset()  # a returning GPU comes back empty
         touched = bool(lost & self.used)
@@ -318,13 +415,14 @@ class _Run:
         self._switch(t, best, opts, why)
 
     def _note_unchanged(self, t: float, live: frozenset[int], why: str) -> None:
-        cur = Option(self.method, self.iteration_s, 0.0, detail="unchanged")
+        cur = Option(self.method, self.iteration_s, 0.0, detail="unchanged", shadows=self.shadows_on)
         self.result.decisions.append(Decision(t, len(live), cur, (), why))
 
     def _switch(self, t: float, best: Option, opts: Sequence[Option], why: str) -> None:
         self.result.decisions.append(Decision(t, len(self.live), best, tuple(opts), why))
         self.method = best.method
         self.iteration_s = best.iteration_s
+        self.shadows_on = best.shadows
         # A restore under way is not cut short by a switch: its state is still on its way (and
         # the work since the checkpoint is lost whatever runs next).
         carried = self.transition_left if self.restoring else 0.0
@@ -337,6 +435,10 @@ class _Run:
         self.restoring = best.restore or carried > 0
         if best.iteration_s is not None:
             self.result.switches += 1
+            if best.restore and best.local:
+                self.result.local_restores += 1
+            elif best.restore:
+                self.result.checkpoint_restarts += 1
         layout = best.plan if isinstance(best.plan, Layout) else None
         self.layout = layout
         if best.iteration_s is None:
@@ -348,8 +450,10 @@ class _Run:
         else:
             self.used = self.live
             new_held = {r: self.p.user_held[r] for r in self.live}
-        # GPUs in the plan hold their units up to date; the others' state goes stale.
+        # GPUs in the plan hold their units (and shadows) up to date; the others' state goes stale.
+        new_shadow = shadows_of(layout or self.p.user_layout(self.live)) if best.shadows else {}
         self.held = {r: new_held.get(r, frozenset()) for r in self.live}
+        self.shadow = {r: new_shadow.get(r, frozenset()) for r in self.live}
 
     def advance(self, start: float, end: float) -> None:
         """Train from `start` to `end` (seconds) under the current plan."""
@@ -381,8 +485,9 @@ class _Run:
 
 def replay(spec: Spec, trace: Trace, *, seed: int = 0, per_instance: int = 1,
            policies: Sequence[str] = POLICIES, costs: Costs | None = None, solver: str = "greedy",
-           time_limit: float = 0.05) -> ReplayResult:
-    """Replay `trace` on `spec`'s job under each of `policies` (see the module docstring)."""
+           time_limit: float = 0.05, shadow: bool = False) -> ReplayResult:
+    """Replay `trace` on `spec`'s job under each of `policies` (see the module docstring); `shadow`:
+    model `schedc train --shadow` (stage s's state also on stage s + 1's GPUs)."""
     policies = check_policies(policies)
     costs = costs or Costs()
     gpus = spec.dp * spec.pp
@@ -390,7 +495,7 @@ def replay(spec: Spec, trace: Trace, *, seed: int = 0, per_instance: int = 1,
     states = availability(trace, gpus, seed=seed, per_instance=per_instance)
     # Rows at one time are one event: the last of them says what the job has from then on.
     states = [st for i, st in enumerate(states) if i + 1 == len(states) or states[i + 1][0] != st[0]]
-    planner = Planner(spec, solver=solver, time_limit=time_limit, seed=seed)
+    planner = Planner(spec, solver=solver, time_limit=time_limit, seed=seed, shadow=shadow)
     loss = LossRate()
     runs = [_Run(name, planner, costs, loss) for name in policies]
     horizon = Horizon(costs.horizon_s)
@@ -418,4 +523,6 @@ def replay(spec: Spec, trace: Trace, *, seed: int = 0, per_instance: int = 1,
         duration_s=duration, events=events, fault_free_iteration_s=planner.fault_free_s, global_microbatches=g,
         horizon=f"mean gap between events so far ({costs.horizon_s:.0f} s before the second event)",
         costs=costs, policies={r.name: r.result for r in runs},
-        live=tuple((t, len(live)) for t, live in states))
+        live=tuple((t, len(live)) for t, live in states), shadow=shadow,
+        shadow_overhead_s=planner.shadow_s(planner.user_layout(planner.all)),
+        checkpoint_bytes=planner.checkpoint_bytes)

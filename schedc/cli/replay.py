@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--horizon", type=_seconds(0, strict=True), default=None, metavar="SECONDS",
                         help="expected time to the next event until two events give a mean gap "
                              f"({spec_or} {d.horizon_s:g})")
+    parser.add_argument("--shadow", action="store_true",
+                        help="model `schedc train --shadow`: every GPU of stage s+1 also holds stage s's state, "
+                             "kept exact by streaming its gradient; a stage lost while a holder lives restarts from "
+                             "the survivors' states without losing work (docs/replay.md)")
     parser.add_argument("--plot", metavar="FILE.svg",
                         help="draw each policy's throughput and the live GPUs over time as SVG")
     parser.add_argument("--decisions", action="store_true",
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                      checkpoint_every_s=args.checkpoint_every, horizon_s=args.horizon)
     with status(f"replaying {len(trace.rows):,} rows of {trace.name} under {len(policies)} policies"):
         result = replay(spec, trace, seed=args.seed, per_instance=args.gpus_per_instance, policies=policies,
-                        costs=costs)
+                        costs=costs, shadow=args.shadow)
     if args.plot:
         write_atomically(Path(args.plot), plot_svg(result))
     if args.json:
@@ -155,6 +159,14 @@ def header(result, spec) -> str:
                   f"restore from a checkpoint: restart {c.restart_s:g} s + {c.lost_work_s:g} s of lost work "
                   f"(checkpoint every {c.checkpoint_every_s:g} s); moved state at the link's bandwidth"),
     ]
+    if result.shadow:
+        extra = result.shadow_overhead_s
+        on_user = ("the user's layout has no room for them (it runs without)" if extra is None else
+                   f"+{_duration(extra)} an iteration on the user's layout "
+                   f"({100 * extra / result.fault_free_iteration_s:.1f}%)")
+        rows.append(("shadows", f"stage s's state also on stage s+1's GPUs: {on_user}; a stage lost while a "
+                                f"holder lives: restart {c.restart_s:g} s + {result.checkpoint_bytes / 1e9:.2f} GB "
+                                f"written and read at {c.disk_bandwidth / 1e9:g} GB/s, no work lost"))
     width = max(len(key) for key, _ in rows)
     return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)
 
