@@ -280,14 +280,18 @@ def shadow_fits(units: Units, layout: Layout, memory: int) -> bool:
     return True
 
 
-def shadow_overhead_us(units: Units, layout: Layout, link, speed: Mapping[int, float] | None = None) -> int:
-    """Microseconds `schedc train --shadow` adds to an iteration of `layout`, conservatively as a
-    sum after the iteration: the slowest of the stages' gradient streams, each ``ceil(h / k) x
-    link.transfer_time(gradient(s)) + step(s) / speed`` for stage `s` with `k` live GPUs sending
-    its summed gradient to the `h` GPUs of stage s + 1 that hold its shadow (the sends spread over
-    the senders, each to ``ceil(h / k)`` holders in turn, at the link's bandwidth), and the
-    holders' optimizer step on the shadow (`Units.shadow_parts`; its all-reduce is not repeated),
-    on the slowest holder. 0 with one stage."""
+def shadow_overhead_us(units: Units, layout: Layout, link, speed: Mapping[int, float] | None = None, *,
+                       iteration_us: int = 0) -> int:
+    """Microseconds `schedc train --shadow` adds to an iteration of `layout` (of `iteration_us`
+    without shadows), on the slowest holder: the holders' optimizer step on the shadow
+    (`Units.shadow_parts`; its all-reduce is not repeated), ``step(s) / speed``, plus the part of
+    the gradient stream that an iteration does not hide. A shadow lags its holder by a step: the
+    gradient of step k is received while the holder computes iteration k + 1 and applied at its
+    step, so the stream only delays the iteration by what it takes beyond one: ``max(0, ceil(h /
+    k) x link.transfer_time(gradient(s)) - iteration_us)`` for stage `s` with `k` live GPUs
+    sending its summed gradient to the `h` GPUs of stage s + 1 (the sends spread over the senders,
+    each to ``ceil(h / k)`` holders in turn, at the link's bandwidth; the link it shares with the
+    pipeline's activations is taken as free for it). 0 with one stage."""
     if layout.pp <= 1:
         return 0
     speed = speed or {}
@@ -300,7 +304,8 @@ def shadow_overhead_us(units: Units, layout: Layout, link, speed: Mapping[int, f
             continue
         step, grad, _ = units.shadow_parts(*layout.slices[s])  # type: ignore[index]
         sends = -(-len(holders) // len(senders)) * link.transfer_time(grad)
-        worst = max(worst, sends + max(scaled_duration(step, speed.get(r, 1.0)) for r in holders))
+        worst = max(worst, max(0, sends - iteration_us) + max(scaled_duration(step, speed.get(r, 1.0))
+                                                               for r in holders))
     return worst
 
 

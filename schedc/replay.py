@@ -181,18 +181,20 @@ class Planner:
         return Layout(self.spec.dp, self.spec.pp, self.spec.microbatches,
                       tuple(slices), ranks)  # type: ignore[arg-type]
 
-    def shadow_s(self, layout: Layout) -> float | None:
-        """Seconds shadows add to an iteration of `layout` (`shadow_overhead_us`); None when it runs
-        without them: shadows off, one stage, or a GPU without the memory for its shadow (`shadow_fits`)."""
+    def shadow_s(self, layout: Layout, iteration_s: float) -> float | None:
+        """Seconds shadows add to an iteration of `layout` that takes `iteration_s` without them
+        (`shadow_overhead_us`); None when it runs without them: shadows off, one stage, or a GPU
+        without the memory for its shadow (`shadow_fits`)."""
         if not self.shadow or layout.pp <= 1:
             return None
         counts = tuple(sum(row[s] is not None for row in layout.ranks) for s in range(layout.pp))
         speeds = tuple(None if r is None else self.spec.gpus[r].speed for row in layout.ranks for r in row)
-        key = (layout.dp, layout.pp, layout.microbatches, layout.slices, counts, speeds)
+        key = (layout.dp, layout.pp, layout.microbatches, layout.slices, counts, speeds, round(iteration_s * 1e6))
         if key not in self._shadows:
             fits = shadow_fits(self.units, layout, self.spec.cluster.gpu.memory)
             speed = {g.rank: g.speed for g in self.spec.gpus}
-            self._shadows[key] = (shadow_overhead_us(self.units, layout, self.spec.cluster.link, speed) / 1e6
+            self._shadows[key] = (shadow_overhead_us(self.units, layout, self.spec.cluster.link, speed,
+                                                     iteration_us=round(iteration_s * 1e6)) / 1e6
                                   if fits else None)
         return self._shadows[key]
 
@@ -253,7 +255,7 @@ class _Run:
         self.live: frozenset[int] = planner.all
         self.held: dict[int, frozenset[int]] = dict(planner.user_held)
         user = planner.user_layout(planner.all)
-        overhead = planner.shadow_s(user)
+        overhead = planner.shadow_s(user, planner.fault_free_s)
         # GPU -> the units of the shadow it holds up to date (none without shadows).
         self.shadow: dict[int, frozenset[int]] = shadows_of(user) if overhead is not None else {}
         self.shadows_on = overhead is not None  # the current plan keeps shadows
@@ -303,7 +305,7 @@ class _Run:
         it = self.p.replanned(method, failed)
         if it is None:
             return Option(method, None, 0.0, detail="cannot run")
-        overhead = self.p.shadow_s(self.p.user_layout(self.live))
+        overhead = self.p.shadow_s(self.p.user_layout(self.live), it)
         moved = max((bytes_of(self.p.units, self.p.user_held[r] - self.held.get(r, frozenset())) for r in self.live),
                     default=0)
         restore = self._restore()
@@ -325,7 +327,7 @@ class _Run:
             it = self.p.layout_s(layout)
             if it is None:
                 continue
-            overhead = self.p.shadow_s(layout)
+            overhead = self.p.shadow_s(layout, it)
             received = received_bytes(self.p.units, layout, self.held)
             restore = self._restore()
             moved = 0 if restore else max(received.values(), default=0)
@@ -343,7 +345,7 @@ class _Run:
             return Option("restart", None, 0.0, detail="fewer live GPUs than one pipeline")
         layout = place(self.p.spec, shape, sorted(self.live), self.p.user_held)
         it = self.p.layout_s(layout)
-        overhead = self.p.shadow_s(layout) if it is not None else None
+        overhead = self.p.shadow_s(layout, it) if it is not None else None
         local = self._restore() == "local"
         if local:
             # A stage lost with a live holder of its shadow: the survivors' states on local disk.
@@ -524,5 +526,5 @@ def replay(spec: Spec, trace: Trace, *, seed: int = 0, per_instance: int = 1,
         horizon=f"mean gap between events so far ({costs.horizon_s:.0f} s before the second event)",
         costs=costs, policies={r.name: r.result for r in runs},
         live=tuple((t, len(live)) for t, live in states), shadow=shadow,
-        shadow_overhead_s=planner.shadow_s(planner.user_layout(planner.all)),
+        shadow_overhead_s=planner.shadow_s(planner.user_layout(planner.all), planner.fault_free_s),
         checkpoint_bytes=planner.checkpoint_bytes)
