@@ -301,10 +301,12 @@ def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outc
     faults = fault_schedule(seed) if faults is None else faults
     out = compiled_plan()
     ckpt = Path(tempfile.mkdtemp(prefix=f"schedc-sim-{seed}-"))
-    options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt), **OPTIONS)
     weather = random.Random(f"{seed}/weather")  # the store's delays and the heartbeats' jitter of this run
     world = SimWorld(seed, queue_delay_s=weather.choice([0.0, 0.0, 0.02, 0.2]),
                      beat_jitter=weather.choice([0.0, 0.0, 0.5, 3.0]))
+    shadow = weather.random() < 0.5  # half the runs keep shadows (`schedc.live.shadow`)
+    options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt),
+                           **{"shadow": shadow, **OPTIONS})
     outcome = Outcome(seed, faults)
     try:
         sup = _supervisor_class()(out, options, world=world)

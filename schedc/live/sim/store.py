@@ -43,6 +43,11 @@ class MemoryStore:
     def multi_get(self, keys) -> list[bytes]:
         return [self.get(k) for k in keys]
 
+    def add(self, key: str, amount: int) -> int:
+        value = int(self._keys.get(key, b"0")) + amount
+        self._keys[key] = str(value).encode()
+        return value
+
     def delete_key(self, key: str) -> bool:
         return self._keys.pop(key, None) is not None
 

@@ -7,7 +7,12 @@ up on standby, write its stage's checkpoint), talking to the supervisor
 through the same `JobStore` and typed messages. What it computes is
 replaced by bookkeeping: its stage's state is `history`, the iterations
 whose update it holds, in order, so exactness is checkable at every step
-(an update applied twice, or skipped, shows at once).
+(an update applied twice, or skipped, shows at once). With `--shadow` it
+also holds the previous stage's `shadow`, a step behind its own state as a
+real holder's is (`schedc.live.shadow`): the update of iteration k is
+applied at its own step of iteration k + 1, and a generation that ends keeps
+it only if a GPU of the shadowed stage took that step (its gradient was
+sent). Dump generations save both as a real worker does.
 
 `Network` stands for the process groups: a barrier per collective, and per
 pipeline iteration an amount of work that advances only while every member
@@ -137,6 +142,15 @@ class SimWorker:
         self._seq = 0
         self._session: int | None = None
         self._writing = 0  # checkpoint files being written on the side
+        # --shadow: the iterations whose update this rank's copy of the previous stage holds (None:
+        # no shadow), whether it is exact, and the iteration whose update comes with its next step
+        # (`pending`, in this generation) or came before the last generation ended (`received`).
+        pp = len({c[1] for c in self.config.coords.values()})
+        self.shadow: list[int] | None = [] if self.config.shadow and pp > 1 else None
+        self.shadow_stage = (self.config.coords[str(rank)][1] - 1) % pp
+        self.shadow_valid = True
+        self.pending: int | None = None
+        self.received: int | None = None
         self._session_at = 0.0
         self._co = self._main(startup_s)
         self._wait: Wait | None = None
@@ -234,14 +248,28 @@ class SimWorker:
                 if not self.net.complete(("resume", n), members):
                     raise Interrupted("aborted while the members agreed where to resume")
                 values = self.net.values(("resume", n))
-                if max(values) - min(values) > 1:
-                    self._error("E552", f"survivors are more than one step apart ({min(values)}..{max(values)})")
-                start = min(values)
+                low, high = min(values), max(values)
+                if gen.dump:  # (the lost stages' shadows may hold fewer steps: `LiveWorker._dump_target`)
+                    self.net.arrive(("dump", n), self.rank, self._dump_candidate(gen, low, high))
+                    yield lambda: self.net.complete(("dump", n), members) or self.aborted()
+                    if not self.net.complete(("dump", n), members):
+                        raise Interrupted("aborted while the members agreed what to save")
+                    low = min(self.net.values(("dump", n)))
+                if high - low > 1:
+                    self._error("E552", f"survivors are more than one step apart ({low}..{high})")
+                start = low
                 undone = self.steps > start
                 if undone:
                     self.history.pop()
                     self.steps = start
-            self.job.report(Ready(rank=self.rank, gen=n, start=start, undone=undone, t=self.world.time()))
+                self._shadow_catch_up(start)
+            if gen.dump:
+                yield from self._dump(gen, stage)
+                self.job.report(Ready(rank=self.rank, gen=n, start=start, undone=undone, t=self.world.time(),
+                                      shadow=self._shadow_exact()))
+                return
+            self.job.report(Ready(rank=self.rank, gen=n, start=start, undone=undone, t=self.world.time(),
+                                  shadow=self._shadow_exact()))
             self.state = "run"
             for it in range(start, self.config.iterations):
                 if self.aborted():
@@ -257,9 +285,13 @@ class SimWorker:
                                or self.now - since > self.config.wait_timeout)
                 if not self.net.done(n, it, self.rank):
                     raise Interrupted("aborted during an iteration" if self.aborted() else "a wait for a peer ran out")
+                self._shadow_step(gen)
                 self.steps += 1
                 self.history.append(it)
                 self.world.applied(self, it)
+                self.world.taken.setdefault((n, it), set()).add(stage)
+                if self.shadow is not None:
+                    self.pending = it
                 planned = self.world.iteration_s * 0.6
                 starved = self.world.starvation(self.rank)
                 compute = planned * self.world.slowdown(self.rank) * self.world.noise() * starved
@@ -272,7 +304,74 @@ class SimWorker:
         except Interrupted as exc:
             self.job.report(Aborted(rank=self.rank, gen=n, steps=self.steps, reason=str(exc), t=self.world.time()))
         finally:
+            self._shadow_settle(n)
             self.state = "idle"
+
+    # -- the shadow of the previous stage (--shadow) ---------------------------------------------
+
+    def _shadow_exact(self) -> bool:
+        return self.shadow is not None and self.shadow_valid and len(self.shadow) == self.steps
+
+    def _shadow_step(self, gen: "Generation") -> None:
+        """Just before this rank's own step: apply the update that came (a step behind)."""
+        if self.shadow is None:
+            return
+        if self.pending is not None and self.pending == len(self.shadow):
+            self.shadow.append(self.pending)
+        self.pending = None
+        if len(self.shadow) != self.steps:
+            self.shadow_valid = False
+
+    def _shadow_settle(self, n: int) -> None:
+        """The generation ended: the last update came if a GPU of the shadowed stage took that step."""
+        if self.shadow is None or self.pending is None:
+            return
+        self.received = self.pending if self.shadow_stage in self.world.taken.get((n, self.pending), ()) else None
+        self.pending = None
+
+    def _shadow_catch_up(self, target: int) -> None:
+        if self.shadow is None:
+            return
+        got, self.received = self.received, None
+        if got is not None and got == len(self.shadow) and got + 1 == target:
+            self.shadow.append(got)
+        if len(self.shadow) != target:
+            self.shadow_valid = False
+
+    def _shadow_reach(self) -> int:
+        got = self.received
+        return len(self.shadow) + (1 if got is not None and got == len(self.shadow) else 0)
+
+    def _dump_candidate(self, gen: "Generation", low: int, high: int) -> int:
+        coords = gen.manifest["coords"]
+        if self.shadow is None or not self.shadow_valid \
+                or any(coords[str(r)][1] == self.shadow_stage for r in gen.members):
+            return low
+        reach = self._shadow_reach()
+        if reach >= high - 1:
+            return min(low, reach)
+        self.shadow_valid = False
+        return low
+
+    def _dump(self, gen: "Generation", stage: int) -> Iterator[Wait]:
+        """Save this rank's stage (the lowest member of it) and a lost stage's shadow (its first
+        holder with an exact one), as `LiveWorker._dump` does; it takes CHECKPOINT_WRITE_S."""
+        coords = gen.manifest["coords"]
+        writes = []
+        if self.rank == min(r for r in gen.members if coords[str(r)][1] == stage):
+            writes.append((stage, list(self.history)))
+        if self._shadow_exact() and not any(coords[str(r)][1] == self.shadow_stage for r in gen.members) \
+                and self.job.store.add(f"g{gen.number}/dump/stage{self.shadow_stage}", 1) == 1:
+            writes.append((self.shadow_stage, list(self.shadow)))
+        if not writes:
+            return
+        yield from self._sleep(CHECKPOINT_WRITE_S)
+        if self.aborted():
+            raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} saved its state")
+        for s, history in writes:
+            where = dict(rank=self.rank, stage=s, iteration=self.steps, gen=gen.number)
+            checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, s, {"history": history})
+            self.job.report(CheckpointWritten(**where))
 
     def _switch_at(self, gen: "Generation", it: int) -> bool:
         latest = self.job.latest_generation()
@@ -304,6 +403,7 @@ class SimWorker:
         if donor is None or not donor.runs() or self.now - self._session_at < CATCH_UP_S:
             return False
         self.steps, self.history = donor.steps, list(donor.history)
+        self.shadow_valid = False  # (the donor's state, not stepped with this rank's shadow)
         return True
 
     def _catch_up_to(self, gen: "Generation") -> Iterator[Wait]:
@@ -321,13 +421,22 @@ class SimWorker:
     # -- state on disk ---------------------------------------------------------------------------
 
     def _restore(self, restore: str, stage: int) -> None:
+        self.pending = self.received = None
+        self.shadow_valid = True
         if restore == "initial":
             self.steps, self.history = 0, []
+            if self.shadow is not None:
+                self.shadow = []
             return
         found = checkpoint.read(Path(restore))
         history = list(checkpoint.load_stage(found, stage)["history"])
         self.steps, self.history = found.iteration, history
         self.world.restored(self, found.iteration)
+        if self.shadow is not None:
+            self.shadow = list(checkpoint.load_stage(found, self.shadow_stage)["history"])
+            if self.shadow != list(range(found.iteration)):
+                self.world.violations.append(f"t={self.now:.3f}: rank {self.rank} restored a shadow of stage "
+                                             f"{self.shadow_stage} that does not hold iterations 0..{found.iteration - 1}")
 
     def _maybe_checkpoint(self, gen: "Generation", stage: int) -> None:
         every = self.config.checkpoint_every

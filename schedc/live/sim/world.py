@@ -51,6 +51,7 @@ class SimWorld:
         self.on_step: list[Callable[[], None]] = []
         self.log: list[tuple[float, str]] = []  # what the world did, for a failure's replay
         self.violations: list[str] = []
+        self.taken: dict[tuple[int, int], set[int]] = {}  # (generation, iteration) -> stages that took its step
 
     # -- World --------------------------------------------------------------------------------
 
