@@ -243,3 +243,46 @@ def test_the_checker_catches_two_generations_running_at_once(iterations, want):
     checker._check_generations()
     # (old generation at iteration 3 < the switch at 5; the new one must be at 5 or later)
     assert bool(checker.world.violations) == (want is not None)
+
+
+# -- shadows (--shadow): a stage lost on every GPU comes back from the survivors' state --------------
+
+STAGE_LOST = [Fault("training", 0.53, "kill", (2, 5, 8))]
+
+
+def test_a_lost_stage_comes_back_from_its_shadows(monkeypatch):
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True))
+    out = simulate(214, faults=STAGE_LOST)
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "survivors save the state they hold (stage 2 from its shadow on rank(s) [0, 3, 6])" in story, story
+    assert "nothing trained since the last checkpoint is lost" in story, story
+    assert out.result == "finished"
+
+
+def test_a_dump_that_hangs_restores_the_checkpoint_instead(monkeypatch):
+    # Rank 4 hangs (alive, beating) as the survivors save their state: the dump generation never
+    # becomes ready; at its deadline the run restores the latest periodic checkpoint instead.
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True))
+    out = simulate(214, faults=STAGE_LOST + [Fault("recovering", 0.0, "hang", (4,))])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "did not save the survivors' state within" in story, story
+    assert out.result == "finished"
+
+
+def test_the_checker_catches_a_shadow_that_applied_the_wrong_update(monkeypatch):
+    # A holder that applies each update in place of the one before (its copy has the right number
+    # of steps, so it looks exact): the stage saved from it does not hold iterations 0..k-1 in
+    # order, which the restore shows.
+    from schedc.live.sim.worker import SimWorker
+
+    def off_by_one(self, gen):
+        if self.pending is not None:
+            self.shadow.append(self.pending + 1)
+        self.pending = None
+
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True))
+    monkeypatch.setattr(SimWorker, "_shadow_step", off_by_one)
+    out = simulate(214, faults=STAGE_LOST)
+    assert any("restored" in v for v in out.violations), out.describe()
