@@ -1,7 +1,7 @@
 """Chaos runs of `schedc train` with real processes (Jepsen-style), not run in CI.
 
     python bench/chaos.py --runs N --seed S [--load 0|2] [--out DIR] [--iterations I]
-                          [--targets worker,forkserver,tracker]
+                          [--targets worker,forkserver,tracker] [--shadow] [--recovery METHOD]
     python bench/chaos.py --table OUT [OUT ...]
 
 Run k of a campaign has seed S + k, and everything it does to the run comes from that seed
@@ -335,18 +335,19 @@ class RunRecord:
     load: int | None = None  # the campaign's --load (None in summaries written before it was kept)
 
 
-def train_command(python: str, plan: Path, rundir: Path, iterations: int) -> list[str]:
+def train_command(python: str, plan: Path, rundir: Path, iterations: int, extra: tuple[str, ...] = ()) -> list[str]:
     return [python, "-m", "schedc", "train", str(plan), "--iterations", str(iterations),
             "--save-weights", str(rundir / "weights.pt"), "--log", str(rundir / "log.json"),
-            "--checkpoint-every", "20", "--checkpoint-dir", str(rundir / "ckpt")]
+            "--checkpoint-every", "20", "--checkpoint-dir", str(rundir / "ckpt"), *extra]
 
 
 class Run:
     """One run of `schedc train` with the faults of its seed (see the module docstring)."""
 
     def __init__(self, seed: int, faults: tuple[Fault, ...], plan: Path, rundir: Path, iterations: int,
-                 silence: float, bound: float, say, replay: str):
+                 silence: float, bound: float, say, replay: str, extra: tuple[str, ...] = ()):
         self.seed, self.faults, self.plan, self.dir = seed, faults, plan, rundir
+        self.extra = extra  # more `schedc train` options (--shadow, --recovery)
         self.iterations, self.silence, self.bound, self.say = iterations, silence, bound, say
         self.replay = replay
         self.fired: list[dict] = []
@@ -363,7 +364,7 @@ class Run:
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        cmd = train_command(sys.executable, self.plan, self.dir, self.iterations)
+        cmd = train_command(sys.executable, self.plan, self.dir, self.iterations, self.extra)
         env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEDC_DEBUG="1", PYTHONUNBUFFERED="1",
                    OMP_NUM_THREADS="1")
         (self.dir / "command.txt").write_text(
@@ -677,6 +678,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-faults", action="store_true", help="runs without faults (the exactness baseline)")
     ap.add_argument("--targets", default=",".join(TARGETS),
                     help="kinds of target to signal, comma-separated (default: all); a worker stands in for the others")
+    ap.add_argument("--shadow", action="store_true", help="train with --shadow (every stage also on the next)")
+    ap.add_argument("--recovery", choices=("auto", "reroute", "drop-pipeline", "restart"),
+                    help="train with this --recovery (restart: every failure restarts every process, "
+                         "after the survivors save their state when --shadow)")
     ap.add_argument("--keep-all", action="store_true", help="keep every run's directory, not only bad ones")
     ap.add_argument("--table", type=Path, nargs="+", metavar="OUT",
                     help="only print the table of these campaigns' summary.json (their --out), a row per --load")
@@ -706,14 +711,16 @@ def main(argv: list[str] | None = None) -> int:
             rundir = out / f"run-{seed}"
             if rundir.exists():
                 shutil.rmtree(rundir)
+            extra = (("--shadow",) if args.shadow else ()) + (("--recovery", args.recovery) if args.recovery else ())
             replay = (f"python bench/chaos.py --runs 1 --seed {seed} --iterations {args.iterations}"
                       + (f" --load {args.load}" if args.load else "")
-                      + (f" --targets {','.join(targets)}" if targets != TARGETS else ""))
+                      + (f" --targets {','.join(targets)}" if targets != TARGETS else "")
+                      + (" --shadow" if args.shadow else "") + (f" --recovery {args.recovery}" if args.recovery else ""))
             print(f"run seed {seed}: {replay}", flush=True)
             for i, f in enumerate(faults):
                 print(f"    fault {i}: {f.describe()}", flush=True)
             run = Run(seed, faults, plan, rundir, args.iterations, args.silence, args.bound,
-                      lambda s: print(s, flush=True), replay)
+                      lambda s: print(s, flush=True), replay, extra)
             t = time.monotonic()
             rc, hung, leaked = run.go()
             wall = time.monotonic() - t
