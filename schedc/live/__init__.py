@@ -33,6 +33,8 @@ The modules, from the job down to a rank (docs/live.md):
   clock on a CPU, CUDA timing events on a GPU), for fail-slow detection.
 - `schedc.live.rollback`: the survivors' agreement on an iteration boundary
   and the copy of the state before each optimizer step.
+- `schedc.live.shadow`: `--shadow`, each stage's exact copy on the next
+  stage's GPUs (gradient streaming), which a lost stage is restored from.
 - `schedc.live.checkpoint`: complete, atomic per-stage checkpoints, and
   their assembly from the stages' reports.
 - `schedc.live.inject`: `--inject` injections checked against the plan, and their triggers;
