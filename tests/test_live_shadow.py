@@ -80,6 +80,21 @@ def test_a_holder_lost_while_the_survivors_save_leaves_the_other_holder(tmp_path
     assert last.restore.endswith("iter-000003") and 2 not in last.members, _story(result)
 
 
+def test_a_gpu_caught_up_from_a_donor_holds_no_shadow_to_save(tmp_path):
+    # Rank 2 (a holder of stage 1) fails and is taken back: it catches up its own stage from a
+    # donor, not its shadow, so only rank 5's shadow of stage 1 is saved when stage 1 is lost.
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=30, want_weights=True, recovery="repartition", shadow=True,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=["at iteration 1 during B: fail gpu(dp=0, pp=2)", "at iteration 2: recover gpu(dp=0, pp=2)",
+                           "at iteration 25 during B: fail gpu(dp=0, pp=1)",
+                           "at iteration 25 during B: fail gpu(dp=1, pp=1)"])
+    check_exact(out, result, 30)
+    (saving,) = [m for m in _events(result, "shadow") if "survivors save" in m]
+    assert "stage 1 from its shadow on rank(s) [5])" in saving, _story(result)
+    assert result.generations[-1].restore.endswith("iter-000025"), _story(result)
+
+
 def test_a_stage_lost_with_every_holder_falls_back_to_the_checkpoint(tmp_path):
     # Stage 1 and every holder of its shadow (stage 2) are lost at once: nothing holds stage 1 any
     # more, so no dump generation is tried; the survivors restore the latest periodic checkpoint.
