@@ -145,3 +145,59 @@ def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tm
     assert "1 of the 2 GPU(s) the job lost" in rejoins[1] and "every GPU the job lost is back" in rejoins[2], rejoins
     assert [r.method for r in result.recoveries] == ["repartition", "grow-back"]
     assert len(result.generations[-1].members) == 6 and len(result.iterations) == 150
+
+
+def test_a_gpu_lost_after_a_re_partition_is_named_as_the_job_named_it_and_taken_back(tmp_path):
+    # After stage 1 is lost, the 2 x 2 layout's rank 3 runs on the job's GPU (dp=1, pp=2). Killed
+    # there, it is asked back by that name (`schedc rejoin`), and rejoins the layout as its rank 3
+    # (catch-up, then a switch) instead of waiting for a GPU nobody could name.
+    import subprocess
+    import sys
+    import threading
+
+    from live_support import wait_until
+
+    out = compiled(tmp_path, dp=2, pp=3, forward="20ms")
+    lines: list[str] = []
+    box = {}
+
+    def run():
+        box["result"] = train(out, iterations=150, emulate=True, recovery="repartition", checkpoint_every=2,
+                              checkpoint_dir=str(tmp_path / "ckpt"), on_line=lines.append,
+                              inject=LOSE_STAGE_1 + ["at iteration 5 during B: fail rank 3"])
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        wait_until(lambda: any("generation 2" in ln and "reconfigured" in ln for ln in lines),
+                   "the layout routed around its rank 3", state=lambda: lines[-3:])
+        (store,) = [ln.rsplit("store ", 1)[1].strip() for ln in lines if "running from iteration" in ln]
+        asked = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", store, "recover gpu(dp=1, pp=2)"],
+                               capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+    finally:
+        t.join(timeout=180)
+    result = box["result"]
+    rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
+    assert any("(rank 3 of the re-partitioned layout)" in m for m in rejoins), rejoins
+    assert [s.kind for s in result.switches] == ["rejoin"], [(e["kind"], e["message"]) for e in result.events]
+    assert result.generations[-1].members == [0, 1, 2, 3] and len(result.iterations) == 150
+
+
+def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tmp_path):
+    # 2 x 4 loses stages 1 and 2 (4 GPUs) and runs as 2 x 2. Two GPUs come back: 6 make a faster
+    # 2 x 3, which it grows onto at the next checkpoint; the other two come back: the spec's 2 x 4.
+    out = compiled(tmp_path, dp=2, pp=4, optimizer="adam")
+    result = train(out, iterations=16, want_weights=True, recovery="repartition", checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=[f"at iteration 2: fail gpu(dp={d}, pp={p})" for d in (0, 1) for p in (1, 2)]
+                   + ["at iteration 5: recover gpu(dp=0, pp=1)", "at iteration 5: recover gpu(dp=1, pp=1)",
+                      "at iteration 10: recover gpu(dp=0, pp=2)", "at iteration 10: recover gpu(dp=1, pp=2)"])
+    check_exact(out, result, 16)
+    story = [(e["kind"], e["message"]) for e in result.events]
+    restarts = [m for k, m in story if k == "restart"]
+    assert any(m.startswith("growing back onto 6 GPUs as 2 x 3: restarting every process from iter-")
+               for m in restarts), story
+    assert restarts[-1].startswith("growing back onto the spec's 2 x 4"), story
+    assert [len(g.members) for g in result.generations] == [8, 4, 6, 8], story
+    assert [r.method for r in result.recoveries] == ["repartition", "grow-back", "grow-back"]

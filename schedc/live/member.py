@@ -106,7 +106,8 @@ class LiveWorker:
         self.rank = rank
         self.host = host
         self.config = job.config()
-        self.device = _own_device(self.config.device, rank)
+        latest = job.latest_generation()  # (announced before its processes start)
+        self.device = _own_device(self.config.device, rank, job.generation(latest).gpu(rank) if latest >= 0 else rank)
         self.generation = -1
         self.iteration = -1
         self.ops = 0
@@ -184,7 +185,7 @@ class LiveWorker:
         manifest = Manifest.from_json(gen.manifest)
         if self.rt is None:
             self.state = "build"  # (building the model: the supervisor does not count it as reconfiguring)
-            self._build(manifest)
+            self._build(manifest, gen)
             self.state = "join"
         self.trigger = Trigger([Injection.from_json(j) for j in gen.injections if self.rank in j["ranks"]])
         transport = None
@@ -274,7 +275,7 @@ class LiveWorker:
         self.state = "standby"
         if self.rt is None:
             self.state = "build"
-            self._build(Manifest.from_json(gen.manifest))
+            self._build(Manifest.from_json(gen.manifest), gen)
             self.state = "standby"
         self.trigger = Trigger([Injection.from_json(j) for j in gen.injections if self.rank in j["ranks"]])
         reported = None
@@ -366,13 +367,13 @@ class LiveWorker:
 
     # -- steps of a generation -----------------------------------------------------------------
 
-    def _build(self, manifest: Manifest) -> None:
+    def _build(self, manifest: Manifest, gen: Generation) -> None:
         import dataclasses
 
         from schedc.runtime.primitives import Runtime
 
         if self.rank not in manifest.coords:  # a rank on standby: not in this plan, but its stage is known
-            coords = {**manifest.coords, self.rank: self.config.coords[str(self.rank)]}
+            coords = {**manifest.coords, self.rank: gen.coords_of(self.rank, self.config.coords)}
             manifest = dataclasses.replace(manifest, coords=coords)
 
         self.rt = Runtime(manifest, self.rank, transport=None, emulate=self.config.emulate, observer=self,
@@ -636,12 +637,14 @@ class LiveWorker:
             self._fire(self.trigger.at_op(self.iteration, "after", kind, mb))
 
 
-def _own_device(device: str, rank: int) -> str:
+def _own_device(device: str, rank: int, gpu: int | None = None) -> str:
     """This worker's device under `--device`, made current (a CUDA context is made here, in the
-    worker: the forkserver it came from never touched CUDA, `schedc.runtime.warmup`)."""
+    worker: the forkserver it came from never touched CUDA, `schedc.runtime.warmup`). `gpu`: the
+    job's rank of the GPU it runs on, when it differs from `rank` (a re-partitioned layout's rank
+    runs on the GPU of a survivor, `Generation.physical`)."""
     from schedc.runtime.placement import rank_device
 
-    mine = rank_device(device, rank)
+    mine = rank_device(device, rank if gpu is None else gpu)
     if mine.startswith("cuda"):
         import torch
 

@@ -63,6 +63,19 @@ class Generation:
     start_at: int | None = None  # a planned switch: the generation before runs iterations < start_at
     speeds: dict[int, float] | None = None  # member -> the speed the plan assumes for it (1.0 if absent)
     dump: bool = False  # the members only save their state (own stages and shadows) as a checkpoint
+    # rank -> the GPU it runs on (the job's rank for it at the start) where they differ (after a
+    # re-partition): which GPU of the host a worker takes (`schedc.runtime.placement.rank_device`)
+    physical: dict[int, int] | None = None
+    # rank -> (dp, pp) of every GPU of the plan, live or not, where its ranks are not the job's
+    # own (a re-partitioned layout): the stage a rank on standby holds (None: the job's coords)
+    coords: dict[int, tuple[int, int]] | None = None
+
+    def gpu(self, rank: int) -> int:
+        return (self.physical or {}).get(rank, rank)
+
+    def coords_of(self, rank: int, initial: dict[str, tuple[int, int]]) -> tuple[int, int]:
+        """(dp, pp) of `rank` in this generation's plan (`initial`: the job's, by rank as text)."""
+        return tuple(self.coords[rank]) if self.coords and rank in self.coords else tuple(initial[str(rank)])
 
     def speed(self, rank: int) -> float:
         return (self.speeds or {}).get(rank, 1.0)
@@ -71,7 +84,8 @@ class Generation:
         return {"number": self.number, "members": list(self.members), "manifest": self.manifest,
                 "restore": self.restore, "injections": list(self.injections), "reason": self.reason,
                 "start_at": self.start_at, "speeds": {str(r): v for r, v in (self.speeds or {}).items()},
-                "dump": self.dump}
+                "dump": self.dump, "physical": {str(r): p for r, p in (self.physical or {}).items()},
+                "coords": {str(r): list(c) for r, c in (self.coords or {}).items()}}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Generation":
@@ -79,7 +93,9 @@ class Generation:
                    restore=obj["restore"], injections=tuple(obj["injections"]), reason=obj["reason"],
                    start_at=obj.get("start_at"),
                    speeds={int(r): v for r, v in obj["speeds"].items()} if obj.get("speeds") else None,
-                   dump=bool(obj.get("dump", False)))
+                   dump=bool(obj.get("dump", False)),
+                   physical={int(r): p for r, p in obj["physical"].items()} if obj.get("physical") else None,
+                   coords={int(r): tuple(c) for r, c in obj["coords"].items()} if obj.get("coords") else None)
 
 
 #: Bytes per store value of a blob (the libuv store server refuses values over 8 MiB).

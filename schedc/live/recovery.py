@@ -57,6 +57,28 @@ class Change:
     restore: str | None = None  # a checkpoint's path, "initial", or None: roll back in memory
     replacements: tuple[int, ...] = ()  # ranks that get a fresh process (their stage was lost)
     restart_all: bool = False  # every survivor is stopped first (recovery "restart")
+    # A re-partition: `ranks[d][s]` is the GPU (a rank of the plan it was decided from) that runs
+    # stage s of pipeline d, rank d * pp + s of the new plan.
+    ranks: tuple[tuple[int, ...], ...] | None = None
+
+
+def repartition_layout(spec, gpus: Sequence[int]):
+    """The survivors `gpus` (ranks of `spec`) laid out as `spec.dp` pipelines of as many stages as
+    they can hold (`schedc.repartition`), and its plan: (layout, plan), or None when they cannot
+    hold `spec.dp` pipelines of the model."""
+    from schedc.layout import Layout, units_of
+    from schedc.repartition import assign_gpus, partition_units, plan_layout
+
+    units = units_of(spec)
+    stages = min(len(gpus) // spec.dp, units.count)
+    slices = (partition_units(units, spec.dp, stages, spec.microbatches, spec.cluster.gpu.memory)
+              if stages >= 1 else None)
+    if slices is None:
+        return None
+    held = {g.rank: frozenset() for g in spec.gpus}
+    ranks = assign_gpus(units, slices, spec.dp, sorted(gpus), held)
+    layout = Layout(spec.dp, stages, spec.microbatches, slices, ranks)
+    return layout, plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
 
 
 def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
@@ -181,18 +203,15 @@ class RecoveryPolicy:
     def _repartitioned(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
         """A stage lost every GPU: the survivors as `dp` pipelines of fewer stages, every process
         restarted on that plan from the latest checkpoint (re-sharded), no replacement process."""
-        from schedc.layout import Layout, units_of
-        from schedc.repartition import assign_gpus, partition_units, plan_layout
+        from schedc.layout import units_of
 
         spec = plan.spec
         survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in lost)
         found = self.latest_checkpoint()
         units = units_of(spec)
-        stages = min(len(survivors) // spec.dp, units.count)
-        slices = (partition_units(units, spec.dp, stages, spec.microbatches, spec.cluster.gpu.memory)
-                  if stages >= 1 else None)
-        if self.restarts >= self.max_restarts or slices is None:
-            why = (f"no restart is left (--max-restarts {self.max_restarts})" if slices is not None else
+        laid = repartition_layout(spec, survivors)
+        if self.restarts >= self.max_restarts or laid is None:
+            why = (f"no restart is left (--max-restarts {self.max_restarts})" if laid is not None else
                    f"the {len(survivors)} surviving GPU(s) cannot hold {spec.dp} pipeline(s) of the model")
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
                      f"need be, docs/live.md) with {self._resume(found)}" if found else
@@ -200,10 +219,8 @@ class RecoveryPolicy:
             raise RunError([error("E553", f"a stage lost every GPU and the survivors cannot be re-partitioned: "
                                           f"{why}", hint=where)] + list(exc.diagnostics))
         self.restarts += 1
-        held = {g.rank: frozenset() for g in spec.gpus}
-        ranks = assign_gpus(units, slices, spec.dp, survivors, held)
-        layout = Layout(spec.dp, stages, spec.microbatches, slices, ranks)
-        new = plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
+        layout, new = laid
+        slices, ranks = layout.slices, layout.ranks
         restore = str(found.path) if found else "initial"
         self.ctl.note("restart", f"a stage lost every GPU: re-partitioning the {len(survivors)} survivors as "
                                  f"{layout.describe(units.kind)} and restarting every process from "
@@ -211,7 +228,8 @@ class RecoveryPolicy:
                                  f"(restart {self.restarts} of {self.max_restarts})", restore=restore,
                       layout={"dp": layout.dp, "pp": layout.pp, "slices": [list(s) for s in slices],
                               "gpus": [list(row) for row in ranks]})
-        return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True)
+        return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True,
+                      ranks=tuple(tuple(row) for row in ranks))
 
     def _from_checkpoint(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""

@@ -115,9 +115,14 @@ class Supervisor(Transitions):
         self._leaving: set[int] = set()  # members of that generation that are not in the next
         self._gen_speeds: dict[int, dict[int, float]] = {}  # generation -> rank -> the speed its plan assumes
         self.repartitioned: str | None = None  # onto what the job was re-partitioned (its ranks are the layout's since)
-        self.lost_to_repartition: set[int] = set()  # the GPUs lost when the job was re-partitioned (initial ranks)
-        self._returned: set[int] = set()  # of those, the ones asked back since
-        self._grow_at_checkpoint = False  # every GPU lost is back: grow back at the next complete checkpoint
+        # The GPU each rank of the running plan runs on, named by the job's rank for it at its start
+        # (they differ after a re-partition); of the job's GPUs outside that plan, those lost and
+        # not back, those back since the last re-partition or growth, and those healthy but unused.
+        self.physical: dict[int, int] = {g.rank: g.rank for g in spec.gpus}
+        self.lost_to_repartition: set[int] = set()
+        self._returned: set[int] = set()
+        self.spare: set[int] = set()
+        self._grow_at_checkpoint = False  # GPUs came back: grow onto them at the next complete checkpoint
         self._last_beats = 0.0
         self._training_started: float | None = None
         self._pending_write: tuple[int, Plan, dict[str, str]] | None = None
@@ -388,13 +393,24 @@ class Supervisor(Transitions):
     def _user_rejoin(self, rank: int, reason: str) -> None:
         """A rejoin a user asked for (`schedc rejoin`, an injected `recover gpu(...)`), of a GPU named
         as the job named it at its start (`rank` of the initial plan). After a re-partition the
-        run's ranks are the new layout's: the GPU counts toward growing back onto the spec's
-        stages, which happens at the next complete checkpoint once every GPU the job lost is back
-        (every process restarts on the spec's plan from it, re-sharded: `_grow_back`)."""
+        run's ranks are the new layout's (`physical` maps them to those names): a GPU of the layout
+        lost since is taken back into it (catch-up, then a switch); one outside it counts toward
+        growing, which happens at the next complete checkpoint once the GPUs back make a faster
+        layout (every process restarts on it from that checkpoint, re-sharded: `_grow_back`), the
+        spec's own once every GPU the job lost is back."""
         if self.repartitioned is None:
             self.rejoins.request(rank, reason)
             return
         g = self.recovery.initial_plan.spec.gpus[rank]
+        name = f"GPU (dp={g.dp}, pp={g.pp}) of the job"
+        current = next((r for r, p in self.physical.items() if p == rank), None)
+        if current is not None:
+            if current in self.dead:  # lost since the re-partition: back into the layout that runs
+                self.rejoins.request(current, f"{reason} (rank {current} of the re-partitioned layout)")
+            else:
+                self._note("rejoin", f"{name} did not leave it (it runs in the re-partitioned layout as rank "
+                                     f"{current}): nothing to take back ({reason})", rank=rank)
+            return
         if not self.options.checkpoint_every:
             self._note("warning", f"warning: cannot take GPU (dp={g.dp}, pp={g.pp}) back ({reason}): the job was "
                                   f"re-partitioned onto {self.repartitioned}, and it grows back onto returned GPUs "
@@ -402,27 +418,65 @@ class Supervisor(Transitions):
                                   "train on every GPU again, stop the run and start it again", rank=rank)
             return
         if rank not in self.lost_to_repartition:
-            self._note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) of the job did not leave it (it runs in the "
-                                 f"re-partitioned layout): nothing to take back ({reason})", rank=rank)
+            self._note("rejoin", f"{name} is not lost: it waits, unused, for the job to grow ({reason})", rank=rank)
             return
+        self.lost_to_repartition.discard(rank)
         self._returned.add(rank)
-        needed = len([x for x in self.recovery.initial_plan.spec.gpus if x.live]) - len(self.gen.members)
-        if len(self._returned) < needed:
-            self._note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) of the job is back ({reason}): {len(self._returned)} of "
-                                 f"the {needed} GPU(s) the job lost; it grows back once all are", rank=rank)
+        self.spare.add(rank)
+        back = f"{len(self._returned)} of the {len(self._returned) + len(self.lost_to_repartition)} GPU(s) the job lost"
+        target = self._growth_target()
+        if target is None:
+            self._grow_at_checkpoint = False
+            self._note("rejoin", f"{name} is back ({reason}): {back}; it grows back once enough are back to make "
+                                 "a faster layout", rank=rank)
             return
+        plan, _ = target
         self._grow_at_checkpoint = True
-        self._note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) of the job is back ({reason}): every GPU the job lost is "
-                             "back; it grows back onto the spec's stages at the next complete checkpoint", rank=rank)
+        if plan is self.recovery.initial_plan:
+            self._note("rejoin", f"{name} is back ({reason}): every GPU the job lost is back; it grows back onto "
+                                 "the spec's stages at the next complete checkpoint", rank=rank)
+        else:
+            spec = plan.spec
+            self._note("rejoin", f"{name} is back ({reason}): {back}; at the next complete checkpoint it grows onto "
+                                 f"{spec.dp * spec.pp} GPUs as {spec.dp} x {spec.pp} "
+                                 f"({plan.metrics.iteration_time / 1e3:.2f} ms per iteration, against "
+                                 f"{self.plan.metrics.iteration_time / 1e3:.2f} now)", rank=rank)
+
+    def _growth_target(self) -> tuple[Plan, dict[int, int]] | None:
+        """What the job would grow onto now: the spec's plan once every GPU of the job is up, else the
+        fastest re-partition of the GPUs up (those of the running plan that live, and the spare
+        ones) when it beats the running plan; with its rank -> GPU map. None: stay."""
+        from schedc.live.recovery import repartition_layout
+
+        initial = self.recovery.initial_plan
+        everyone = {g.rank for g in initial.spec.gpus if g.live}
+        up = {self.physical[r] for r in self.gen.members if r not in self.dead} | self.spare
+        if up >= everyone:
+            return initial, {r: r for r in everyone}
+        laid = repartition_layout(initial.spec, sorted(up))
+        if laid is None or laid[1].metrics.iteration_time >= self.plan.metrics.iteration_time:
+            return None
+        layout, plan = laid
+        return plan, {d * layout.pp + s: r for d, row in enumerate(layout.ranks) for s, r in enumerate(row)
+                      if r is not None}
 
     def _grow_back(self, found) -> None:
-        """Every GPU the job lost is back and checkpoint `found` is complete: every process restarts
-        on the spec's plan and restores it, re-sharded onto the spec's stages (the iterations run
-        since it are run again: a few, as it is the newest)."""
-        initial, now = self.recovery.initial_plan, self._now()
-        spec = initial.spec
-        self._note("restart", f"growing back onto the spec's {spec.dp} x {spec.pp}: restarting every process "
-                              f"from {found.path.name}, re-sharded", restore=str(found.path))
+        """GPUs came back and checkpoint `found` is complete: if they make a faster layout than the
+        running plan (the spec's, once every GPU the job lost is back), every process restarts on it
+        and restores `found`, re-sharded onto its stages (the iterations run since it are run
+        again: a few, as it is the newest)."""
+        self._grow_at_checkpoint = False
+        target = self._growth_target()
+        if target is None:
+            return
+        plan, physical = target
+        now = self._now()
+        spec = plan.spec
+        full = plan is self.recovery.initial_plan
+        onto = (f"the spec's {spec.dp} x {spec.pp}" if full else
+                f"{len(physical)} GPUs as {spec.dp} x {spec.pp}")
+        self._note("restart", f"growing back onto {onto}: restarting every process from {found.path.name}, re-sharded",
+                   restore=str(found.path))
         rec = Recovery(from_generation=self.gen.number, t_detect=now, method="grow-back",
                        t_last_complete=max((r.end for r in self.ledger.records.values()), default=None),
                        predicted_before_us=self.plan.metrics.iteration_time, events=["grow back"])
@@ -431,13 +485,14 @@ class Supervisor(Transitions):
         self.rejoins.cancel_all()
         self.job.abort(self.gen.number)
         self._kill_and_wait(sorted(self.alive - self.dead))
+        gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)
         self.dead.clear()
         self.checkpoints.stages = spec.pp
-        self.repartitioned, self._returned, self._grow_at_checkpoint = None, set(), False
-        self.lost_to_repartition = set()
-        self._announce(initial, restore=str(found.path), reason="grow back")
+        self._relabel(physical, lost=gone)
+        self.repartitioned = None if full else f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} iterations"
+        self._announce(plan, restore=str(found.path), reason="grow back")
         rec.to_generation, rec.t_plan, rec.t_announce = self.gen.number, now, self._now()
-        rec.predicted_after_us = initial.metrics.iteration_time
+        rec.predicted_after_us = plan.metrics.iteration_time
         self._start_workers(self.gen.members)
         self.phase = Phase.RECOVERING
 

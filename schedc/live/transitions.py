@@ -51,6 +51,17 @@ class Transitions:
 
     # -- a generation is announced, and becomes ready ---------------------------------------------
 
+    def _relabel(self, physical: dict[int, int], *, lost: set[int] = frozenset()) -> None:
+        """The next plan's rank -> the GPU it runs on (the job's own rank at its start), after a
+        re-partition or a growth: the GPUs of the job outside it are lost (`lost`, and those lost
+        before that are not back) or spare (healthy, unused: the next growth may use them)."""
+        initial = {g.rank for g in self.recovery.initial_plan.spec.gpus if g.live}
+        outside = initial - set(physical.values())
+        self.lost_to_repartition = ((self.lost_to_repartition - self._returned) | set(lost)) & outside
+        self.spare = outside - self.lost_to_repartition
+        self._returned = set()
+        self.physical = physical
+
     def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None) -> None:
         """Publish the next generation: `plan`'s programs, rendered once (the same files are
         shipped to the workers and written to ``OUT/live/gen-N``), its members, what to restore."""
@@ -63,7 +74,9 @@ class Transitions:
         from schedc.runtime.manifest import MANIFEST_NAME
 
         gen = Generation(number, members, json.loads(files[MANIFEST_NAME]), restore=restore, injections=tuple(armed),
-                         reason=reason, start_at=start_at, speeds=speeds)
+                         reason=reason, start_at=start_at, speeds=speeds,
+                         physical={r: p for r, p in self.physical.items() if r != p} or None,
+                         coords={g.rank: (g.dp, g.pp) for g in plan.spec.gpus} if self.repartitioned else None)
         self.job.announce(gen, files)
         self.gen, self.plan = gen, plan
         self._ready, self._done = {}, set()
@@ -269,9 +282,10 @@ class Transitions:
                                                 "again to grow the job back")
                 self._kill_and_wait(sorted(set(pending) & self.alive))
                 self.dead.update(pending)
-                if self.repartitioned is None:
-                    self.lost_to_repartition = set(self.dead)  # (ranks as the job started: the names a rejoin uses)
                 spec = change.plan.spec
+                gone = {self.physical[r] for r in self.dead if r in self.physical}
+                self._relabel({d * spec.pp + s: self.physical[r] for d, row in enumerate(change.ranks)
+                               for s, r in enumerate(row) if r is not None}, lost=gone)
                 self.repartitioned = (f"{len([g for g in spec.gpus if g.live])} GPUs as {spec.dp} x {spec.pp} after "
                                       f"{self.completed} iterations")
             self.dead.clear()

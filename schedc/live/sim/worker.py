@@ -198,7 +198,7 @@ class SimWorker:
 
     def _stage(self, gen: "Generation") -> int:
         coords = gen.manifest["coords"]
-        return coords[str(self.rank)][1] if str(self.rank) in coords else self.config.coords[str(self.rank)][1]
+        return coords[str(self.rank)][1] if str(self.rank) in coords else gen.coords_of(self.rank, self.config.coords)[1]
 
     # -- the process -----------------------------------------------------------------------------
 
