@@ -77,12 +77,8 @@ class Transitions:
                          reason=reason, start_at=start_at, speeds=speeds,
                          physical={r: p for r, p in self.physical.items() if r != p} or None,
                          coords={g.rank: (g.dp, g.pp) for g in plan.spec.gpus} if self.repartitioned else None)
-        self.job.announce(gen, files)
-        self.gen, self.plan = gen, plan
-        self._ready, self._done = {}, set()
-        self._unexplained = None
-        now = self._now()
-        self._announced_at, self._up_at, self._old_done_at, self._wait_noted = now, None, None, False
+        now = self._publish(gen, files)
+        self.plan = plan
         for r in members:
             if r not in self.detector.watching():
                 self.detector.watch(r, now)
@@ -99,6 +95,16 @@ class Transitions:
                                                         None if plan_dir is None else str(plan_dir), round(now, 4)))
         if number > 0:
             self._pending_write = (number, plan, files)
+
+    def _publish(self, gen: Generation, files: dict[str, str]) -> float:
+        """Announce `gen` and start waiting for its members (nobody ready yet); the time now."""
+        self.job.announce(gen, files)
+        self.gen = gen
+        self._ready, self._done = {}, set()
+        self._unexplained = None
+        now = self._now()
+        self._announced_at, self._up_at, self._old_done_at, self._wait_noted = now, None, None, False
+        return now
 
     def _write_generation(self, number: int, plan: Plan, files: dict[str, str]) -> None:
         """The generation's plan beside the compiled one, as `schedc compile -o` writes it (for the record)."""
@@ -350,12 +356,7 @@ class Transitions:
         reason = "the survivors save their state and the shadows of stage(s) " + ", ".join(map(str, lost))
         gen = Generation(number, members, dict(self.gen.manifest, programs={}), restore=None,
                          injections=tuple(self.injections.armed()), reason=reason, dump=True)
-        self.job.announce(gen, {})
-        self.gen = gen
-        self._ready, self._done = {}, set()
-        self._unexplained = None
-        now = self._now()
-        self._announced_at, self._up_at, self._old_done_at, self._wait_noted = now, None, None, False
+        now = self._publish(gen, {})
         self._gen_speeds[number] = {}
         self.generation_records.append(GenerationRecord(number, list(members), reason, None,
                                                         self.plan.metrics.iteration_time, None, round(now, 4)))
@@ -385,8 +386,11 @@ class Transitions:
         else:
             self._note("warning", f"warning: generation {self.gen.number} could not save every stage after {start} "
                                   "steps: restoring the latest complete checkpoint instead")
-        failed = [g.rank for g in self.plan.spec.gpus if g.live and g.rank in self.dead]
-        self._decide(self._recovery, failed, {})
+        self._decide(self._recovery, self._failed_since_plan(), {})
+
+    def _failed_since_plan(self) -> list[int]:
+        """The ranks of the running plan lost since it was announced (what the next plan routes around)."""
+        return [g.rank for g in self.plan.spec.gpus if g.live and g.rank in self.dead]
 
     def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
         plan, s = change.plan, change.plan.schedule.solver
@@ -483,7 +487,7 @@ class Transitions:
                                    f"(rank(s) {late} never reported): restoring the latest complete checkpoint "
                                    "instead", generation=gen.number, ranks=late)
             self._dump_refused = True
-            self._decide(self._recovery, [g.rank for g in self.plan.spec.gpus if g.live and g.rank in self.dead], {})
+            self._decide(self._recovery, self._failed_since_plan(), {})
             return
         self._late += 1
         what = (f"generation {gen.number} did not become ready within {bound:g} s of its members running "
