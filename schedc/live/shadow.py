@@ -26,9 +26,9 @@ optimizer state in memory; per iteration, one optimizer step of the previous
 stage and receiving its gradient.
 
 How a loss uses them (`schedc.live.transitions`): the survivors first run a
-*dump* generation: they agree on a step count as any generation does (rolling
-back one step where needed, the shadow included), then the lowest survivor of
-each stage writes it, and for a stage with no survivor the first holder with
+*dump* generation: they agree on a step count as any generation does, lowered
+to the steps the lost stage's copies hold (undoing one step where needed),
+then the lowest survivor of each stage writes it, and for a stage with no survivor the first holder with
 a valid shadow writes that, as a checkpoint of the run. Every process then
 restarts from that checkpoint on the new plan, as from any checkpoint. A
 holder's shadow is invalid once its own state was replaced without it (a
@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import torch
 
 from schedc.runtime.manifest import Manifest
-
 
 
 def shadowed_stage(stage: int, stages: int) -> int | None:
