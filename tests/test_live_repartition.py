@@ -206,5 +206,7 @@ def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tm
     assert any(m.startswith("growing back onto 6 GPUs as 2 x 3: restarting every process from iter-")
                for m in restarts), story
     assert restarts[-1].startswith("growing back onto the spec's 2 x 4"), story
-    assert [len(g.members) for g in result.generations] == [8, 4, 6, 8], story
-    assert [r.method for r in result.recoveries] == ["repartition", "grow-back", "grow-back"]
+    # (Under load the four deaths may reach the supervisor in two ticks: a re-route first.)
+    sizes = [len(g.members) for g in result.generations]
+    assert sizes[0] == 8 and sizes[-3:] == [4, 6, 8], (sizes, story)
+    assert [r.method for r in result.recoveries][-3:] == ["repartition", "grow-back", "grow-back"], story
