@@ -115,9 +115,11 @@ def test_without_checkpoints_a_gpu_asked_back_after_a_re_partition_is_refused_wi
     assert "--checkpoint-every" in warning and not [e for e in result.events if e["kind"] == "rejoin"]
 
 
-def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tmp_path):
-    # GPUs are named as the job started: (dp=0, pp=0) never left (asking for it counts for nothing),
-    # the two of stage 1 did; once both are asked back the job grows back onto 2 x 3.
+def _ask_back_while_running(tmp_path, inject: list[str], after: tuple[str, str], gpus: tuple[str, ...],
+                            answered: str):
+    """An emulated 2 x 3 run of 150 iterations through `inject`; once a line holding `after[1]`
+    follows one holding `after[0]`, each GPU of `gpus` is asked back with `schedc rejoin --store`
+    (in turn, each once a line holding `answered` (formatted with it) is seen). Its result."""
     import subprocess
     import sys
     import threading
@@ -130,23 +132,29 @@ def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tm
 
     def run():
         box["result"] = train(out, iterations=150, emulate=True, recovery="repartition", checkpoint_every=2,
-                              checkpoint_dir=str(tmp_path / "ckpt"), on_line=lines.append, inject=LOSE_STAGE_1)
+                              checkpoint_dir=str(tmp_path / "ckpt"), on_line=lines.append, inject=inject)
 
     t = threading.Thread(target=run)
     t.start()
     try:
-        wait_until(lambda: _later(lines, "re-partitioning the", "reconfigured"), "the re-partitioned generation",
-                   state=lambda: lines[-3:])
+        wait_until(lambda: _later(lines, *after), f"{after[1]!r} after {after[0]!r}", state=lambda: lines[-3:])
         (store,) = [ln.rsplit("store ", 1)[1].strip() for ln in lines if "running from iteration" in ln]
-        for gpu in ("dp=0, pp=0", "dp=0, pp=1", "dp=1, pp=1"):
+        for gpu in gpus:
             asked = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", store, f"recover gpu({gpu})"],
                                    capture_output=True, text=True, timeout=60)
             assert asked.returncode == 0, asked.stderr
-            wait_until(lambda: any(f"GPU ({gpu}) of the job" in ln for ln in lines), f"the answer for {gpu}",
+            wait_until(lambda: any(answered.format(gpu=gpu) in ln for ln in lines), f"the answer for {gpu}",
                        state=lambda: lines[-3:])
     finally:
         t.join(timeout=180)
-    result = box["result"]
+    return box["result"]
+
+
+def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tmp_path):
+    # GPUs are named as the job started: (dp=0, pp=0) never left (asking for it counts for nothing),
+    # the two of stage 1 did; once both are asked back the job grows back onto 2 x 3.
+    result = _ask_back_while_running(tmp_path, LOSE_STAGE_1, ("re-partitioning the", "reconfigured"),
+                                     ("dp=0, pp=0", "dp=0, pp=1", "dp=1, pp=1"), "GPU ({gpu}) of the job")
     rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
     assert "GPU (dp=0, pp=0) of the job did not leave it" in rejoins[0], rejoins
     assert "1 of the 2 GPU(s) the job lost" in rejoins[1] and "every GPU the job lost is back" in rejoins[2], rejoins
@@ -158,33 +166,9 @@ def test_a_gpu_lost_after_a_re_partition_is_named_as_the_job_named_it_and_taken_
     # After stage 1 is lost, the 2 x 2 layout's rank 3 runs on the job's GPU (dp=1, pp=2). Killed
     # there, it is asked back by that name (`schedc rejoin`), and rejoins the layout as its rank 3
     # (catch-up, then a switch) instead of waiting for a GPU nobody could name.
-    import subprocess
-    import sys
-    import threading
-
-    from live_support import wait_until
-
-    out = compiled(tmp_path, dp=2, pp=3, forward="20ms")
-    lines: list[str] = []
-    box = {}
-
-    def run():
-        box["result"] = train(out, iterations=150, emulate=True, recovery="repartition", checkpoint_every=2,
-                              checkpoint_dir=str(tmp_path / "ckpt"), on_line=lines.append,
-                              inject=LOSE_STAGE_1 + ["at iteration 5 during B: fail rank 3"])
-
-    t = threading.Thread(target=run)
-    t.start()
-    try:
-        wait_until(lambda: _later(lines, "fail rank 3`", "reconfigured"), "the layout routed around its rank 3",
-                   state=lambda: lines[-3:])
-        (store,) = [ln.rsplit("store ", 1)[1].strip() for ln in lines if "running from iteration" in ln]
-        asked = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", store, "recover gpu(dp=1, pp=2)"],
-                               capture_output=True, text=True, timeout=60)
-        assert asked.returncode == 0, asked.stderr
-    finally:
-        t.join(timeout=180)
-    result = box["result"]
+    result = _ask_back_while_running(tmp_path, LOSE_STAGE_1 + ["at iteration 5 during B: fail rank 3"],
+                                     ("fail rank 3`", "reconfigured"), ("dp=1, pp=2",),
+                                     "of the re-partitioned layout")
     rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
     assert any("(rank 3 of the re-partitioned layout)" in m for m in rejoins), rejoins
     assert [s.kind for s in result.switches] == ["rejoin"], [(e["kind"], e["message"]) for e in result.events]
