@@ -32,6 +32,8 @@ class FakeController:
         self.rejoin_requests: list[int] = []
         self.refuse_switch = refuse_switch
         self.clock = 0.0
+        self.gone_hosts: dict[int, int] = {}  # rank -> its host, for ranks on hosts that are gone
+        self.asked_unreachable: list[list[int]] = []
 
     def now(self):
         return self.clock
@@ -42,6 +44,14 @@ class FakeController:
 
     def is_running(self, rank):
         return rank in self.running
+
+    def unreachable(self, ranks):
+        self.asked_unreachable.append(list(ranks))
+        out: dict[int, list[int]] = {}
+        for r in ranks:
+            if r in self.gone_hosts:
+                out.setdefault(self.gone_hosts[r], []).append(r)
+        return out
 
     def note(self, kind, message, **details):
         self.notes.append((kind, message))
@@ -120,6 +130,32 @@ def test_recovery_auto_restores_a_lost_stage_from_the_checkpoint(plan):
     policy = RecoveryPolicy(ctl, method="auto", max_restarts=1, initial_plan=plan, latest_checkpoint=lambda: None)
     change = policy.decide(plan, [0, 2], {0, 2})
     assert change.method == "checkpoint" and change.replacements == (0, 2)
+
+
+def test_auto_re_partitions_a_lost_stage_whose_host_is_gone(plan):
+    """A stage lost with the host of one of its GPUs (its agent no longer answers): no replacement
+    process can start there, so `auto` lays the survivors out anew instead of waiting for one."""
+    ctl = FakeController(plan)
+    ctl.gone_hosts = {2: 1}  # rank 2's host is gone; rank 0's is not
+    policy = RecoveryPolicy(ctl, method="auto", max_restarts=1, initial_plan=plan, latest_checkpoint=lambda: None)
+    change = policy.decide(plan, [0, 2], {0, 2})  # both GPUs of stage 0
+    assert ctl.asked_unreachable == [[0, 2]]
+    assert change.method == "repartition" and change.restart_all and change.restore == "initial"
+    assert change.replacements == () and sorted(r for row in change.ranks for r in row if r is not None) == [1, 3]
+    kind, message = ctl.notes[-1]
+    assert kind == "restart" and "host 1 (rank(s) [2]) is gone, so no replacement process can start" in message
+    assert "re-partitioning the 2 survivors" in message
+
+
+def test_a_fixed_policy_stops_with_e553_when_a_lost_stage_cannot_be_replaced(plan):
+    ctl = FakeController(plan)
+    ctl.gone_hosts = {0: 0, 2: 1}
+    policy = RecoveryPolicy(ctl, method="reroute", max_restarts=3, initial_plan=plan, latest_checkpoint=lambda: None)
+    with pytest.raises(schedc.RunError) as info:
+        policy.decide(plan, [0, 2], {0, 2})
+    (first, *_) = info.value.diagnostics
+    assert first.code == "E553" and "host 0 (rank(s) [0]), host 1 (rank(s) [2]) are gone" in first.message
+    assert "--recovery auto" in first.hint and policy.restarts == 0
 
 
 def test_a_lost_stage_restores_with_replacements_until_no_restart_is_left(plan):

@@ -13,7 +13,10 @@ through the job's store (`schedc.live.membership`):
   (an injection a worker reached: signal its targets now), `StopAgent` (end
   every worker, then the agent);
 * events on ``events``: `AgentUp` (registered), `Exited` (rank, status),
-  `Injected` (which injection, ranks, signal, time).
+  `Injected` (which injection, ranks, signal, time);
+* beats on ``agent/H/beats`` (a count, every AGENT_BEAT seconds): an agent
+  that stops beating is gone with its host, and the supervisor starts no
+  process there (`Fleet.answers`).
 
 (The messages are those of `schedc.live.protocol`.)
 
@@ -34,6 +37,10 @@ from schedc.live.inject import Injection
 from schedc.live.membership import JobStore
 from schedc.live.protocol import AgentUp, Exited, FireInjection, Injected, SignalRanks, StartRanks, StopAgent
 from schedc.runtime.processes import LocalProcesses, StartError
+
+#: Seconds between an agent's beats (`JobStore.agent_beat`): the supervisor asks for one more
+#: beat before it counts on a host to start a replacement process (`Fleet.answers`).
+AGENT_BEAT = 0.1
 
 
 class Agent:
@@ -120,8 +127,12 @@ class Agent:
     def serve(self, poll: float = 0.005) -> None:
         """Run as a host's agent process until the supervisor stops the run (or goes away)."""
         self.register()
+        beat = 0.0
         try:
             while not self.stopping and not self.job.stopped():
+                if time.monotonic() - beat >= AGENT_BEAT:
+                    beat = time.monotonic()
+                    self.job.agent_beat(self.host)
                 self.step(poll)
         except RuntimeError:  # the store is gone: so is the supervisor; stop this host's workers
             pass
@@ -142,9 +153,20 @@ class Fleet:
         self.hosts = hosts
         world = spec.dp * spec.pp
         nodes = -(-world // spec.cluster.gpus_per_node)
-        self.host_of = {r: spec.cluster.node_of(r) * hosts // nodes for r in range(world)}
+        # The host of each of the job's GPUs (a rank of the spec's plan); a re-partitioned layout's
+        # rank r runs on GPU `physical[r]` (`place`), hence on that GPU's host.
+        self.gpu_host = {r: spec.cluster.node_of(r) * hosts // nodes for r in range(world)}
+        self.physical: dict[int, int] = {}
         self.local = Agent(job, 0)
         self.local.register()
+
+    def place(self, physical: dict[int, int]) -> None:
+        """The running layout's rank -> the job's GPU it runs on (after a re-partition or a growth):
+        a rank's process is started, signalled and watched by the agent of that GPU's host."""
+        self.physical = {r: p for r, p in physical.items() if r != p}
+
+    def host_of(self, rank: int) -> int:
+        return self.gpu_host[self.physical.get(rank, rank)]
 
     def wait_for_agents(self, timeout: float, note) -> None:
         """Until every other host's agent has registered; E557 after `timeout` seconds."""
@@ -166,10 +188,30 @@ class Fleet:
                                   hint=f"start them with `schedc agent --store {job.host}:{job.port} --host H`, "
                                        "or run with fewer --hosts")])
 
+    def answers(self, hosts, within: float, note) -> set[int]:
+        """Those of `hosts` whose agent beats within `within` seconds (host 0's, in this process,
+        always does): a host whose agent stopped beating is gone with its GPUs (a spot instance
+        taken back, a dead node), and no process can be started there. `note(host)` is called
+        once per host found gone."""
+        remote = {h: self.job.agent_beats(h) for h in hosts if h != 0}
+        deadline = time.monotonic() + within
+        answered = {h for h in hosts if h == 0}
+        while remote:
+            for h, count in list(remote.items()):
+                if self.job.agent_beats(h) != count:
+                    answered.add(h)
+                    del remote[h]
+            if not remote or time.monotonic() >= deadline:
+                break
+            time.sleep(AGENT_BEAT / 4)
+        for h in sorted(remote):
+            note(h)
+        return answered
+
     def by_host(self, ranks) -> dict[int, list[int]]:
         by_host: dict[int, list[int]] = {}
         for r in ranks:
-            by_host.setdefault(self.host_of[r], []).append(r)
+            by_host.setdefault(self.host_of(r), []).append(r)
         return dict(sorted(by_host.items()))
 
     def step(self, timeout: float) -> None:

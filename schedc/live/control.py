@@ -50,6 +50,10 @@ class Controller(Protocol):
     def now(self) -> float:
         """Seconds since the run started, on the run's clock."""
 
+    def unreachable(self, ranks: Sequence[int]) -> dict[int, list[int]]:
+        """The hosts of `ranks` that are gone (their agent no longer answers), each with its ranks
+        among `ranks`: no process can be started for those (may wait up to a second to ask)."""
+
     # -- what it asks -----------------------------------------------------------------------
 
     def note(self, kind: str, message: str, **details) -> None:
@@ -111,6 +115,9 @@ class SupervisorControl:
 
     def now(self) -> float:
         return self._sup._now()
+
+    def unreachable(self, ranks: Sequence[int]) -> dict[int, list[int]]:
+        return self._sup._unreachable(ranks)
 
     def note(self, kind: str, message: str, **details) -> None:
         self._sup._note(kind, message, **details)

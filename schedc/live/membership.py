@@ -227,6 +227,14 @@ class JobStore:
     def beat(self, rank: int, payload: str) -> None:
         self.store.set(f"hb/{rank}", payload)
 
+    def agent_beat(self, host: int) -> None:
+        """Another host's agent is alive (`schedc.live.agent.Agent.serve`, every AGENT_BEAT seconds)."""
+        self.store.add(f"agent/{host}/beats", 1)
+
+    def agent_beats(self, host: int) -> int:
+        """How many beats host `host`'s agent has sent (a count that stops when the host is gone)."""
+        return self.store.add(f"agent/{host}/beats", 0)
+
     def forget_heartbeat(self, rank: int) -> None:
         self.store.delete_key(f"hb/{rank}")
 

@@ -85,9 +85,6 @@ class TrainOptions:
         if self.recovery is not None and self.recovery not in RECOVERY_METHODS:
             problems.append(f"unknown recovery `{self.recovery}` (auto, reroute, drop-pipeline, repartition or "
                             "restart)")
-        if self.recovery == "repartition" and self.hosts > 1:
-            problems.append("recovery `repartition` restarts every process on the survivors of one host: "
-                            "it does not run with --hosts > 1 yet (use auto or reroute)")
         if self.fail_slow not in FAIL_SLOW_MODES:
             problems.append(f"unknown fail-slow mode `{self.fail_slow}` (act, detect or off)")
         if self.recovery == "restart" and not self.checkpoint_every:

@@ -6,7 +6,8 @@ for the supervisor to carry out:
 * ``auto`` (the default): the cheapest of ``reroute`` and ``drop-pipeline``
   by `schedc.recovery_cost` (the plan that trains the expected time to the
   next event's work soonest, transition included), ``checkpoint`` when a
-  stage lost every GPU; every decision is noted with its numbers;
+  stage lost every GPU (``repartition`` when the host of a GPU to replace is
+  gone: its agent no longer answers); every decision is noted with its numbers;
 * ``reroute``: `schedc.replan` the survivors (SlipStream/ReCycle:
   a failed GPU's work goes to its data-parallel peers);
 * ``drop-pipeline`` (FT-HSDP/torchft): a pipeline with a failed GPU leaves;
@@ -200,9 +201,11 @@ class RecoveryPolicy:
                                 "transition_s": round(o.transition_s, 4)} for o in options])
         return Change(best.plan, tuple(describe(events)), best.method)  # type: ignore[arg-type]
 
-    def _repartitioned(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
+    def _repartitioned(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError,
+                       because: str = "") -> Change:
         """A stage lost every GPU: the survivors as `dp` pipelines of fewer stages, every process
-        restarted on that plan from the latest checkpoint (re-sharded), no replacement process."""
+        restarted on that plan from the latest checkpoint (re-sharded), no replacement process.
+        `because`: why no replacement is started, when the policy is not `repartition` itself."""
         from schedc.layout import units_of
 
         spec = plan.spec
@@ -222,7 +225,7 @@ class RecoveryPolicy:
         layout, new = laid
         slices, ranks = layout.slices, layout.ranks
         restore = str(found.path) if found else "initial"
-        self.ctl.note("restart", f"a stage lost every GPU: re-partitioning the {len(survivors)} survivors as "
+        self.ctl.note("restart", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} survivors as "
                                  f"{layout.describe(units.kind)} and restarting every process from "
                                  f"{found.path.name if found else 'the initial weights'}, re-sharded "
                                  f"(restart {self.restarts} of {self.max_restarts})", restore=restore,
@@ -233,6 +236,21 @@ class RecoveryPolicy:
 
     def _from_checkpoint(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""
+        spec = plan.spec
+        lost_stages = [s for s in range(spec.pp)
+                       if not [g for g in spec.gpus if g.pp == s and g.live and g.rank not in lost]]
+        replacements = [g.rank for g in spec.gpus if g.pp in lost_stages and (g.rank in lost or not g.live)]
+        gone = self.ctl.unreachable(replacements)
+        if gone:  # (a spot instance taken back with its GPUs: nothing can be started there)
+            hosts = ", ".join(f"host {h} (rank(s) {rs})" for h, rs in sorted(gone.items()))
+            hosts += " is gone" if len(gone) == 1 else " are gone"
+            if self.method == "auto":
+                return self._repartitioned(plan, events, lost, exc, because=f" and {hosts}, so no "
+                                                                            "replacement process can start")
+            raise RunError([error("E553", f"stage(s) {lost_stages} lost every GPU, so re-routing is impossible, and "
+                                          f"the replacement processes cannot start: {hosts}",
+                                  hint="`--recovery auto` or `--recovery repartition` goes on without them, on the "
+                                       "surviving GPUs laid out anew")] + list(exc.diagnostics))
         found = self.latest_checkpoint()
         if self.restarts >= self.max_restarts:
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it with "
@@ -242,10 +260,6 @@ class RecoveryPolicy:
                                           f"left (--max-restarts {self.max_restarts})", hint=where)]
                            + list(exc.diagnostics))
         self.restarts += 1
-        spec = plan.spec
-        lost_stages = [s for s in range(spec.pp)
-                       if not [g for g in spec.gpus if g.pp == s and g.live and g.rank not in lost]]
-        replacements = [g.rank for g in spec.gpus if g.pp in lost_stages and (g.rank in lost or not g.live)]
         recover = [Failure("recover_gpu", dp=spec.gpus[r].dp, pp=spec.gpus[r].pp) for r in replacements]
         new = self.ctl.replan(plan, events + recover)
         restore = str(found.path) if found else "initial"

@@ -38,8 +38,9 @@ from schedc.live.inject import Injections, parse_injections
 from schedc.live.ledger import Ledger
 from schedc.live.membership import Generation, JobStore
 from schedc.live.options import TrainOptions
-from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited, Injected,
-                                  IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, WorkerError)
+from schedc.live.protocol import (AgentUp, Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited,
+                                  Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, Started,
+                                  WorkerError)
 from schedc.live.recovery import RecoveryPolicy
 from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
@@ -57,6 +58,9 @@ SCHEDC_BUGS = frozenset({"E552"})
 ERROR_REPORT_WAIT = 1.0
 #: Seconds the workers get to exit by themselves once the run is over.
 FINISH_WAIT = 10.0
+#: Seconds another host's agent has to beat once more (it beats every `agent.AGENT_BEAT`) before
+#: its host counts as gone, when a replacement process would be started there.
+AGENT_ANSWER = 1.0
 
 
 class Supervisor(Transitions):
@@ -122,6 +126,7 @@ class Supervisor(Transitions):
         self.lost_to_repartition: set[int] = set()
         self._returned: set[int] = set()
         self.spare: set[int] = set()
+        self.hosts_gone: set[int] = set()  # hosts whose agent stopped answering (`_unreachable`)
         self._grow_at_checkpoint = False  # GPUs came back: grow onto them at the next complete checkpoint
         self._last_beats = 0.0
         self._training_started: float | None = None
@@ -153,7 +158,7 @@ class Supervisor(Transitions):
             Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
             CheckpointFailed: self._on_checkpoint_failed, CaughtUp: lambda m, now: self.rejoins.caught_up(m),
             Probe: self._on_probe, Left: self._on_left, RejoinAsked: self._on_rejoin_asked,
-            Exited: self._on_exit, Injected: self._on_injected,
+            Exited: self._on_exit, Injected: self._on_injected, Started: self._on_started, AgentUp: self._on_agent_up,
         }
 
     # -- public --------------------------------------------------------------------------------
@@ -300,7 +305,7 @@ class Supervisor(Transitions):
 
     def _dispatch(self, msg, now: float) -> None:
         handler = self._handlers.get(type(msg))
-        if handler is not None:  # (`Started` and `AgentUp` need no answer)
+        if handler is not None:
             handler(msg, now)
 
     def _now(self) -> float:
@@ -512,6 +517,31 @@ class Supervisor(Transitions):
         s = self.detector.exited(msg.rank, msg.code, now)
         if s:
             self._suspect(s)
+
+    def _on_started(self, msg: Started, now: float) -> None:
+        """Logged (not printed): which host runs each rank's process, and its pid."""
+        self._note("started", f"rank {msg.rank} runs on host {msg.host} (pid {msg.pid})", quiet=True,
+                   rank=msg.rank, host=msg.host, pid=msg.pid, gpu=self.physical.get(msg.rank, msg.rank))
+
+    def _on_agent_up(self, msg: AgentUp, now: float) -> None:
+        if msg.host in self.hosts_gone:  # (an agent registered again for a host found gone)
+            self.hosts_gone.discard(msg.host)
+            self._note("host", f"host {msg.host}'s agent is back: processes can be started there again",
+                       host=msg.host)
+
+    def _unreachable(self, ranks) -> dict[int, list[int]]:
+        """The hosts of `ranks` that are gone, with their ranks: a host found gone once stays so
+        until its agent registers again; any other asks its agent for one more beat
+        (`Fleet.answers`, AGENT_ANSWER seconds at most)."""
+        by_host = self.fleet.by_host(ranks)
+
+        def gone(host: int) -> None:
+            self.hosts_gone.add(host)
+            self._note("host", f"host {host} is gone: its agent has not answered for {AGENT_ANSWER:g} s, so no "
+                               "process can be started on its GPUs", host=host)
+
+        self.fleet.answers([h for h in by_host if h not in self.hosts_gone], AGENT_ANSWER, gone)
+        return {h: rs for h, rs in by_host.items() if h in self.hosts_gone}
 
     def _on_injected(self, msg: Injected, now: float) -> None:
         inj = self.injections.fired_by_agent(msg.id, msg.t, msg.ranks)

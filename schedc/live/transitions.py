@@ -61,6 +61,7 @@ class Transitions:
         self.spare = outside - self.lost_to_repartition
         self._returned = set()
         self.physical = physical
+        self.fleet.place(physical)
 
     def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None) -> None:
         """Publish the next generation: `plan`'s programs, rendered once (the same files are

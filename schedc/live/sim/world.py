@@ -169,6 +169,12 @@ class SimFleet:
     def by_host(self, ranks) -> dict[int, list[int]]:
         return {0: sorted(ranks)}
 
+    def place(self, physical: dict[int, int]) -> None:
+        pass  # (one host: every rank's process is on it)
+
+    def answers(self, hosts, within: float, note) -> set[int]:
+        return set(hosts)  # (its one host is the supervisor's)
+
     def step(self, timeout: float) -> None:
         self.world.advance(max(timeout, QUANTUM))
 

@@ -1,0 +1,125 @@
+"""`schedc train --hosts 2` when hosts go: a re-partitioned layout's ranks start on their GPUs'
+hosts, and a host taken back with every GPU of a stage (its agent, forkserver and workers killed
+at once, as when a spot instance is reclaimed) is re-partitioned around by `--recovery auto`,
+with `--shadow` losing no work. Each run is checked against single-process training."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import schedc
+from live_support import WAIT_S, spec_text, wait_until
+from schedc.runtime import load_manifest, reference_train
+from test_runtime_support import max_weight_diff
+
+pytestmark = pytest.mark.e2e
+TESTS = Path(__file__).parent
+
+
+def _env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1",
+                PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _two_hosts(tmp_path: Path, out: Path, args: list[str], *, kill_host_after: str | None = None):
+    """`schedc train OUT --hosts 2 ARGS` with `schedc agent --host 1` beside it, in its own session.
+    With `kill_host_after`, host 1 is taken away (SIGKILL to every process of the agent's session)
+    once that text is printed. Returns (supervisor's returncode, stdout, stderr, the run log)."""
+    from schedc.runtime.launcher import free_port
+
+    port = free_port()
+    stdout, stderr, log = tmp_path / "stdout.txt", tmp_path / "stderr.txt", tmp_path / "log.json"
+    with stdout.open("w") as o, stderr.open("w") as e:
+        sup = subprocess.Popen([sys.executable, "-m", "schedc", "train", str(out), "--hosts", "2", "--store-port",
+                                str(port), "--log", str(log), *args], stdout=o, stderr=e, text=True, env=_env())
+    agent = None
+    try:
+        wait_until(lambda: "schedc agent --store" in stdout.read_text() or sup.poll() is not None,
+                   "the supervisor to wait for agents", state=stderr.read_text)
+        with (tmp_path / "agent.txt").open("w") as e:
+            agent = subprocess.Popen([sys.executable, "-m", "schedc", "agent", "--store", f"127.0.0.1:{port}",
+                                      "--host", "1"], stdout=e, stderr=e, env=_env(), start_new_session=True)
+        if kill_host_after is not None:
+            wait_until(lambda: kill_host_after in stdout.read_text() or sup.poll() is not None,
+                       f"`{kill_host_after}` to be printed", state=stdout.read_text)
+            os.killpg(agent.pid, signal.SIGKILL)  # the host is gone: its agent, forkserver and workers
+        sup.wait(timeout=WAIT_S * 2)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+        if agent is not None:
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)  # (what is left of the agent's session)
+            except ProcessLookupError:
+                pass
+            agent.wait(timeout=WAIT_S)
+    return sup.returncode, stdout.read_text(), stderr.read_text(), json.loads(log.read_text())
+
+
+def _exact(out: Path, weights: Path, iterations: int) -> None:
+    ref, _ = reference_train(load_manifest(out), iterations)
+    import torch
+
+    diff = max_weight_diff(torch.load(weights, weights_only=True), ref)
+    assert diff <= 1e-5, f"max abs weight difference {diff:.3g}"
+
+
+def test_a_re_partitioned_layout_starts_each_rank_on_its_gpus_host(tmp_path):
+    """2 x 3, a pipeline per host; both GPUs of stage 1 (one per host) are killed: the survivors run
+    as 2 x 2, and each rank of that layout starts on the host of the GPU it runs on."""
+    out = tmp_path / "out"
+    schedc.compile(spec_text(dp=2, pp=3, optimizer="adam")).write(out)
+    code, stdout, stderr, run_log = _two_hosts(tmp_path, out, [
+        "--iterations", "5", "--recovery", "repartition", "--checkpoint-every", "1", "--save-weights",
+        str(tmp_path / "w.pt"), "--inject", "at iteration 2 during B: fail gpu(dp=0, pp=1)",
+        "--inject", "at iteration 2 during B: fail gpu(dp=1, pp=1)"])
+    assert code == 0, stderr + stdout
+    assert "re-partitioning the 4 survivors as 2 x 2" in stdout, stdout
+    _exact(out, tmp_path / "w.pt", 5)
+    # GPUs 0-2 are host 0's, 3-5 host 1's. The last generation's rank -> GPU map, and who started it:
+    last = run_log["generations"][-1]
+    restart = next(e for e in run_log["events"] if e["kind"] == "restart")
+    gpus = [g for row in restart["layout"]["gpus"] for g in row]
+    started = [e for e in run_log["events"] if e["kind"] == "started"]
+    assert len(started) == 6 + 4, [(e["rank"], e["host"]) for e in started]  # the first plan's, then the layout's
+    for e in started[6:]:
+        assert e["gpu"] == gpus[e["rank"]] and e["host"] == gpus[e["rank"]] // 3, (e, gpus)
+    assert sorted(e["rank"] for e in started[6:]) == sorted(last["members"])
+    assert {e["host"] for e in started[6:]} == {0, 1}  # (both hosts keep GPUs in the layout)
+
+
+def test_a_host_taken_back_with_a_whole_stage_is_re_partitioned_around_with_no_work_lost(tmp_path):
+    """2 x 2 placed stage by stage: host 1 holds both GPUs of stage 1. It is taken away at once
+    (agent, forkserver and workers SIGKILLed) mid-run. `--recovery auto` cannot start replacement
+    processes there, so it lays the survivors out anew (2 x 1 on host 0), from what they hold:
+    with `--shadow`, stage 0's GPUs hold stage 1's state, so nothing trained is lost. (Placed stage by
+    stage, stage 1 is ranks 2 and 3.)"""
+    out = tmp_path / "out"
+    text = spec_text(dp=2, pp=2, optimizer="adam").replace("gpus_per_node = 2", "gpus_per_node = 2  "
+                                                                                 "placement = stage_major")
+    schedc.compile(text).write(out)
+    iterations = 40
+    code, stdout, stderr, run_log = _two_hosts(tmp_path, out, [
+        "--iterations", str(iterations), "--shadow", "--save-weights", str(tmp_path / "w.pt")],
+        kill_host_after="iteration    2 ")
+    assert code == 0, stderr + stdout
+    _exact(out, tmp_path / "w.pt", iterations)
+    kinds = [(e["kind"], e["message"]) for e in run_log["events"]]
+    assert any(k == "host" and "host 1 is gone" in m for k, m in kinds), kinds
+    assert any(k == "shadow" and "saved the state after" in m for k, m in kinds), kinds
+    (restart,) = [m for k, m in kinds if k == "restart"]
+    assert "host 1 (rank(s) [2, 3]) is gone, so no replacement process can start" in restart, restart
+    assert "re-partitioning the 2 survivors" in restart, restart
+    later = [e for e in run_log["events"] if e["kind"] == "started"][4:]
+    assert sorted(e["rank"] for e in later) == [0, 1] and {e["host"] for e in later} == {0}, later
+    # Nothing trained was lost: every iteration ran once, but for the one the loss interrupted and
+    # the step a shadow lags its holder (without shadows: every iteration before the loss, again).
+    runs = [r["runs"] for r in run_log["iterations"]]
+    assert len(runs) == iterations and sum(runs) - iterations <= 2, runs
