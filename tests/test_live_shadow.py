@@ -175,3 +175,46 @@ def test_a_single_stage_job_is_told_that_shadows_need_two_stages(tmp_path):
     with pytest.raises(RunError) as err:
         train(out, iterations=2, shadow=True)
     assert err.value.codes == ["E555"] and "single stage" in err.value.diagnostics[0].message
+
+
+def _tight(tmp_path):
+    """2 x 3 at 48 MiB a GPU: the job's plan peaks at 28 MiB, room for a 16 MiB shadow; re-routed
+    around GPU (dp=1, pp=0), rank 0 peaks at 40 MiB: the plan fits, a shadow beside it does not."""
+    import schedc
+    from live_support import spec_text
+
+    out = tmp_path / "out"
+    schedc.compile(spec_text(dp=2, pp=3, optimizer="adam").replace("memory = 1GiB", "memory = 48MiB")).write(out)
+    return out
+
+
+def test_room_for_shadows_is_judged_per_plan():
+    import schedc
+    from live_support import spec_text
+    from schedc.live.shadow import room_problem
+
+    text = spec_text(dp=2, pp=3, optimizer="adam").replace("memory = 1GiB", "memory = 48MiB")
+    plan = schedc.compile(text)
+    assert room_problem(plan) is None
+    rerouted = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    message, hint = room_problem(rerouted)
+    assert message.startswith("--shadow needs") and "rank 0 (stage 0)" in message and "48MiB" in message, message
+    assert room_problem(schedc.compile(spec_text(dp=2, pp=1)))[0].endswith("this job has a single stage")
+
+
+def test_a_plan_without_room_drops_the_shadows_and_a_stage_lost_later_restores_the_checkpoint(tmp_path):
+    """The re-routed plan has no room for shadows: every worker drops its own, nothing streams, and
+    when stage 1 is then lost on every GPU there is nothing to save: the latest checkpoint is
+    restored (with replacement processes), exactly."""
+    out = _tight(tmp_path)
+    result = train(out, iterations=7, want_weights=True, recovery="reroute", shadow=True, checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=["at iteration 2 during B: fail gpu(dp=1, pp=0)",
+                           "at iteration 4 during B: fail gpu(dp=0, pp=1)",
+                           "at iteration 4 during B: fail gpu(dp=1, pp=1)"])
+    check_exact(out, result, 7)
+    (off,) = [m for m in _events(result, "shadow") if "no room for shadows" in m]
+    assert "rank 0 (stage 0)" in off, _story(result)
+    assert not any("survivors save" in m for m in _events(result, "shadow")), _story(result)
+    assert [g.shadow for g in result.generations][:2] == [True, False], _story(result)
+    assert any("restoring iter-" in m for m in _events(result, "restart")), _story(result)

@@ -199,7 +199,7 @@ class LiveWorker:
             self._wait_joined(gen)
             transport = self._connect(gen, manifest)
             self.rt.retarget(manifest, transport)
-            self._link_shadow(manifest)
+            self._link_shadow(manifest, gen)
             start, undone = self._resume(gen, transport)
             if gen.dump:  # save the survivors' state (own stages and shadows) as a checkpoint, then wait
                 self._dump(gen)
@@ -384,7 +384,7 @@ class LiveWorker:
 
             gpusleep.cycles_per_us(self.rt.device)  # now, not inside the first op an injected slowdown slows
         self.snapshot = StepSnapshot(self.rt.module, getattr(self.rt, "optimizer", None))
-        shadowed = shadowed_stage(self.rt.stage, manifest.pp) if self.config.shadow else None
+        shadowed = shadowed_stage(self.rt.stage, manifest.pp) if self.config.shadow and gen.shadow else None
         if shadowed is not None:
             self.shadow = ShadowStage(manifest, shadowed, emulate=self.config.emulate, device=self.device)
             self.rt.shadow = self.shadow
@@ -489,10 +489,16 @@ class LiveWorker:
         transport.all_reduce_min(target, "the steps the lost stages' shadows hold")
         return int(target[0])
 
-    def _link_shadow(self, manifest: Manifest) -> None:
+    def _link_shadow(self, manifest: Manifest, gen: Generation) -> None:
         """This rank's part in the plan's gradient streaming (--shadow): whom it sends to, and
-        from whom its shadow's gradient comes (none when the plan shadows another stage here)."""
+        from whom its shadow's gradient comes (none when the plan shadows another stage here).
+        A plan without room for shadows (`Generation.shadow`) streams nothing, and the shadow
+        this rank held is dropped (its memory is the plan's now)."""
         if not self.config.shadow:
+            return
+        if not gen.shadow:
+            self.shadow = self.rt.shadow = None
+            self.rt.shadow_to, self.rt.shadow_from = (), None
             return
         link = ShadowLink.of(manifest, self.rank)
         held = assignment(manifest).get(self.rank)

@@ -69,6 +69,9 @@ class Generation:
     # rank -> (dp, pp) of every GPU of the plan, live or not, where its ranks are not the job's
     # own (a re-partitioned layout): the stage a rank on standby holds (None: the job's coords)
     coords: dict[int, tuple[int, int]] | None = None
+    # --shadow: whether this generation's plan keeps shadows (it has the memory for them:
+    # `schedc.live.shadow.room_problem`); a worker that held one drops it otherwise
+    shadow: bool = True
 
     def gpu(self, rank: int) -> int:
         return (self.physical or {}).get(rank, rank)
@@ -85,7 +88,7 @@ class Generation:
                 "restore": self.restore, "injections": list(self.injections), "reason": self.reason,
                 "start_at": self.start_at, "speeds": {str(r): v for r, v in (self.speeds or {}).items()},
                 "dump": self.dump, "physical": {str(r): p for r, p in (self.physical or {}).items()},
-                "coords": {str(r): list(c) for r, c in (self.coords or {}).items()}}
+                "coords": {str(r): list(c) for r, c in (self.coords or {}).items()}, "shadow": self.shadow}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Generation":
@@ -95,7 +98,8 @@ class Generation:
                    speeds={int(r): v for r, v in obj["speeds"].items()} if obj.get("speeds") else None,
                    dump=bool(obj.get("dump", False)),
                    physical={int(r): p for r, p in obj["physical"].items()} if obj.get("physical") else None,
-                   coords={int(r): tuple(c) for r, c in obj["coords"].items()} if obj.get("coords") else None)
+                   coords={int(r): tuple(c) for r, c in obj["coords"].items()} if obj.get("coords") else None,
+                   shadow=bool(obj.get("shadow", True)))
 
 
 #: Bytes per store value of a blob (the libuv store server refuses values over 8 MiB).

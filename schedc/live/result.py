@@ -109,6 +109,7 @@ class GenerationRecord:
     plan_dir: str | None
     t_announce: float
     t_ready: float | None = None
+    shadow: bool | None = None  # --shadow: whether its plan kept shadows (room for them); None without
 
 
 def write_log(path: str | os.PathLike, result: RunResult) -> Path:

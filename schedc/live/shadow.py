@@ -187,17 +187,18 @@ class ShadowStage:
             p.grad.zero_()
 
 
-def check_memory(plan) -> None:
-    """E555 when `--shadow` cannot be kept: a single stage, or a GPU whose planned peak memory plus
-    the previous stage's weights, gradients and optimizer state (the spec's `static` of that
-    stage) passes its memory limit."""
-    from schedc.diagnostics import RunError, error
+def room_problem(plan) -> tuple[str, str] | None:
+    """Why `plan` cannot keep shadows, as (message, hint), or None when it can: a single stage, or
+    a GPU whose planned peak memory plus the previous stage's weights, gradients and optimizer
+    state (the spec's `static` of that stage) passes its memory limit. A re-routed plan raises
+    the peak of the GPUs that take work, and a re-partitioned one holds more layers per GPU, so
+    the supervisor asks again for every plan it announces."""
     from schedc.printer import human_bytes
 
     spec = plan.spec
     if spec.pp < 2:
-        raise RunError([error("E555", "--shadow keeps each stage's state on the next stage, and this job has a "
-                                      "single stage", hint="leave out --shadow")])
+        return ("--shadow keeps each stage's state on the next stage, and this job has a single stage",
+                "leave out --shadow")
     costs = {st.pp: st for st in spec.stages}
     limit = plan.metrics.memory_limit
     worst = None
@@ -206,11 +207,20 @@ def check_memory(plan) -> None:
         need = peak + costs[shadowed_stage(stage, spec.pp)].static
         if need > limit and (worst is None or need > worst[1]):
             worst = (rank, need, peak, stage)
-    if worst is not None:
-        rank, need, peak, stage = worst
-        raise RunError([error("E555", f"--shadow needs {human_bytes(need)} on rank {rank} (stage {stage}): its "
-                                      f"planned peak {human_bytes(peak)} plus stage "
-                                      f"{shadowed_stage(stage, spec.pp)}'s shadow, over the GPUs' "
-                                      f"{human_bytes(limit)}",
-                              hint="leave out --shadow, or give the GPUs more memory (or use more stages: "
-                                   "each stage's state is then smaller)")])
+    if worst is None:
+        return None
+    rank, need, peak, stage = worst
+    return (f"--shadow needs {human_bytes(need)} on rank {rank} (stage {stage}): its planned peak "
+            f"{human_bytes(peak)} plus stage {shadowed_stage(stage, spec.pp)}'s shadow, over the GPUs' "
+            f"{human_bytes(limit)}",
+            "leave out --shadow, or give the GPUs more memory (or use more stages: each stage's state is "
+            "then smaller)")
+
+
+def check_memory(plan) -> None:
+    """E555 when the job's own plan cannot keep shadows (`room_problem`)."""
+    from schedc.diagnostics import RunError, error
+
+    problem = room_problem(plan)
+    if problem is not None:
+        raise RunError([error("E555", problem[0], hint=problem[1])])

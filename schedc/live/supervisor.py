@@ -144,6 +144,7 @@ class Supervisor(Transitions):
         self._wait_noted = False
         self._late = 0
         self.shadows_held: set[int] = set()  # --shadow: ranks whose shadow was exact when they were last ready
+        self.shadows_on = True  # --shadow: whether the newest plan has room for them (`_shadows_fit`)
         self._dump_refused = False  # a dump generation missed its deadline: this recovery restores without one
         self._taken_back: set[int] = set()  # ranks declared failed by silence and given a fresh process once
         control = SupervisorControl(self)

@@ -72,12 +72,14 @@ class Transitions:
         members = tuple(g.rank for g in plan.spec.gpus if g.live)
         armed = self.injections.armed()
         speeds = {g.rank: g.speed for g in plan.spec.gpus if g.live and g.speed < 1.0}
+        shadow = self._shadows_fit(number, plan)
         from schedc.runtime.manifest import MANIFEST_NAME
 
         gen = Generation(number, members, json.loads(files[MANIFEST_NAME]), restore=restore, injections=tuple(armed),
                          reason=reason, start_at=start_at, speeds=speeds,
                          physical={r: p for r, p in self.physical.items() if r != p} or None,
-                         coords={g.rank: (g.dp, g.pp) for g in plan.spec.gpus} if self.repartitioned else None)
+                         coords={g.rank: (g.dp, g.pp) for g in plan.spec.gpus} if self.repartitioned else None,
+                         shadow=shadow)
         now = self._publish(gen, files)
         self.plan = plan
         for r in members:
@@ -93,9 +95,30 @@ class Transitions:
         self._gen_speeds[number] = {g.rank: g.speed for g in plan.spec.gpus if g.live}
         self.generation_records.append(GenerationRecord(number, list(members), reason, restore,
                                                         plan.metrics.iteration_time,
-                                                        None if plan_dir is None else str(plan_dir), round(now, 4)))
+                                                        None if plan_dir is None else str(plan_dir), round(now, 4),
+                                                        shadow=shadow if self.options.shadow else None))
         if number > 0:
             self._pending_write = (number, plan, files)
+
+    def _shadows_fit(self, number: int, plan: Plan) -> bool:
+        """--shadow: whether generation `number`'s plan has the memory to keep shadows (its
+        re-routed or re-partitioned GPUs may not: `schedc.live.shadow.room_problem`); a change is said."""
+        if not self.options.shadow:
+            return True
+        from schedc.live.shadow import room_problem
+
+        problem = room_problem(plan)
+        if (problem is None) != self.shadows_on:
+            self.shadows_on = problem is None
+            if problem is None:
+                self._note("shadow", f"generation {number}: its plan has room for shadows again: the processes that "
+                                     "start on it keep one (those that dropped theirs hold none until they restart)",
+                           generation=number)
+            else:
+                self._note("shadow", f"generation {number}: no room for shadows in its plan ({problem[0]}): every "
+                                     "worker drops its shadow, and a stage lost on every GPU restores the latest "
+                                     "checkpoint until they restart on a plan with room", generation=number)
+        return self.shadows_on
 
     def _publish(self, gen: Generation, files: dict[str, str]) -> float:
         """Announce `gen` and start waiting for its members (nobody ready yet); the time now."""
@@ -360,7 +383,8 @@ class Transitions:
         now = self._publish(gen, {})
         self._gen_speeds[number] = {}
         self.generation_records.append(GenerationRecord(number, list(members), reason, None,
-                                                        self.plan.metrics.iteration_time, None, round(now, 4)))
+                                                        self.plan.metrics.iteration_time, None, round(now, 4),
+                                                        shadow=True))
         self.phase = Phase.RECOVERING
         where = "; ".join(f"stage {s} from its shadow on rank(s) {held_by[s]}" for s in lost)
         self._note("shadow", f"generation {number}: the {len(members)} survivors save the state they hold"

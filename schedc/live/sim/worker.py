@@ -223,6 +223,8 @@ class SimWorker:
         n, members = gen.number, gen.members
         self.generation, self.state = n, "join"
         stage = self._stage(gen)
+        if not gen.shadow:  # (a plan without room for shadows: `LiveWorker._link_shadow`)
+            self.shadow = None
         try:
             directive = self.job.directive(self.rank)
             if gen.start_at is not None and directive and directive.get("role") == "join" \
