@@ -14,13 +14,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from live_support import check_exact, compiled
+from live_support import TOLERANCE, check_exact, compiled
 from schedc.live import train
 from test_runtime_support import max_weight_diff, report_precision
 
 pytestmark = pytest.mark.e2e
 
 ITERATIONS = 4
+#: The random cases' tolerance for the GPT with Adam (lr 1e-3). A re-routed plan sums a stage's
+#: gradient in another order than single-process training; where a parameter's gradient is a
+#: small difference of large float32 terms, that order changes it by a share of itself, which
+#: Adam's normalisation turns into the same share of a whole step (up to lr). Seen: up to 6.8e-6
+#: over 78 cases, once 1.12e-5 (3 x 2 re-routed from iteration 0, in CI); a step applied twice or
+#: skipped moves weights by about lr = 1e-3. The SGD and MLP cases keep 1e-5 (seen: below 1e-7).
+ADAM_GPT_TOLERANCE = 3e-5
 
 
 @pytest.fixture(scope="module")
@@ -188,4 +195,6 @@ def test_random_injections_keep_training_exact(tmp_path_factory, reached, data):
     out = compiled(tmp_path_factory.mktemp("live"), model=model, dp=dp, pp=pp, optimizer=optimizer,
                    microbatches=microbatches)
     result = train(out, iterations=ITERATIONS, inject=injections, want_weights=True)
-    reached.append((f"random {model} {optimizer} {dp}x{pp}: {injections}", check_exact(out, result, ITERATIONS)))
+    reached.append((f"random {model} {optimizer} {dp}x{pp}: {injections}",
+                    check_exact(out, result, ITERATIONS, ADAM_GPT_TOLERANCE if model == "gpt" and
+                                optimizer.startswith("adam") else TOLERANCE)))
