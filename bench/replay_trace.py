@@ -77,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"### {job} (dp {spec.dp} x pp {spec.pp}, {spec.dp * spec.microbatches} microbatches per iteration; "
               f"fault-free {first.fault_free_iteration_s * 1e3:.1f} ms{shadow}; {first.events} events; "
               f"replay {min(wall):.1f}-{max(wall):.1f} s each)\n")
-        restarts = " checkpoint restarts | local restores |" if args.shadow else ""
+        restarts = " checkpoint restarts | local restores | moved in place |" if args.shadow else ""
         print("| policy | samples % of fault-free | stalled h | switches | transitions h |" + restarts)
-        print("|---|---|---|---|---|" + ("---|---|" if args.shadow else ""))
+        print("|---|---|---|---|---|" + ("---|---|---|" if args.shadow else ""))
         for name in POLICIES:
             ps = [r.policies[name] for r, _ in runs]
             counts = (f" {_cell([p.checkpoint_restarts for p in ps], '.1f')} | "
-                      f"{_cell([p.local_restores for p in ps], '.1f')} |") if args.shadow else ""
+                      f"{_cell([p.local_restores for p in ps], '.1f')} | "
+                      f"{_cell([p.in_place_moves for p in ps], '.1f')} |") if args.shadow else ""
             print(f"| {name} | {_cell([100 * p.samples_fraction for p in ps], '.2f')} | "
                   f"{_cell([p.stalled_s / 3600 for p in ps], '.2f')} | {_cell([p.switches for p in ps], '.0f')} | "
                   f"{_cell([p.transition_s / 3600 for p in ps], '.2f')} |" + counts)

@@ -66,7 +66,8 @@ class Decision:
         return {"t": self.t, "live": self.live, "method": self.chosen.method, "reason": self.reason,
                 "iteration_s": self.chosen.iteration_s, "transition_s": round(self.chosen.transition_s, 3),
                 "moved_bytes": self.chosen.moved_bytes, "detail": self.chosen.detail,
-                "restore": ("local" if self.chosen.local else "checkpoint") if self.chosen.restore else None,
+                "restore": (("local" if self.chosen.local else "checkpoint") if self.chosen.restore
+                            else "in place" if self.chosen.local else None),
                 "shadows": self.chosen.shadows,
                 "options": [{"method": o.method, "iteration_s": o.iteration_s,
                              "transition_s": round(o.transition_s, 3), "moved_bytes": o.moved_bytes}
@@ -85,6 +86,7 @@ class PolicyReplay:
     switches: int = 0
     checkpoint_restarts: int = 0  # switches that restart from the latest checkpoint (a planned restart included)
     local_restores: int = 0  # switches that restart from the survivors' states and shadows (no work lost)
+    in_place_moves: int = 0  # re-partitions whose lost stages move from the survivors' shadows, no restart
     decisions: list[Decision] = field(default_factory=list)
     #: (start s, end s, fraction of fault-free throughput) stretches, for the plot.
     segments: list[tuple[float, float, float]] = field(default_factory=list)
@@ -97,7 +99,7 @@ class PolicyReplay:
         out = {"samples_fraction": round(self.samples_fraction, 6), "samples": round(self.samples, 1),
                "stalled_s": round(self.stalled_s, 1), "switches": self.switches,
                "transition_s": round(self.transition_s, 1), "checkpoint_restarts": self.checkpoint_restarts,
-               "local_restores": self.local_restores}
+               "local_restores": self.local_restores, "in_place_moves": self.in_place_moves}
         if decisions:
             out["decisions"] = [d.to_json() for d in self.decisions]
         return out
@@ -298,7 +300,8 @@ class _Run:
     @staticmethod
     def _restore_detail(restore: str | None) -> str:
         return {None: "", "checkpoint": "; lost state restored from the checkpoint",
-                "local": "; lost stage(s) restarted from the survivors' shadows on local disk"}[restore]
+                "local": "; lost stage(s) restarted from the survivors' shadows on local disk",
+                "in place": "; lost stage(s) moved in place from the survivors' shadows"}[restore]
 
     def _user_layout_option(self, method: str, lost_gpus: bool) -> Option:
         failed = self.p.all - self.live
@@ -328,15 +331,23 @@ class _Run:
             if it is None:
                 continue
             overhead = self.p.shadow_s(layout, it)
-            received = received_bytes(self.p.units, layout, self.held)
             restore = self._restore()
-            moved = 0 if restore else max(received.values(), default=0)
-            t = self._transition(restore, lost_gpus, moved)
+            if restore == "local":
+                # `schedc train --shadow` re-partitions in place: no restart, no disk; a lost stage's
+                # layers move from the GPUs holding its shadow, as any layer moves.
+                held = {r: self.held.get(r, frozenset()) | self.shadow.get(r, frozenset()) for r in self.live}
+                moved = max(received_bytes(self.p.units, layout, held).values(), default=0)
+                t = self._transition(None, lost_gpus, moved)
+            else:
+                moved = 0 if restore else max(received_bytes(self.p.units, layout, self.held).values(), default=0)
+                t = self._transition(restore, lost_gpus, moved)
             replicas = [sum(1 for row in layout.ranks if row[st] is not None) for st in range(layout.pp)]
             out.append(Option("repartition", it + (overhead or 0.0), t, moved,
-                              layout.describe(self.p.units.kind) + self._restore_detail(restore),
-                              restore=restore is not None, local=restore == "local", shadows=overhead is not None,
-                              risk_s=self._risk(replicas, overhead is not None), plan=layout))
+                              layout.describe(self.p.units.kind)
+                              + self._restore_detail("in place" if restore == "local" else restore),
+                              restore=restore == "checkpoint", local=restore == "local",
+                              shadows=overhead is not None, risk_s=self._risk(replicas, overhead is not None),
+                              plan=layout))
         return out or [Option("repartition", None, 0.0, detail="no layout fits the live GPUs")]
 
     def _restart_option(self, lost_gpus: bool) -> Option:
@@ -439,6 +450,8 @@ class _Run:
             self.result.switches += 1
             if best.restore and best.local:
                 self.result.local_restores += 1
+            elif best.local:
+                self.result.in_place_moves += 1
             elif best.restore:
                 self.result.checkpoint_restarts += 1
         layout = best.plan if isinstance(best.plan, Layout) else None

@@ -102,18 +102,29 @@ def test_a_layout_without_room_runs_without_shadows():
 def test_a_stage_lost_with_its_holders_alive_loses_no_work(spec):
     trace, seed = burst(spec, {0}, 4)
     costs = Costs()
-    on = replay(spec, trace, seed=seed, policies=["repartition", "auto"], shadow=True)
+    on = replay(spec, trace, seed=seed, policies=["repartition", "auto", "restart"], shadow=True)
     off = replay(spec, trace, seed=seed, policies=["repartition", "auto"])
     before = on.fault_free_iteration_s + on.shadow_overhead_s
     assert on.checkpoint_bytes == 3 * (STATIC - GRADIENT)
     for name in ("repartition", "auto"):
+        # Re-partitioned in place (`schedc train --shadow`): the lost stage's layers move from its
+        # shadows over the link: reconfigure + the interrupted iteration + the largest share moved.
         d = on.policies[name].decisions[0]
-        assert d.chosen.restore and d.chosen.local and "shadows" in d.chosen.detail
-        # reconfigure + the interrupted iteration + the restart + the whole state written and read.
+        assert not d.chosen.restore and d.chosen.local and "moved in place" in d.chosen.detail
+        assert d.chosen.moved_bytes > 0 and d.to_json()["restore"] == "in place"
         assert d.chosen.transition_s == pytest.approx(
-            costs.reconfigure_s + before + costs.restart_s + 2 * on.checkpoint_bytes / costs.disk_bandwidth)
+            costs.reconfigure_s + before + d.chosen.moved_bytes / spec.cluster.link.bandwidth)
         assert on.policies[name].transition_s == pytest.approx(d.chosen.transition_s)
-        assert (on.policies[name].local_restores, on.policies[name].checkpoint_restarts) == (1, 0)
+        p = on.policies[name]
+        assert (p.local_restores, p.in_place_moves, p.checkpoint_restarts) == (0, 1, 0)
+    # A restart restarts every process: the survivors' states go through local disk first:
+    # reconfigure + the interrupted iteration + the restart + the whole state written and read.
+    d = on.policies["restart"].decisions[0]
+    assert d.chosen.restore and d.chosen.local and "shadows" in d.chosen.detail
+    assert d.chosen.transition_s == pytest.approx(
+        costs.reconfigure_s + before + costs.restart_s + 2 * on.checkpoint_bytes / costs.disk_bandwidth)
+    assert (on.policies["restart"].local_restores, on.policies["restart"].checkpoint_restarts) == (1, 0)
+    for name in ("repartition", "auto"):
         # Without shadows the same burst sends the job back to the checkpoint: the work since it is lost.
         d_off = off.policies[name].decisions[0]
         assert d_off.chosen.restore and not d_off.chosen.local and "checkpoint" in d_off.chosen.detail
@@ -181,7 +192,7 @@ def test_cli_shadow_flag(tmp_path, capsys, spec):
     assert out["shadow"] is True and out["costs"]["disk_bandwidth"] == Costs().disk_bandwidth
     assert out["shadow_overhead_s"] == pytest.approx(STEP_US / 1e6)  # (the iteration hides the stream)
     rep = out["policies"]["repartition"]
-    assert rep["local_restores"] == 1 and rep["decisions"][0]["restore"] == "local"
+    assert rep["in_place_moves"] == 1 and rep["decisions"][0]["restore"] == "in place"
     assert cli.main(args) == 0
     off = json.loads(capsys.readouterr().out)
     assert off["shadow"] is False and "disk_bandwidth" not in off["costs"]
