@@ -9,10 +9,16 @@ checkpoint of iteration 5), under the ways `schedc train` goes on:
 * `restart`: every process restarts from the latest checkpoint with the GPUs replaced
   (torchelastic);
 * `repartition --shadow`: as `repartition`, but every GPU of stage 3 holds stage 2's shadow
-  (`schedc.live.shadow`): the survivors save what they hold and restart from that, so no
-  iteration since the last checkpoint is trained again.
+  (`schedc.live.shadow`): the 12 survivors keep their processes and move the layers among
+  themselves in place (`schedc.live.relayout`), so nothing restarts and no iteration since the
+  last checkpoint is trained again.
 
-    python bench/live_stage_loss.py [--iterations N] [--repeats R]
+    python bench/live_stage_loss.py [--iterations N] [--repeats R] [--real-only]
+
+In --emulate mode no tensor moves. A second table runs real compute on the CPU (gloo): a GPT of
+`schedc.models.gpt` (6 layers, hidden 256, Adam) as 2 pipelines x 3 stages, both GPUs of stage 1
+killed in iteration 4, and reports the bytes moved in place against the restarts, with the
+largest weight difference from single-process training.
 
 Then the grow-back: `repartition` again, and the four GPUs asked back at iteration GROW_AT
 (`recover gpu(...)`, named as the job started): reported, from the grow-back's start (the next
@@ -68,13 +74,60 @@ def grow_back(out: Path, iterations: int) -> dict:
             "predicted_after_s": last.predicted_iteration_time_us / 1e6}
 
 
+REAL_SPEC = """
+model "gpt-small" {
+    layers = 6  hidden = 256  heads = 4  seq_len = 64  vocab = 512
+    microbatch_size = 2  precision = fp32
+    source = "schedc.models.gpt:build"
+}
+cluster { dp = 2  pp = 3  gpus_per_node = 3
+          gpu { memory = 80GiB  flops = 60TFLOPS  efficiency = 0.5 }
+          link { latency = 10us  bandwidth = 10GB/s } }
+train { microbatches = 3  optimizer = adam  lr = 0.001 }
+schedule { solver = greedy }
+"""
+REAL_KILL = [f"at iteration 4 during B: fail gpu(dp={d}, pp=1)" for d in range(2)]
+REAL_METHODS = (("repartition --shadow (in place)", "repartition", {"shadow": True}),
+                ("repartition (restart, checkpoint every 2)", "repartition", {"checkpoint_every": 2}),
+                ("auto --shadow (dump, replacements)", "auto", {"shadow": True}))
+
+
+def real(work: Path, iterations: int) -> None:
+    """The real-compute table (see the module docstring)."""
+    from schedc.live import train
+    from schedc.runtime import load_manifest, reference_train
+
+    out = work / "real"
+    schedc.compile(REAL_SPEC).write(out)
+    ref, _ = reference_train(load_manifest(out), iterations)
+    print("| method (real compute, 2 x 3 GPT) | first iteration s | moved in place (all / most to one rank) "
+          "| iterations run again | GPUs after | max weight diff |")
+    print("|---|---|---|---|---|---|")
+    for label, method, options in REAL_METHODS:
+        ckpt = work / "real-ckpt"
+        shutil.rmtree(ckpt, ignore_errors=True)
+        result = train(out, iterations=iterations, inject=REAL_KILL, recovery=method, want_weights=True,
+                       checkpoint_dir=str(ckpt), **options)
+        rec = result.recoveries[-1]
+        t0 = result.recoveries[0].t_fault
+        diff = max(float((result.state_dict[k] - ref[k]).abs().max()) for k in ref)
+        moved = (f"{rec.moved_bytes / 2**20:.2f} / {rec.moved_max_bytes / 2**20:.2f} MiB" if rec.moved_bytes
+                 else "-")
+        print(f"| {label} | {rec.t_first - t0:.2f} | {moved} | {sum(r.runs - 1 for r in result.iterations)} "
+              f"| {len(result.generations[-1].members)} | {diff:.1e} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--real-only", action="store_true", help="only the real-compute table")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="schedc-stage-loss-"))
     try:
+        if args.real_only:
+            real(work, 8)
+            return 0
         out = work / "out"
         schedc.compile(ROOT / "specs" / "emulate-4x4.sched").write(out)
         print("| method | detected s | planned s | reconfigured s | first iteration s | period after s "
@@ -104,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{med('redone'):g} | {med('after_s'):.3f} ({med('predicted_after_s'):.3f}) | {ok[0]['gpus_after']} |")
         else:
             print(f"| 4 GPUs back at iteration {GROW_AT} | did not grow back | | | | |")
+        print()
+        real(work, 8)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -71,6 +71,32 @@ def _exact(out: Path, weights: Path, iterations: int) -> None:
     assert diff <= 1e-5, f"max abs weight difference {diff:.3g}"
 
 
+def test_survivors_on_both_hosts_move_their_layers_in_place_and_keep_their_processes(tmp_path):
+    """2 x 3, a pipeline per host, `--shadow`: both GPUs of stage 1 (one per host) are killed. The
+    four survivors, two on each host, keep their processes: renamed as the 2 x 2 layout's ranks
+    (host 1's agent renames its two), they move the layers among themselves over gloo; a GPU of
+    host 1 killed afterwards is found by its new rank (its agent reports the exit so)."""
+    out = tmp_path / "out"
+    schedc.compile(spec_text(dp=2, pp=3, optimizer="adam")).write(out)
+    code, stdout, stderr, run_log = _two_hosts(tmp_path, out, [
+        "--iterations", "7", "--recovery", "repartition", "--shadow", "--save-weights", str(tmp_path / "w.pt"),
+        "--inject", "at iteration 2 during B: fail gpu(dp=0, pp=1)",
+        "--inject", "at iteration 2 during B: fail gpu(dp=1, pp=1)",
+        "--inject", "at iteration 5 during F: fail rank 3"])
+    assert code == 0, stderr + stdout
+    _exact(out, tmp_path / "w.pt", 7)
+    kinds = [(e["kind"], e["message"]) for e in run_log["events"]]
+    assert any(k == "repartition" and "move the layers among themselves" in m for k, m in kinds), kinds
+    assert len([e for e in run_log["events"] if e["kind"] == "started"]) == 6, kinds  # none restarted
+    # After the move, rank 3 (an injection names a rank of the layout that runs) is GPU (dp=1, pp=1)
+    # of the 2 x 2 layout, a survivor of host 1 (GPUs 3-5 are host 1's): its agent, renamed, kills it.
+    (layout,) = [e["layout"] for e in run_log["events"] if e["kind"] == "repartition"]
+    assert [g for row in layout["gpus"] for g in row][3] >= 3, layout
+    failures = [e for e in run_log["events"] if e["kind"] == "failure"]
+    assert failures[-1]["rank"] == 3 and "SIGKILL" in failures[-1]["message"], failures
+    assert len(run_log["generations"][-1]["members"]) == 3, run_log["generations"][-1]
+
+
 def test_a_re_partitioned_layout_starts_each_rank_on_its_gpus_host(tmp_path):
     """2 x 3, a pipeline per host; both GPUs of stage 1 (one per host) are killed: the survivors run
     as 2 x 2, and each rank of that layout starts on the host of the GPU it runs on."""
@@ -113,12 +139,16 @@ def test_a_host_taken_back_with_a_whole_stage_is_re_partitioned_around_with_no_w
     _exact(out, tmp_path / "w.pt", iterations)
     kinds = [(e["kind"], e["message"]) for e in run_log["events"]]
     assert any(k == "host" and "host 1 is gone" in m for k, m in kinds), kinds
-    assert any(k == "shadow" and "saved the state after" in m for k, m in kinds), kinds
-    (restart,) = [m for k, m in kinds if k == "restart"]
-    assert "host 1 (rank(s) [2, 3]) is gone, so no replacement process can start" in restart, restart
-    assert "re-partitioning the 2 survivors" in restart, restart
-    later = [e for e in run_log["events"] if e["kind"] == "started"][4:]
-    assert sorted(e["rank"] for e in later) == [0, 1] and {e["host"] for e in later} == {0}, later
+    (moving,) = [m for k, m in kinds if k == "repartition"]
+    assert "host 1 (rank(s) [2, 3]) is gone, so no replacement process can start" in moving, moving
+    assert "re-partitioning the 2 survivors" in moving and "move the layers among themselves" in moving, moving
+    assert not [m for k, m in kinds if k == "restart"], kinds
+    # (2 x 1 is one stage: no room for shadows there, which the run says)
+    assert any(k == "shadow" and "no room for shadows" in m and "single stage" in m for k, m in kinds), kinds
+    # The two survivors on host 0 kept their processes (no process started after the first four),
+    # renamed as ranks 0 and 1 of the 2 x 1 layout.
+    assert len([e for e in run_log["events"] if e["kind"] == "started"]) == 4, kinds
+    assert sorted(run_log["generations"][-1]["members"]) == [0, 1], run_log["generations"][-1]
     # Nothing trained was lost: every iteration ran once, but for the one the loss interrupted and
     # the step a shadow lags its holder (without shadows: every iteration before the loss, again).
     runs = [r["runs"] for r in run_log["iterations"]]

@@ -24,75 +24,116 @@ def _story(result) -> list[tuple[str, str]]:
     return [(e["kind"], e["message"]) for e in result.events]
 
 
+def _no_work_lost(result, recovery: str, steps: int) -> None:
+    """The survivors went on from `steps` steps, what the lost stage's shadows held: with
+    --recovery repartition, keeping their processes and moving the layers in place (no restore,
+    no new process); with auto (replacement processes for the lost stage), through a dump
+    generation that saved the state first, which every process then restores."""
+    story = _story(result)
+    if recovery == "repartition":
+        assert any(k == "repartition" and "move the layers among themselves" in m for k, m in story), story
+        assert not any("survivors save" in m for m in _events(result, "shadow")), story
+        assert result.generations[-1].restore is None, story
+        at = next(i for i, (k, _) in enumerate(story) if k == "repartition")
+        assert not [m for k, m in story[at:] if k == "started"], story  # no process started since
+        assert result.recoveries[-1].method == "repartition" and result.recoveries[-1].resumed_at == steps, story
+    else:
+        assert any(f"saved the state after {steps} steps" in m for m in _events(result, "shadow")), story
+        assert result.generations[-1].restore.endswith(f"iter-{steps:06d}"), story
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_a_killed_stage_comes_back_from_its_shadows_with_no_work_lost(tmp_path, optimizer):
+@pytest.mark.parametrize("recovery", ["repartition", "auto"])
+def test_a_killed_stage_comes_back_from_its_shadows_with_no_work_lost(tmp_path, optimizer, recovery):
     # No periodic checkpoint: without shadows the survivors would restart from the initial weights
     # (iterations 0-2 trained again); with them, from the state after 3 steps.
     out = compiled(tmp_path, dp=2, pp=3, optimizer=optimizer)
-    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True,
+    result = train(out, iterations=6, want_weights=True, recovery=recovery, shadow=True,
                    checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1)
     check_exact(out, result, 6)
+    _no_work_lost(result, recovery, 3)
+    if recovery == "repartition":  # 2 x 3 -> 2 x 2 on the 4 survivors, renamed in place (the two deaths
+        # may reach the supervisor in one tick or two: a re-route around the first may come between)
+        assert len(result.generations[-1].members) == 4, _story(result)
+        return
     (saving,) = [m for m in _events(result, "shadow") if "survivors save" in m]
     assert "stage 1 from its shadow on rank(s) [2, 5]" in saving, _story(result)
-    assert any("saved the state after 3 steps" in m for m in _events(result, "shadow")), _story(result)
     dump, last = result.generations[-2:]
     assert sorted(dump.members) == [0, 2, 3, 5] and dump.restore is None
-    assert last.restore.endswith("iter-000003") and len(last.members) == 4, _story(result)
-    (rec,) = result.recoveries
-    assert rec.method == "repartition" and rec.resumed_at == 3
+    assert len(last.members) == 6, _story(result)  # (replacement processes for stage 1)
 
 
-def test_the_gradient_a_holder_received_but_had_not_applied_is_not_lost(tmp_path):
+@pytest.mark.parametrize("recovery", ["repartition", "auto"])
+def test_the_gradient_a_holder_received_but_had_not_applied_is_not_lost(tmp_path, recovery):
     # Without staggered optimizer steps every rank waits for every other before its step, so the
     # holders (stage 2) cannot step in iteration 3 once stage 1 is killed: their shadows lag one
     # step, and the gradient of step 3, received in iteration 3 but applied only at its step,
     # must bring them to 3 steps when the generation ends (gloo reports a receive complete only
     # once waited for: a look that did not wait missed it, and the run fell back to the start).
     out = compiled(tmp_path, dp=2, pp=3, optimizer="adam", stagger=False)
-    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True,
+    result = train(out, iterations=6, want_weights=True, recovery=recovery, shadow=True,
                    checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1)
     check_exact(out, result, 6)
-    assert any("saved the state after 3 steps" in m for m in _events(result, "shadow")), _story(result)
-    assert result.generations[-1].restore.endswith("iter-000003"), _story(result)
+    _no_work_lost(result, recovery, 3)
 
 
-def test_a_stage_killed_in_its_optimizer_step_is_restored_exactly(tmp_path):
+@pytest.mark.parametrize("recovery", ["repartition", "auto"])
+def test_a_stage_killed_in_its_optimizer_step_is_restored_exactly(tmp_path, recovery):
     # Killed in O, before its all-reduce: stage 1 never takes step 4, while the other stages may
-    # (the holders too: a shadow lags its holder by a step). The dump generation saves the steps
-    # the lost stage's shadows hold, 3, the survivors that stepped going back one.
+    # (the holders too: a shadow lags its holder by a step). The survivors go on from the steps
+    # the lost stage's shadows hold, 3, those that stepped going back one.
     out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
-    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True,
+    result = train(out, iterations=6, want_weights=True, recovery=recovery, shadow=True,
                    checkpoint_dir=str(tmp_path / "ckpt"),
                    inject=["at iteration 3 during O: fail gpu(dp=0, pp=1)",
                            "at iteration 3 during O: fail gpu(dp=1, pp=1)"])
     check_exact(out, result, 6)
-    last = result.generations[-1]
-    assert last.restore.endswith("iter-000003"), _story(result)  # (stage 1 never took step 4)
+    _no_work_lost(result, recovery, 3)  # (stage 1 never took step 4)
 
 
 def test_a_holder_lost_while_the_survivors_save_leaves_the_other_holder(tmp_path):
     out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
-    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True,
+    result = train(out, iterations=6, want_weights=True, recovery="auto", shadow=True,
                    checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + ["at recovery 1: fail rank 2"])
     check_exact(out, result, 6)
     assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events), _story(result)
     last = result.generations[-1]
-    assert last.restore.endswith("iter-000003") and 2 not in last.members, _story(result)
+    assert last.restore.endswith("iter-000003"), _story(result)
 
 
-def test_a_gpu_caught_up_from_a_donor_holds_no_shadow_to_save(tmp_path):
-    # Rank 2 (a holder of stage 1) fails and is taken back: it catches up its own stage from a
-    # donor, not its shadow, so only rank 5's shadow of stage 1 is saved when stage 1 is lost.
+def test_a_failure_while_the_layers_move_restores_the_latest_checkpoint(tmp_path):
+    """A survivor killed while the layers move in place (the generation that moves them never
+    becomes ready): no state is whole any more, so the survivors restore the latest complete
+    checkpoint onto the plan that follows, exactly."""
     out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
-    result = train(out, iterations=30, want_weights=True, recovery="repartition", shadow=True,
+    result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True, checkpoint_every=2,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + ["at recovery 1: fail rank 2"])
+    check_exact(out, result, 6)
+    story = _story(result)
+    assert any(k == "repartition" and "move the layers among themselves" in m for k, m in story), story
+    assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events), story
+    moved = next(g for g in result.generations if "move the layers in place" in g.reason)
+    assert moved.t_ready is None, story  # (the move never completed)
+    assert result.generations[-1].restore.endswith("iter-000002"), story
+
+
+@pytest.mark.parametrize("recovery", ["repartition", "auto"])
+def test_a_gpu_caught_up_from_a_donor_holds_no_shadow_to_save(tmp_path, recovery):
+    # Rank 2 (a holder of stage 1) fails and is taken back: it catches up its own stage from a
+    # donor, not its shadow, so only rank 5's shadow of stage 1 is used when stage 1 is lost.
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=30, want_weights=True, recovery=recovery, shadow=True,
                    checkpoint_dir=str(tmp_path / "ckpt"),
                    inject=["at iteration 1 during B: fail gpu(dp=0, pp=2)", "at iteration 2: recover gpu(dp=0, pp=2)",
                            "at iteration 25 during B: fail gpu(dp=0, pp=1)",
                            "at iteration 25 during B: fail gpu(dp=1, pp=1)"])
     check_exact(out, result, 30)
-    (saving,) = [m for m in _events(result, "shadow") if "survivors save" in m]
-    assert "stage 1 from its shadow on rank(s) [5])" in saving, _story(result)
-    assert result.generations[-1].restore.endswith("iter-000025"), _story(result)
+    _no_work_lost(result, recovery, 25)
+    if recovery == "auto":
+        (saving,) = [m for m in _events(result, "shadow") if "survivors save" in m]
+        assert "stage 1 from its shadow on rank(s) [5])" in saving, _story(result)
+    else:
+        assert result.generations[-1].restore is None and result.recoveries[-1].resumed_at == 25, _story(result)
 
 
 def test_a_stage_lost_with_every_holder_falls_back_to_the_checkpoint(tmp_path):

@@ -6,6 +6,9 @@ The modules, from the job down to a rank (docs/live.md):
   moves the run through its phases and carries out what the policies decide.
 - `schedc.live.transitions`: how it changes generation (announce, ready,
   switches, recoveries, deadlines and their escalation, fencing).
+- `schedc.live.relayout`: re-partitioning in place: the survivors renamed as
+  the new layout's ranks (an epoch), their processes kept;
+  `schedc.live.move`: a member's part, the layers moved over gloo.
 - `schedc.live.world`: what it runs against (clock, store, processes): the
   real `LocalWorld`, or `schedc.live.sim`'s deterministic simulation.
 - `schedc.live.options`: `TrainOptions`, the options' defaults and checks.
@@ -28,7 +31,7 @@ The modules, from the job down to a rank (docs/live.md):
   `schedc.runtime`, the layer the generated programs call.
 - `schedc.live.catchup`: a joiner's catch-up from a live donor of its stage.
 - `schedc.live.transfer`: moving state between two ranks, direct (a two-rank
-  gloo group) or through the store; catch-up's seam, and layer moves' next.
+  gloo group) or through the store; catch-up's seam.
 - `schedc.live.opclock`: how long a rank's computed ops take (the host's
   clock on a CPU, CUDA timing events on a GPU), for fail-slow detection.
 - `schedc.live.rollback`: the survivors' agreement on an iteration boundary
@@ -36,7 +39,12 @@ The modules, from the job down to a rank (docs/live.md):
 - `schedc.live.shadow`: `--shadow`, each stage's exact copy on the next
   stage's GPUs (gradient streaming), which a lost stage is restored from.
 - `schedc.live.checkpoint`: complete, atomic per-stage checkpoints, and
-  their assembly from the stages' reports.
+  their assembly from the stages' reports; `schedc.live.reshard`: one
+  stage's state for another split into stages (from a checkpoint, or from
+  the survivors' states in an in-place re-partition).
+- `schedc.live.ledger`: which iterations completed, from the members' reports.
+- `schedc.live.stall`: how long a worker was held stopped or throttled (the
+  stall clock fail-slow detection reads).
 - `schedc.live.inject`: `--inject` injections checked against the plan, and their triggers;
   `schedc.live.inject_syntax`: the `--inject` language (a lark grammar).
 - `schedc.live.result`: what a run records besides its iterations (the

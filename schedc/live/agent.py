@@ -35,7 +35,8 @@ import time
 
 from schedc.live.inject import Injection
 from schedc.live.membership import JobStore
-from schedc.live.protocol import AgentUp, Exited, FireInjection, Injected, SignalRanks, StartRanks, StopAgent
+from schedc.live.protocol import (AgentUp, Exited, FireInjection, Injected, RenameRanks, SignalRanks, StartRanks,
+                                  StopAgent)
 from schedc.runtime.processes import LocalProcesses, StartError
 
 #: Seconds between an agent's beats (`JobStore.agent_beat`): the supervisor asks for one more
@@ -54,6 +55,7 @@ class Agent:
         self._fired: set[int] = set()
         self._injections: dict[int, Injection] | None = None
         self.stopping = False
+        self.epoch = 0  # the epoch its ranks are numbered in (`RenameRanks`)
 
     def register(self) -> None:
         self.job.event(AgentUp(host=self.host, pid=os.getpid(), t=time.time()))
@@ -82,6 +84,14 @@ class Agent:
     def alive(self) -> list[int]:
         return self.local.alive()
 
+    def rename(self, epoch: int, renamed: dict[int, int]) -> None:
+        """Epoch `epoch`: its processes are numbered anew (exits seen before are reported first,
+        under the numbers they had)."""
+        for rank, code in self.local.exits():
+            self.job.event(Exited(rank=rank, code=code, host=self.host, t=time.time(), epoch=self.epoch))
+        self.local.rename(renamed)
+        self.epoch = epoch
+
     # -- the loop ------------------------------------------------------------------------
 
     def step(self, timeout: float) -> None:
@@ -90,13 +100,15 @@ class Agent:
         for cmd in self.job.commands(self.host):
             self._command(cmd)
         for rank, code in self.local.exits():
-            self.job.event(Exited(rank=rank, code=code, host=self.host, t=time.time()))
+            self.job.event(Exited(rank=rank, code=code, host=self.host, t=time.time(), epoch=self.epoch))
 
     def _command(self, cmd) -> None:
         if isinstance(cmd, StartRanks):
             self.start(cmd.ranks)
         elif isinstance(cmd, SignalRanks):
             self.signal(cmd.ranks, cmd.signal)
+        elif isinstance(cmd, RenameRanks):
+            self.rename(cmd.epoch, dict(zip(cmd.old, cmd.new)))
         elif isinstance(cmd, FireInjection):
             self._inject(cmd)
         elif isinstance(cmd, StopAgent):
@@ -159,6 +171,14 @@ class Fleet:
         self.physical: dict[int, int] = {}
         self.local = Agent(job, 0)
         self.local.register()
+
+    def rename(self, epoch: int, renamed: dict[int, int]) -> None:
+        """Every host's agent numbers its processes anew (`Agent.rename`): host 0's now, the
+        others at their next step (their exits say which epoch they are numbered in)."""
+        self.local.rename(epoch, renamed)
+        old, new = tuple(renamed), tuple(renamed.values())
+        for host in range(1, self.hosts):
+            self.job.command(host, RenameRanks(epoch, old, new))
 
     def place(self, physical: dict[int, int]) -> None:
         """The running layout's rank -> the job's GPU it runs on (after a re-partition or a growth):

@@ -43,6 +43,7 @@ from schedc.live import checkpoint, reshard
 from schedc.live.catchup import Donor, Joiner
 from schedc.live.inject import Injection, Trigger
 from schedc.live.membership import Generation, Heartbeat, JobStore
+from schedc.live.move import Held, move_in
 from schedc.live.opclock import make_clock
 from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
                                    IterationDone, Left, Probe, Ready, Started, WorkerError)
@@ -103,6 +104,7 @@ class LiveWorker:
 
     def __init__(self, job: JobStore, rank: int, host: int):
         self.job = job
+        job.epoch = job.epoch_now()  # (`rank` is numbered in the newest epoch: `_follow_renames`)
         self.rank = rank
         self.host = host
         self.config = job.config()
@@ -115,6 +117,7 @@ class LiveWorker:
         self._seq = 0
         self.rt = None
         self.snapshot: StepSnapshot | None = None
+        self._moved = 0  # bytes of layers received in this generation's in-place move (`_resume`)
         self.shadow: ShadowStage | None = None  # --shadow: this rank's copy of the previous stage
         self.trigger = Trigger(())
         self._side_pool: ThreadPoolExecutor | None = None
@@ -159,6 +162,8 @@ class LiveWorker:
         number = self._next_generation(after=-1)
         while number is not None:
             gen = self.job.generation(number)
+            if not self._follow_renames(gen):
+                break  # re-partitioned in place without this process (it is ended anyway)
             if self.rank in gen.members:
                 self._serve(gen)
             else:
@@ -166,6 +171,19 @@ class LiveWorker:
             number = self._next_generation(after=gen.number)
         self._stall_halt.set()
         self.heartbeat.halt()
+
+    def _follow_renames(self, gen: Generation) -> bool:
+        """Take the rank this process has in `gen`'s epoch (the survivors of an in-place
+        re-partition are numbered anew: `schedc.live.relayout`); False if it has none."""
+        while self.job.epoch < gen.epoch:
+            epoch = self.job.epoch + 1
+            renamed = self.job.rename(epoch)
+            if self.rank not in renamed:
+                return False
+            self.rank = renamed[self.rank]
+            self.job.epoch = self._side_job.epoch = epoch
+            self.heartbeat.rename(epoch, self.rank)
+        return True
 
     def _next_generation(self, after: int) -> int | None:
         """The newest generation after `after`, or None once the run is stopped."""
@@ -183,6 +201,12 @@ class LiveWorker:
         self.generation = gen.number
         self.state = "join"
         manifest = Manifest.from_json(gen.manifest)
+        held = None
+        if self.rt is not None and (gen.moved is not None or self._reshaped(manifest)):
+            # Other layers (a re-partition): a new stage, whose state comes from the others
+            # (`schedc.live.move`) or from the generation's restore. The old one sends from here.
+            held = Held(self.rt, self.snapshot, self.shadow)
+            self.rt = self.shadow = None
         if self.rt is None:
             self.state = "build"  # (building the model: the supervisor does not count it as reconfiguring)
             self._build(manifest, gen)
@@ -200,7 +224,8 @@ class LiveWorker:
             transport = self._connect(gen, manifest)
             self.rt.retarget(manifest, transport)
             self._link_shadow(manifest, gen)
-            start, undone = self._resume(gen, transport)
+            start, undone = self._resume(gen, transport, manifest, held)
+            held = None  # (moved or restored: the old stage is done with)
             if gen.dump:  # save the survivors' state (own stages and shadows) as a checkpoint, then wait
                 self._dump(gen)
                 self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time(),
@@ -208,7 +233,8 @@ class LiveWorker:
                 return
             program = self._program(gen, manifest)
             self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time(),
-                                  shadow=self._shadow_valid()))
+                                  shadow=self._shadow_valid(), moved=self._moved))
+            self._moved = 0
             self.state = "run"
             for it in range(start, self.config.iterations):
                 if self.aborted():
@@ -446,10 +472,28 @@ class LiveWorker:
         return Transport(manifest, self.rank, self.config.wait_timeout, world=formed["world"], stage=formed["stage"],
                          interrupted=self._interrupted, device=self.device)  # (gloo: tensors go through the CPU)
 
-    def _resume(self, gen: Generation, transport) -> tuple[int, bool]:
+    def _reshaped(self, manifest: Manifest) -> bool:
+        """Whether `manifest` gives this rank other layers than its stage holds (or another rank
+        number: the survivors of an in-place re-partition are numbered anew)."""
+        rt = self.rt
+        if rt.rank != self.rank or self.rank not in manifest.coords:
+            return rt.rank != self.rank
+        stage = manifest.coords[self.rank][1]
+        if manifest.partition is None or rt.partition is None:
+            return (stage, manifest.pp) != (rt.stage, rt.manifest.pp)
+        return tuple(manifest.partition[stage]) != tuple(rt.partition[rt.stage])
+
+    def _resume(self, gen: Generation, transport, manifest: Manifest, held: Held | None) -> tuple[int, bool]:
         """(iteration to start from, whether this rank undid its last step)."""
         import torch
 
+        if gen.moved is not None and gen.restore is None:
+            start, undone, self._moved = move_in(gen, manifest, self.rank, transport, held, self.rt, self.shadow)
+            self.snapshot.invalidate()
+            return start, undone
+        if held is not None and gen.restore is None:
+            raise RunError([error("E552", f"rank {self.rank} was given other layers with no state for them",
+                                  hint="this is a bug in schedc's live runtime; please report it")])
         if gen.restore is not None:
             self._restore(gen.restore)
         # One all-reduce MIN of (steps, -steps): the fewest and the most steps any member applied.

@@ -13,11 +13,12 @@ Keys (values are JSON unless said otherwise):
 | ``gen/N`` | supervisor | `Generation` N: members, plan manifest, how to restore |
 | ``gen/N/file/F`` | supervisor | the text of program file F of generation N (a rank's, or a class's) |
 | ``abort`` | supervisor | the highest aborted generation (text; -1: none) |
-| ``dir/R`` | supervisor | rank R's role in a catch-up: ``{"role": "donate"|"join", "session", ...}`` |
+| ``dir/E/R`` | supervisor | rank R's (of epoch E) role in a catch-up: ``{"role": "donate"|"join", "session", ...}`` |
 | ``cu/S/state``, ``cu/S/grad/K`` | donor | catch-up session S: the stage's state, then each step's summed gradient |
 | ``stop`` | supervisor | the run is over (text: why) |
 | ``progress`` | supervisor | the newest iteration completed (text) |
-| ``hb/R`` | worker R | heartbeat: ``"gen iteration ops state"``, rewritten every interval |
+| ``hb/E/R`` | worker R (of epoch E) | heartbeat: ``"gen iteration ops state"``, rewritten every interval |
+| ``epoch``, ``rename/E`` | supervisor | the newest epoch (a count); epoch E's ranks of the survivors of epoch E-1 (`put_rename`) |
 | ``join/N/R`` | worker R | R is ready to build generation N's process groups |
 | ``result/N/S`` | worker | stage S's weights after the last iteration (torch.save bytes) |
 
@@ -72,6 +73,13 @@ class Generation:
     # --shadow: whether this generation's plan keeps shadows (it has the memory for them:
     # `schedc.live.shadow.room_problem`); a worker that held one drops it otherwise
     shadow: bool = True
+    # The epoch its ranks are numbered in (`JobStore.put_rename`): a process that knew an older
+    # one follows the renames up to it before it reads anything else of the generation.
+    epoch: int = 0
+    # An in-place re-partition (`schedc.live.relayout`): the layout its members ran before, as
+    # ``{"pp": P, "stage": {member: its stage then}}``; the
+    # members move the layers among themselves before the first iteration (`schedc.live.move`)
+    moved: dict | None = None
 
     def gpu(self, rank: int) -> int:
         return (self.physical or {}).get(rank, rank)
@@ -88,7 +96,8 @@ class Generation:
                 "restore": self.restore, "injections": list(self.injections), "reason": self.reason,
                 "start_at": self.start_at, "speeds": {str(r): v for r, v in (self.speeds or {}).items()},
                 "dump": self.dump, "physical": {str(r): p for r, p in (self.physical or {}).items()},
-                "coords": {str(r): list(c) for r, c in (self.coords or {}).items()}, "shadow": self.shadow}
+                "coords": {str(r): list(c) for r, c in (self.coords or {}).items()}, "shadow": self.shadow,
+                "epoch": self.epoch, "moved": self.moved}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Generation":
@@ -99,7 +108,9 @@ class Generation:
                    dump=bool(obj.get("dump", False)),
                    physical={int(r): p for r, p in obj["physical"].items()} if obj.get("physical") else None,
                    coords={int(r): tuple(c) for r, c in obj["coords"].items()} if obj.get("coords") else None,
-                   shadow=bool(obj.get("shadow", True)))
+                   shadow=bool(obj.get("shadow", True)), epoch=int(obj.get("epoch", 0)),
+                   moved=None if not obj.get("moved") else {**obj["moved"], "stage": {
+                       int(r): s for r, s in obj["moved"]["stage"].items()}})
 
 
 #: Bytes per store value of a blob (the libuv store server refuses values over 8 MiB).
@@ -117,6 +128,10 @@ class JobStore:
         self.store = store
         self.host = host
         self.port = port
+        # The epoch whose rank numbers this connection's per-rank keys (heartbeats, directives)
+        # use: a layout re-partitioned in place renames its survivors (`put_rename`), so that a
+        # rank number of one epoch never reads or writes the keys of the same number before.
+        self.epoch = 0
 
     @classmethod
     def serve(cls, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> "JobStore":
@@ -138,7 +153,9 @@ class JobStore:
 
     def clone(self) -> "JobStore":
         """A second connection (for another thread: one connection is not shared between threads)."""
-        return JobStore(self.store.clone(), self.host, self.port)
+        job = JobStore(self.store.clone(), self.host, self.port)
+        job.epoch = self.epoch
+        return job
 
     # -- the run -----------------------------------------------------------------
 
@@ -189,12 +206,28 @@ class JobStore:
     def aborted(self) -> int:
         return int(self.store.get("abort"))
 
+    # -- epochs: the ranks of a layout whose survivors were renamed in place ---------------
+
+    def epoch_now(self) -> int:
+        """The newest epoch (0 until the first in-place re-partition): a process started now has
+        its rank in that epoch's numbering."""
+        return self.store.add("epoch", 0)
+
+    def put_rename(self, epoch: int, renamed: dict[int, int]) -> None:
+        """Epoch `epoch` begins: the process of rank r (of the epoch before) is rank `renamed[r]`
+        now; one not named has no place. Written before the epoch count is raised."""
+        self.store.set(f"rename/{epoch}", _dumps({str(r): n for r, n in renamed.items()}))
+        self.store.add("epoch", 1)
+
+    def rename(self, epoch: int) -> dict[int, int]:
+        return {int(r): n for r, n in json.loads(self.store.get(f"rename/{epoch}")).items()}
+
     def direct(self, rank: int, directive: dict | None) -> None:
         """Give rank `rank` a catch-up role (None: none)."""
-        self.store.set(f"dir/{rank}", _dumps(directive))
+        self.store.set(f"dir/{self.epoch}/{rank}", _dumps(directive))
 
     def directive(self, rank: int) -> dict | None:
-        key = f"dir/{rank}"
+        key = f"dir/{self.epoch}/{rank}"
         return json.loads(self.store.get(key)) if self.store.check([key]) else None
 
     def put_blob(self, key: str, blob: bytes) -> None:
@@ -229,7 +262,7 @@ class JobStore:
     # -- heartbeats -----------------------------------------------------------------
 
     def beat(self, rank: int, payload: str) -> None:
-        self.store.set(f"hb/{rank}", payload)
+        self.store.set(f"hb/{self.epoch}/{rank}", payload)
 
     def agent_beat(self, host: int) -> None:
         """Another host's agent is alive (`schedc.live.agent.Agent.serve`, every AGENT_BEAT seconds)."""
@@ -240,14 +273,14 @@ class JobStore:
         return self.store.add(f"agent/{host}/beats", 0)
 
     def forget_heartbeat(self, rank: int) -> None:
-        self.store.delete_key(f"hb/{rank}")
+        self.store.delete_key(f"hb/{self.epoch}/{rank}")
 
     def heartbeats(self, ranks) -> dict[int, str]:
         """The last heartbeat of each rank that has sent one."""
-        ranks = [r for r in ranks if self.store.check([f"hb/{r}"])]
+        ranks = [r for r in ranks if self.store.check([f"hb/{self.epoch}/{r}"])]
         if not ranks:
             return {}
-        values = self.store.multi_get([f"hb/{r}" for r in ranks])
+        values = self.store.multi_get([f"hb/{self.epoch}/{r}" for r in ranks])
         return {r: v.decode() for r, v in zip(ranks, values)}
 
     # -- queues (typed messages: `schedc.live.protocol`) ------------------------------
@@ -309,7 +342,14 @@ class Heartbeat:
 
     def __post_init__(self) -> None:
         self._halt = threading.Event()
+        self._renaming = threading.Lock()  # the rank and its epoch change together (`rename`)
         self._thread = threading.Thread(target=self._run, name=f"schedc-heartbeat-{self.rank}", daemon=True)
+
+    def rename(self, epoch: int, rank: int) -> None:
+        """This process is rank `rank` of epoch `epoch` from now on (an in-place re-partition)."""
+        with self._renaming:
+            self.job.epoch, self.rank = epoch, rank
+            self.directive = None
 
     def start(self) -> "Heartbeat":
         self._thread.start()
@@ -323,11 +363,12 @@ class Heartbeat:
         last_ok = time.monotonic()
         while not self._halt.is_set():
             try:
-                self.job.beat(self.rank, self.payload())
+                with self._renaming:
+                    self.job.beat(self.rank, self.payload())
+                    self.directive = self.job.directive(self.rank)
                 self.aborted = self.job.aborted()
                 self.stopped = self.stopped or self.job.stopped()
                 self.latest = self.job.latest_generation()
-                self.directive = self.job.directive(self.rank)
                 self.progress = self.job.progress()
                 last_ok = time.monotonic()
             except Exception:  # the store is unreachable: the supervisor died or the network broke

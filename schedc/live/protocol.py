@@ -6,7 +6,7 @@ Every role talks through the job's store queues (`schedc.live.membership`):
 |---|---|---|
 | ``reports`` | worker -> supervisor | `Started`, `Ready`, `IterationDone`, `Aborted`, `Left`, `Done`, `CheckpointWritten`, `CheckpointFailed`, `CaughtUp`, `Probe`, `WorkerError`; `RejoinAsked` from `schedc rejoin` |
 | ``events`` | agent -> supervisor | `AgentUp`, `Exited`, `Injected` |
-| ``agent/H/cmd`` | supervisor, worker -> agent H | `StartRanks`, `SignalRanks`, `FireInjection`, `StopAgent` |
+| ``agent/H/cmd`` | supervisor, worker -> agent H | `StartRanks`, `SignalRanks`, `RenameRanks`, `FireInjection`, `StopAgent` |
 
 `schedc run` uses the same `IterationDone`, `Weights` and `WorkerError`
 over each rank's pipe. Messages are frozen dataclasses; `encode`/`decode`
@@ -104,6 +104,7 @@ class Ready:
     undone: bool  # it undid its last optimizer step (it was one ahead)
     t: float
     shadow: bool = False  # --shadow: it holds an exact shadow of the previous stage, at `start` steps
+    moved: int = 0  # bytes of layers it received from other members (an in-place re-partition)
 
 
 @message("iter")
@@ -239,6 +240,7 @@ class Exited:
     code: int
     host: int
     t: float
+    epoch: int = 0  # the epoch `rank` is numbered in (the agent's, when it saw the exit)
 
 
 @message("injected")
@@ -258,6 +260,16 @@ class Injected:
 @message("start")
 class StartRanks:
     ranks: tuple[int, ...]
+
+
+@message("rename")
+class RenameRanks:
+    """Epoch `epoch` begins: the process of rank ``old[i]`` is rank ``new[i]`` from now on (the
+    survivors of an in-place re-partition); the agent's other processes have ended."""
+
+    epoch: int
+    old: tuple[int, ...]
+    new: tuple[int, ...]
 
 
 @message("signal")

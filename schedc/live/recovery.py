@@ -82,6 +82,11 @@ def repartition_layout(spec, gpus: Sequence[int]):
     return layout, plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
 
 
+def lost_stages(spec, lost: set[int]) -> list[int]:
+    """The stages of `spec` with no live GPU outside `lost`."""
+    return [s for s in range(spec.pp) if not [g for g in spec.gpus if g.pp == s and g.live and g.rank not in lost]]
+
+
 def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
     """Replan events for ranks that died: a whole node as `fail node N`, else one GPU each."""
     per = spec.cluster.gpus_per_node
@@ -138,12 +143,27 @@ class RecoveryPolicy:
         self.initial_plan = initial_plan
         self.latest_checkpoint = latest_checkpoint
         self.restarts = 0
+        self._in_place = False
         self.iterations = iterations  # the run's total (E553's resume command); None: not known here
 
-    def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int]) -> Change:
+    def repartitions(self, plan: "Plan", lost: set[int]) -> bool:
+        """Whether `decide` lays the survivors out anew: a stage of `plan` lost every GPU, and the
+        policy is ``repartition``, or ``auto`` with the host of a GPU to replace gone."""
+        spec = plan.spec
+        stages = lost_stages(spec, lost)
+        if not stages or self.method not in ("repartition", "auto"):
+            return False
+        if self.method == "repartition":
+            return True
+        return bool(self.ctl.unreachable([g.rank for g in spec.gpus if g.pp in stages
+                                          and (g.rank in lost or not g.live)]))
+
+    def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int], *, in_place: bool = False) -> Change:
         """The change after `failed` failed, from `plan` (the last plan that ran); `lost` holds
         every rank lost for good so far, `failed` included. Raises `RunError` when the run cannot
-        go on."""
+        go on. `in_place`: a re-partition moves the survivors' state among them instead of
+        restarting every process (`schedc.live.relayout`): said so, and no restart is counted."""
+        self._in_place = in_place
         if self.method == "restart":
             found = self.latest_checkpoint()
             restore = str(found.path) if found else "initial"
@@ -213,7 +233,7 @@ class RecoveryPolicy:
         found = self.latest_checkpoint()
         units = units_of(spec)
         laid = repartition_layout(spec, survivors)
-        if self.restarts >= self.max_restarts or laid is None:
+        if (self.restarts >= self.max_restarts and not self._in_place) or laid is None:
             why = (f"no restart is left (--max-restarts {self.max_restarts})" if laid is not None else
                    f"the {len(survivors)} surviving GPU(s) cannot hold {spec.dp} pipeline(s) of the model")
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
@@ -221,25 +241,32 @@ class RecoveryPolicy:
                      "no checkpoint was written (train with --checkpoint-every K)")
             raise RunError([error("E553", f"a stage lost every GPU and the survivors cannot be re-partitioned: "
                                           f"{why}", hint=where)] + list(exc.diagnostics))
-        self.restarts += 1
         layout, new = laid
         slices, ranks = layout.slices, layout.ranks
+        shape = {"dp": layout.dp, "pp": layout.pp, "slices": [list(s) for s in slices],
+                 "gpus": [list(row) for row in ranks]}
+        if self._in_place:
+            self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} "
+                                         f"survivors as {layout.describe(units.kind)}; they keep their processes and "
+                                         "move the layers among themselves (a lost stage's from its shadows)",
+                          layout=shape)
+            return Change(new, tuple(describe(events)), "repartition", restart_all=True,
+                          ranks=tuple(tuple(row) for row in ranks))
+        self.restarts += 1
         restore = str(found.path) if found else "initial"
         self.ctl.note("restart", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} survivors as "
                                  f"{layout.describe(units.kind)} and restarting every process from "
                                  f"{found.path.name if found else 'the initial weights'}, re-sharded "
                                  f"(restart {self.restarts} of {self.max_restarts})", restore=restore,
-                      layout={"dp": layout.dp, "pp": layout.pp, "slices": [list(s) for s in slices],
-                              "gpus": [list(row) for row in ranks]})
+                      layout=shape)
         return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True,
                       ranks=tuple(tuple(row) for row in ranks))
 
     def _from_checkpoint(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""
         spec = plan.spec
-        lost_stages = [s for s in range(spec.pp)
-                       if not [g for g in spec.gpus if g.pp == s and g.live and g.rank not in lost]]
-        replacements = [g.rank for g in spec.gpus if g.pp in lost_stages and (g.rank in lost or not g.live)]
+        stages = lost_stages(spec, lost)
+        replacements = [g.rank for g in spec.gpus if g.pp in stages and (g.rank in lost or not g.live)]
         gone = self.ctl.unreachable(replacements)
         if gone:  # (a spot instance taken back with its GPUs: nothing can be started there)
             hosts = ", ".join(f"host {h} (rank(s) {rs})" for h, rs in sorted(gone.items()))
@@ -247,7 +274,7 @@ class RecoveryPolicy:
             if self.method == "auto":
                 return self._repartitioned(plan, events, lost, exc, because=f" and {hosts}, so no "
                                                                             "replacement process can start")
-            raise RunError([error("E553", f"stage(s) {lost_stages} lost every GPU, so re-routing is impossible, and "
+            raise RunError([error("E553", f"stage(s) {stages} lost every GPU, so re-routing is impossible, and "
                                           f"the replacement processes cannot start: {hosts}",
                                   hint="`--recovery auto` or `--recovery repartition` goes on without them, on the "
                                        "surviving GPUs laid out anew")] + list(exc.diagnostics))
@@ -263,10 +290,10 @@ class RecoveryPolicy:
         recover = [Failure("recover_gpu", dp=spec.gpus[r].dp, pp=spec.gpus[r].pp) for r in replacements]
         new = self.ctl.replan(plan, events + recover)
         restore = str(found.path) if found else "initial"
-        self.ctl.note("restart", f"stage(s) {lost_stages} lost every GPU: restoring "
+        self.ctl.note("restart", f"stage(s) {stages} lost every GPU: restoring "
                                  f"{found.path.name if found else 'the initial weights'} with replacement "
                                  f"process(es) for rank(s) {replacements} (restart {self.restarts} of "
-                                 f"{self.max_restarts})", stages=lost_stages, replacements=replacements,
+                                 f"{self.max_restarts})", stages=stages, replacements=replacements,
                       restore=restore)
         return Change(new, tuple(describe(events + recover)), "checkpoint", restore=restore,
                       replacements=tuple(replacements))

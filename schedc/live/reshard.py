@@ -22,6 +22,7 @@ run by `checkpoint.check_resumable`): they decide the data of each step.
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from schedc.diagnostics import RunError, error
 from schedc.live.checkpoint import Checkpoint, load_stage
@@ -38,51 +39,71 @@ def reshard_stage(found: Checkpoint, layers: tuple[int, int] | None, module) -> 
     """
     if module is None:
         return {"steps": found.iteration, "model": {}, "optimizer": None}
-    from schedc.runtime.primitives import optimized_names
-
     partition = found.meta.get("partition")
     if not partition:
         raise RunError([error("E570", f"checkpoint `{found.path}` does not record how its model was split "
                                       "into stages: it can be resumed only by a plan of the same split",
                               hint="resume with a plan of the same split, or from a newer checkpoint")])
-    first, end = layers
-    names = optimized_names(module)
-    index = {_layer_key(name, first): i for i, name in enumerate(names)}
-    model, state, groups = {}, {}, []
-    for stage, (a, b) in enumerate(partition):
-        if b <= first or a >= end:
-            continue
+
+    def load(stage: int) -> dict:
         old = load_stage(found, stage)
         if int(old.get("steps", -1)) != found.iteration:
             raise RunError([error("E570", f"stage {stage} of checkpoint `{found.path}` holds {old.get('steps')} "
                                           f"steps, its meta.json {found.iteration}",
                                   hint="resume from another checkpoint")])
+        return old
+
+    return assemble(partition, load, found.iteration, layers, module, f"checkpoint `{found.path}`")
+
+
+def needed_stages(partition, layers: tuple[int, int]) -> list[int]:
+    """The stages of the split `partition` that hold some of the layers [a, b) = `layers`."""
+    first, end = layers
+    return [stage for stage, (a, b) in enumerate(partition) if b > first and a < end]
+
+
+def assemble(partition, load: Callable[[int], dict], steps: int, layers: tuple[int, int], module,
+             source: str) -> dict:
+    """The state of the stage holding layers [a, b) = `layers` (`module` its module), gathered
+    from the states of the stages of the split `partition` that hold them: `load(stage)` gives
+    one (as `Runtime.stage_state` makes it: its tensors under the stage's local keys, its
+    optimizer state, `params`), after `steps` steps. `source` names where they come from in an
+    E570 (a checkpoint, or the survivors of a live run)."""
+    from schedc.runtime.primitives import optimized_names
+
+    first, end = layers
+    names = optimized_names(module)
+    index = {_layer_key(name, first): i for i, name in enumerate(names)}
+    model, state, groups = {}, {}, []
+    for stage in needed_stages(partition, layers):
+        a = partition[stage][0]
+        old = load(stage)
         for key, tensor in old["model"].items():
             layer, rest = _layer_key(key, a)
             if first <= layer < end:
                 model[f"{layer - first}.{rest}"] = tensor
         if old.get("optimizer") is not None:
-            groups += _move_optimizer_state(found, stage, old, a, (first, end), index, state)
+            groups += _move_optimizer_state(source, stage, old, a, (first, end), index, state)
     wanted = module.state_dict()
     missing, extra = sorted(set(wanted) - set(model)), sorted(set(model) - set(wanted))
     resized = sorted(k for k in set(wanted) & set(model) if tuple(wanted[k].shape) != tuple(model[k].shape))
     if missing or extra or resized:
         what = "; ".join(f"{label} {_some(keys)}" for label, keys in
                          (("lacks", missing), ("has unknown", extra), ("has other shapes of", resized)) if keys)
-        raise RunError([error("E570", f"checkpoint `{found.path}` does not fit layers [{first}, {end}) of the "
+        raise RunError([error("E570", f"{source} does not fit layers [{first}, {end}) of the "
                                       f"plan's model: it {what} (keys of the plan's stage module)",
                               hint="resume with the model that wrote it, or from another checkpoint")])
-    return {"steps": found.iteration, "model": model, "optimizer": _optimizer(found, names, state, groups)}
+    return {"steps": steps, "model": model, "optimizer": _optimizer(source, names, state, groups)}
 
 
-def _move_optimizer_state(found: Checkpoint, stage: int, old: dict, a: int, layers: tuple[int, int],
+def _move_optimizer_state(source: str, stage: int, old: dict, a: int, layers: tuple[int, int],
                           index: dict, state: dict) -> list[dict]:
     """Copy the per-parameter state of old stage `stage` (first layer `a`) that belongs to
     `layers` into `state` under the new indices (`index`: (layer, name) -> new index); the
     hyperparameters of each of its parameter groups that hold such a parameter."""
     names = old.get("params")
     if names is None:
-        raise RunError([error("E570", f"stage {stage} of checkpoint `{found.path}` does not name its parameters",
+        raise RunError([error("E570", f"stage {stage} of {source} does not name its parameters",
                               hint="resume with a plan of the same split (written by an older schedc)")])
     first, end = layers
     groups = []
@@ -94,7 +115,7 @@ def _move_optimizer_state(found: Checkpoint, stage: int, old: dict, a: int, laye
             new = index.get(_layer_key(names[j], a))
             if new is None:
                 layer, rest = _layer_key(names[j], a)
-                raise RunError([error("E570", f"parameter `{rest}` of layer {layer} in checkpoint `{found.path}` "
+                raise RunError([error("E570", f"parameter `{rest}` of layer {layer} in {source} "
                                               "is not a trainable parameter of the plan's model",
                                       hint="resume with the model that wrote it")])
             if j in old["optimizer"]["state"]:
@@ -102,7 +123,7 @@ def _move_optimizer_state(found: Checkpoint, stage: int, old: dict, a: int, laye
     return groups
 
 
-def _optimizer(found: Checkpoint, names: list[str], state: dict, groups: list[dict]) -> dict | None:
+def _optimizer(source: str, names: list[str], state: dict, groups: list[dict]) -> dict | None:
     """The new stage's optimizer state_dict: one group (as `primitives.make_optimizer` makes)
     over all its parameters, with the hyperparameters every old group agreed on."""
     if not names:
@@ -111,7 +132,7 @@ def _optimizer(found: Checkpoint, names: list[str], state: dict, groups: list[di
     if len(settings) != 1:
         why = f"disagree on the optimizer's settings ({len(settings)} kinds of parameter group)" if settings \
             else "hold no optimizer for the layers of this stage"
-        raise RunError([error("E570", f"the stages of checkpoint `{found.path}` {why}",
+        raise RunError([error("E570", f"the stages of {source} {why}",
                               hint="resume with a plan of the same split")])
     return {"state": {i: state[i] for i in sorted(state)},
             "param_groups": [{**groups[0], "params": list(range(len(names)))}]}

@@ -24,6 +24,7 @@ one line per finished iteration and per event.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from pathlib import Path
@@ -47,6 +48,7 @@ from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
 from schedc.live.slowness import Slowness
 from schedc.live.world import LocalWorld, World
+from schedc.live.relayout import Relayout
 from schedc.live.transitions import TICK, Transitions, replan_solver
 from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
@@ -63,7 +65,7 @@ FINISH_WAIT = 10.0
 AGENT_ANSWER = 1.0
 
 
-class Supervisor(Transitions):
+class Supervisor(Transitions, Relayout):
     """Runs the compiled plan in `out` on live workers and keeps it training through failures."""
 
     def __init__(self, out: str | Path, options: TrainOptions = TrainOptions(), *,
@@ -127,6 +129,8 @@ class Supervisor(Transitions):
         self._returned: set[int] = set()
         self.spare: set[int] = set()
         self.hosts_gone: set[int] = set()  # hosts whose agent stopped answering (`_unreachable`)
+        self.epoch = 0  # how its ranks are numbered: one more at each in-place re-partition (`Relayout`)
+        self._renames: dict[int, dict[int, int]] = {}  # epoch -> rank of the epoch before -> rank then
         self._grow_at_checkpoint = False  # GPUs came back: grow onto them at the next complete checkpoint
         self._last_beats = 0.0
         self._training_started: float | None = None
@@ -505,6 +509,11 @@ class Supervisor(Transitions):
     # -- what agents tell ----------------------------------------------------------------------------
 
     def _on_exit(self, msg: Exited, now: float) -> None:
+        if msg.epoch != self.epoch:  # numbered before an in-place re-partition renamed the survivors
+            rank = self._current_rank(msg.rank, msg.epoch)
+            if rank is None:
+                return  # a process without a place in the new layout: its end was expected
+            msg = dataclasses.replace(msg, rank=rank, epoch=self.epoch)
         self.alive.discard(msg.rank)
         if self.phase in (Phase.FINISHING, Phase.DONE):
             return  # an expected exit: the run is over

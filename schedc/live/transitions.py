@@ -22,6 +22,7 @@ from schedc.live.detect import Beat
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
 from schedc.live.recovery import Change, describe, failure_events, restored_name
+from schedc.printer import human_bytes
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
 from schedc.schedule import status_text
@@ -63,7 +64,8 @@ class Transitions:
         self.physical = physical
         self.fleet.place(physical)
 
-    def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None) -> None:
+    def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None,
+                  moved: dict | None = None) -> None:
         """Publish the next generation: `plan`'s programs, rendered once (the same files are
         shipped to the workers and written to ``OUT/live/gen-N``), its members, what to restore."""
         number = 0 if self.gen is None else self.gen.number + 1
@@ -79,7 +81,7 @@ class Transitions:
                          reason=reason, start_at=start_at, speeds=speeds,
                          physical={r: p for r, p in self.physical.items() if r != p} or None,
                          coords={g.rank: (g.dp, g.pp) for g in plan.spec.gpus} if self.repartitioned else None,
-                         shadow=shadow)
+                         shadow=shadow, epoch=self.epoch, moved=moved)
         now = self._publish(gen, files)
         self.plan = plan
         for r in members:
@@ -186,6 +188,11 @@ class Transitions:
                                                            if undone else "")
             if self.gen.restore:
                 back = f"restored {restored_name(self.gen.restore)}, iteration {start}"
+            if self.gen.moved is not None:
+                moved = [r.moved for r in self._ready.values()]
+                rec.moved_bytes, rec.moved_max_bytes = sum(moved), max(moved)
+                back += (f"; moved {human_bytes(sum(moved))} of layers in place (at most {human_bytes(max(moved))} "
+                         "to one rank)")
             t0 = rec.t_fault if rec.t_fault is not None else rec.t_detect
             self._note("reconfigured", f"generation {self.gen.number}: {len(self.gen.members)} ranks reconfigured "
                                        f"{now - t0:.2f} s after the {rec.start_word}; {back}",
@@ -288,7 +295,7 @@ class Transitions:
 
     def _decide(self, rec: Recovery, failed: Sequence[int], suspects: dict) -> None:
         """Choose and announce how to go on after `failed` failed (of `self.plan`)."""
-        if self._dump_first():
+        if self._move_first(rec, failed) or self._dump_first():
             return
         try:
             change = self.recovery.decide(self.plan, failed, self.dead)
@@ -353,25 +360,14 @@ class Transitions:
         checkpoint, if they hold every stage (their own, or a valid shadow of it on the next
         stage) and have trained past the latest checkpoint. Once that generation is ready, the
         choice is made (`_after_dump`): the checkpoint it restores is then the one just saved."""
-        if not self.options.shadow or self.gen is None or self._dump_refused:
+        held_by = self._lost_held()
+        if held_by is None:
             return False
-        if self.gen.restore is not None and self.generation_records[-1].t_ready is None:
-            return False  # a restore not yet done everywhere: its members' states differ
+        if self.options.recovery != "restart" and not held_by:
+            return False  # every stage has a live GPU: the survivors go on without a restart
+        lost = sorted(held_by)
         spec = self.plan.spec
         live = [g for g in spec.gpus if g.live and g.rank not in self.dead]
-        if spec.pp < 2 or not live:
-            return False
-        if self.options.recovery != "restart" and {g.pp for g in live} == set(range(spec.pp)):
-            return False  # every stage has a live GPU: the survivors go on without a restart
-        lost, held_by = [], {}
-        for s in range(spec.pp):
-            if any(g.pp == s for g in live):
-                continue
-            holders = sorted(g.rank for g in live if g.pp == (s + 1) % spec.pp and g.rank in self.shadows_held)
-            if not holders:
-                return False
-            lost.append(s)
-            held_by[s] = holders
         found = self.checkpoints.latest_own()
         if found is not None and found.iteration >= self.completed:
             return False  # nothing trained since the latest checkpoint
@@ -391,6 +387,28 @@ class Transitions:
                              + (f" ({where})" if lost else "") + ", to restart from it", generation=number,
                    stages=lost, holders=held_by)
         return True
+
+    def _lost_held(self) -> dict[int, list[int]] | None:
+        """--shadow: each stage of the running plan with no live GPU -> the survivors holding a
+        valid shadow of it (empty: no stage is lost); None when the survivors do not hold every
+        stage, or their states may differ (a restore or a move not done everywhere)."""
+        if not self.options.shadow or self.gen is None or self._dump_refused:
+            return None
+        if (self.gen.restore is not None or self.gen.moved is not None) and self.generation_records[-1].t_ready is None:
+            return None  # a restore (or a move) not yet done everywhere: its members' states differ
+        spec = self.plan.spec
+        live = [g for g in spec.gpus if g.live and g.rank not in self.dead]
+        if spec.pp < 2 or not live:
+            return None
+        held_by = {}
+        for s in range(spec.pp):
+            if any(g.pp == s for g in live):
+                continue
+            holders = sorted(g.rank for g in live if g.pp == (s + 1) % spec.pp and g.rank in self.shadows_held)
+            if not holders:
+                return None
+            held_by[s] = holders
+        return held_by
 
     def _after_dump(self, now: float) -> None:
         """The dump generation is ready: its members agreed on a step count and wrote what they hold.
@@ -437,6 +455,9 @@ class Transitions:
         state). Called before the next generation is announced."""
         if self.gen is None or self.generation_records[-1].t_ready is not None:
             return None
+        if self.gen.moved is not None:  # layers moved in place, not everywhere: no state is whole
+            found = self.checkpoints.latest_own()
+            return str(found.path) if found else "initial"
         return self.gen.restore
 
     def _fence(self, ranks: Sequence[int]) -> None:

@@ -509,6 +509,11 @@ class LocalProcesses:
         elif timeout > 0:
             time.sleep(timeout)
 
+    def rename(self, renamed: dict[int, int]) -> None:
+        """The process of rank r is rank `renamed[r]` from now on (a live run's survivors renamed
+        in place); a process not named has ended (its exit was reported) and is forgotten."""
+        self.processes = {renamed[r]: p for r, p in self.processes.items() if r in renamed}
+
     def exits(self) -> list[tuple[int, int]]:
         """(rank, exit code) of every process that ended since the last call, each once."""
         out = []

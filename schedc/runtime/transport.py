@@ -238,6 +238,38 @@ class Transport:
         self._check_interrupted(what)
         self._wait(self._post(lambda: self.world.allreduce([tensor], opts), what), what, poll=True)
 
+    def exchange_blobs(self, sends: dict[tuple[int, int], bytes], receives: list[tuple[int, int]],
+                       what: str) -> dict[tuple[int, int], bytes]:
+        """Bytes point to point over the world group, before any iteration's message is in flight
+        (a live run's layers moved in place: `schedc.live.move`): ``sends[(to, key)]`` goes to
+        rank `to`, and what ``(frm, key)`` in `receives` names comes back, by key (0 <= key
+        < 2**20; a pair of ranks moves one blob per key). Sizes first, then the bytes."""
+        world, dist_rank = self.world, self.manifest.dist_rank
+        self._check_interrupted(what)
+        sizes = {}
+        for frm, key in receives:
+            buf = torch.zeros(1, dtype=torch.int64)
+            sizes[(frm, key)] = (self._post(lambda: world.recv([buf], dist_rank(frm), 2 * key), what, peer=frm), buf)
+        posted = []
+        for (to, key), blob in sends.items():
+            size = torch.tensor([len(blob)], dtype=torch.int64)
+            body = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.zeros(0, dtype=torch.uint8)
+            posted.append((self._post(lambda: world.send([size], dist_rank(to), 2 * key), what, peer=to), to))
+            posted.append((self._post(lambda: world.send([body], dist_rank(to), 2 * key + 1), what, peer=to), to))
+        bodies = {}
+        for (frm, key), (work, buf) in sizes.items():
+            self._wait(work, f"{what} from rank {frm}", peer=frm)  # (gloo: a receive completes when waited for)
+            body = torch.empty(int(buf[0]), dtype=torch.uint8)
+            bodies[(frm, key)] = (self._post(lambda: world.recv([body], dist_rank(frm), 2 * key + 1), what,
+                                             peer=frm), body)
+        out = {}
+        for (frm, key), (work, body) in bodies.items():
+            self._wait(work, f"{what} from rank {frm}", peer=frm)
+            out[(frm, key)] = body.numpy().tobytes()
+        for work, to in posted:
+            self._wait(work, f"{what} to rank {to}", peer=to)
+        return out
+
     def begin_iteration(self) -> None:
         """Wait for the sends of the iteration before the one that just ended (see __init__)."""
         if self._late is not None:
