@@ -259,3 +259,20 @@ def test_a_plan_without_room_drops_the_shadows_and_a_stage_lost_later_restores_t
     assert not any("survivors save" in m for m in _events(result, "shadow")), _story(result)
     assert [g.shadow for g in result.generations][:2] == [True, False], _story(result)
     assert any("restoring iter-" in m for m in _events(result, "restart")), _story(result)
+
+
+def test_after_an_in_place_re_partition_the_job_grows_back_onto_the_spec(tmp_path):
+    """Stage 1 lost: the survivors move the layers in place (epoch 1). Both GPUs asked back by the
+    job's names: at the next complete checkpoint every process restarts on the spec's 2 x 3 from
+    it (new processes numbered in the epoch that runs), and the run ends exactly."""
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=9, want_weights=True, recovery="repartition", shadow=True, checkpoint_every=1,
+                   checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=LOSE_STAGE_1 + ["at iteration 6: recover gpu(dp=0, pp=1)",
+                                          "at iteration 6: recover gpu(dp=1, pp=1)"])
+    check_exact(out, result, 9)
+    story = _story(result)
+    assert any(k == "repartition" and "move the layers among themselves" in m for k, m in story), story
+    assert [r.method for r in result.recoveries][-1] == "grow-back", story
+    last = result.generations[-1]
+    assert len(last.members) == 6 and last.reason == "grow back", story
