@@ -12,7 +12,7 @@ valid shadow of a lost one), nothing needs a checkpoint or a new process:
    number of the old one. Processes outside the new layout (on standby,
    catching up, or left spare by it) are ended first;
 2. it announces the new plan as a generation whose `moved` says the old
-   layout (its stage count, its split into layers, each member's stage);
+   layout (its stage count and each member's stage in it);
 3. each member builds its new stage (and new shadow), agrees with the others
    on the step count (a lost stage's shadows may hold one step fewer: the
    others go back one, as in a dump), and the members tell each other which
