@@ -6,8 +6,10 @@ The modules, from the job down to a rank (docs/live.md):
   moves the run through its phases and carries out what the policies decide.
 - `schedc.live.transitions`: how it changes generation (announce, ready,
   switches, recoveries, deadlines and their escalation, fencing).
-- `schedc.live.relayout`: re-partitioning in place: the survivors renamed as
-  the new layout's ranks (an epoch), their processes kept;
+- `schedc.live.relayout`: the survivors' state across a new layout
+  (`--shadow`): re-partitioning in place (the survivors renamed as the new
+  layout's ranks, an epoch, their processes kept), or a dump to disk before
+  a restart;
   `schedc.live.move`: a member's part, the layers moved over gloo.
 - `schedc.live.world`: what it runs against (clock, store, processes): the
   real `LocalWorld`, or `schedc.live.sim`'s deterministic simulation.

@@ -25,7 +25,9 @@ Exact: the moved state is the survivors' own, at one step count, and the
 same code re-shards it. A failure during the move leaves no whole state: the
 generation that follows restores the latest checkpoint (`Transitions.
 _unfinished_restore`). This module is the supervisor's part (`Relayout`, a
-mixin of `schedc.live.supervisor.Supervisor`).
+mixin of `schedc.live.supervisor.Supervisor`), with the other way the survivors' state outlives
+a new layout: the *dump* generation, which writes it to disk when every process is to restart
+anyway (`_dump_first`, `_after_dump`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from schedc.diagnostics import RunError
+from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
+from schedc.live.result import GenerationRecord
 
 
 class Relayout:
@@ -98,3 +102,84 @@ class Relayout:
                 return None
             rank = self._renames[e][rank]
         return rank
+
+    # -- shadows (--shadow): save what the survivors hold before every process restarts ------------
+
+    def _dump_first(self) -> bool:
+        """Whether a dump generation was announced before choosing how to go on (`schedc.live.shadow`).
+
+        With --shadow, when every process is about to restart from a checkpoint (a stage lost on
+        every GPU, or `--recovery restart`), the survivors first save what they hold as a newer
+        checkpoint, if they hold every stage (their own, or a valid shadow of it on the next
+        stage) and have trained past the latest checkpoint. Once that generation is ready, the
+        choice is made (`_after_dump`): the checkpoint it restores is then the one just saved."""
+        held_by = self._lost_held()
+        if held_by is None:
+            return False
+        if self.options.recovery != "restart" and not held_by:
+            return False  # every stage has a live GPU: the survivors go on without a restart
+        lost = sorted(held_by)
+        spec = self.plan.spec
+        live = [g for g in spec.gpus if g.live and g.rank not in self.dead]
+        found = self.checkpoints.latest_own()
+        if found is not None and found.iteration >= self.completed:
+            return False  # nothing trained since the latest checkpoint
+        number = self.gen.number + 1
+        members = tuple(sorted(g.rank for g in live))
+        reason = "the survivors save their state and the shadows of stage(s) " + ", ".join(map(str, lost))
+        gen = Generation(number, members, dict(self.gen.manifest, programs={}), restore=None,
+                         injections=tuple(self.injections.armed()), reason=reason, dump=True)
+        now = self._publish(gen, {})
+        self._gen_speeds[number] = {}
+        self.generation_records.append(GenerationRecord(number, list(members), reason, None,
+                                                        self.plan.metrics.iteration_time, None, round(now, 4),
+                                                        shadow=True))
+        self.phase = Phase.RECOVERING
+        where = "; ".join(f"stage {s} from its shadow on rank(s) {held_by[s]}" for s in lost)
+        self._note("shadow", f"generation {number}: the {len(members)} survivors save the state they hold"
+                             + (f" ({where})" if lost else "") + ", to restart from it", generation=number,
+                   stages=lost, holders=held_by)
+        return True
+
+    def _lost_held(self) -> dict[int, list[int]] | None:
+        """--shadow: each stage of the running plan with no live GPU -> the survivors holding a
+        valid shadow of it (empty: no stage is lost); None when the survivors do not hold every
+        stage, or their states may differ (a restore or a move not done everywhere)."""
+        if not self.options.shadow or self.gen is None or self._dump_refused:
+            return None
+        if (self.gen.restore is not None or self.gen.moved is not None) and self.generation_records[-1].t_ready is None:
+            return None  # a restore (or a move) not yet done everywhere: its members' states differ
+        spec = self.plan.spec
+        live = [g for g in spec.gpus if g.live and g.rank not in self.dead]
+        if spec.pp < 2 or not live:
+            return None
+        held_by = {}
+        for s in range(spec.pp):
+            if any(g.pp == s for g in live):
+                continue
+            holders = sorted(g.rank for g in live if g.pp == (s + 1) % spec.pp and g.rank in self.shadows_held)
+            if not holders:
+                return None
+            held_by[s] = holders
+        return held_by
+
+    def _after_dump(self, now: float) -> None:
+        """The dump generation is ready: its members agreed on a step count and wrote what they hold.
+        Choose again: the latest checkpoint is now the state they saved (or, if a stage could not be
+        written after all, the one before)."""
+        start = min(r.start for r in self._ready.values())
+        for record in self.ledger.commit_before(start, lambda g: self._gen_speeds.get(g, {})):
+            self._iteration_done(record, now)
+        self.checkpoints.resumed(self.gen.number, start)
+        self.shadows_held = {r for r, m in self._ready.items() if m.shadow}
+        self.generation_records[-1].t_ready = now
+        self._late = 0
+        found = self.checkpoints.latest_own()
+        if found is not None and found.iteration == start:
+            self._note("shadow", f"generation {self.gen.number}: saved the state after {start} steps ({found.path.name}): "
+                                 "nothing trained since the last checkpoint is lost", generation=self.gen.number,
+                       iteration=start, path=str(found.path))
+        else:
+            self._note("warning", f"warning: generation {self.gen.number} could not save every stage after {start} "
+                                  "steps: restoring the latest complete checkpoint instead")
+        self._decide(self._recovery, self._failed_since_plan(), {})
