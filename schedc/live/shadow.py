@@ -25,14 +25,18 @@ Costs (per GPU): the previous stage's weights, a gradient buffer and its
 optimizer state in memory; per iteration, one optimizer step of the previous
 stage and receiving its gradient.
 
-How a loss uses them (`schedc.live.transitions`): the survivors first run a
-*dump* generation: they agree on a step count as any generation does, lowered
-to the steps the lost stage's copies hold (undoing one step where needed),
-then the lowest survivor of each stage writes it, and for a stage with no survivor the first holder with
-a valid shadow writes that, as a checkpoint of the run. Every process then
-restarts from that checkpoint on the new plan, as from any checkpoint. A
-holder's shadow is invalid once its own state was replaced without it (a
-catch-up from a donor); it says so when it reports ready.
+How a loss uses them (`schedc.live.relayout`): when the run re-partitions
+around the lost stage, the survivors keep their processes and move the layers
+among themselves, the lost stage's from its copies (`schedc.live.move`). When
+every process is to restart anyway (replacement processes, `--recovery
+restart`), they first run a *dump* generation: they agree on a step count as
+any generation does, lowered to the steps the lost stage's copies hold
+(undoing one step where needed), then the lowest survivor of each stage
+writes it, and for a stage with no survivor the first holder with a valid
+shadow writes that, as a checkpoint of the run. Every process then restarts
+from that checkpoint on the new plan, as from any checkpoint. A holder's
+shadow is invalid once its own state was replaced without it (a catch-up
+from a donor); it says so when it reports ready.
 """
 
 from __future__ import annotations
