@@ -137,7 +137,10 @@ class Agent:
         self.local.stop_all(grace)
 
     def serve(self, poll: float = 0.005) -> None:
-        """Run as a host's agent process until the supervisor stops the run (or goes away)."""
+        """Run as a host's agent process until the supervisor stops the run (or goes away). Its
+        forkserver is warmed before it registers: the supervisor starts the workers once every
+        agent has, and judges their start-up against host 0's, which fork from a warm one."""
+        self.local.warm()
         self.register()
         beat = 0.0
         try:

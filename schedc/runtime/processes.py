@@ -47,6 +47,8 @@ STATUS_WAIT = 2.0
 UNKNOWN_STATUS = 255
 #: Tries at starting one rank while forkservers keep dying (each try after the first starts a new one).
 START_TRIES = 3
+#: Seconds `LocalProcesses.warm` waits for the forkserver's first fork (its torch import).
+WARM_WAIT = 120.0
 #: Seconds to wait for a forkserver that broke a start to be gone before starting a new one
 #: (it has closed its sockets: it is exiting; this only bounds a wait that ends at once).
 SERVER_EXIT_WAIT = 5.0
@@ -217,6 +219,10 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def _nothing() -> None:
+    """What `LocalProcesses.warm` forks: nothing (the fork itself is the point)."""
 
 
 def _start_server() -> None:
@@ -508,6 +514,21 @@ class LocalProcesses:
             wait_sentinels(running, timeout)
         elif timeout > 0:
             time.sleep(timeout)
+
+    def warm(self, timeout: float = WARM_WAIT) -> None:
+        """Start the forkserver now and wait until it forks (it imports torch and warms it up
+        first, `schedc.runtime.warmup`): a host's agent does it before it registers, so its
+        workers start as soon as host 0's, whose forkserver is warm already. Bounded by `timeout`."""
+        if not isinstance(self.context, WatchedForkServerContext):
+            return
+        if not self._holding:
+            self._holding = True
+            _hold()
+        self._start_server()
+        p = self.context.Process(target=_nothing, name="schedc-warm-up")
+        p.start()
+        _STARTED.add(p.pid)
+        p.join(timeout)
 
     def rename(self, renamed: dict[int, int]) -> None:
         """The process of rank r is rank `renamed[r]` from now on (a live run's survivors renamed
