@@ -241,10 +241,11 @@ def test_two_agents_coordinate_through_the_store_and_survive_a_whole_host(tmp_pa
 
 
 def test_a_timed_injection_fires_by_the_clock(tmp_path):
-    # --emulate: ops take their planned time (iterations of about 0.1 s here), so 0.4 s is mid-run.
+    # --emulate: ops take their planned time (iterations of about 0.1 s here), so 0.4 s is early in
+    # a run of 40 (about 4 s: on a loaded machine a run of 10 could end before the clock fired it).
     out = compiled(tmp_path, forward="20ms")
-    result = train(out, iterations=10, emulate=True, inject=["at 0.4s: fail gpu(dp=1, pp=0)"])
-    assert [r.iteration for r in result.iterations] == list(range(10))
+    result = train(out, iterations=40, emulate=True, inject=["at 0.4s: fail gpu(dp=1, pp=0)"])
+    assert [r.iteration for r in result.iterations] == list(range(40))
     (rec,) = result.recoveries
     started = next(e["t"] for e in result.events if e["kind"] == "running")
     # By the clock: never before its time (load can only make it later). How soon after its

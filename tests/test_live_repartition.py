@@ -115,9 +115,15 @@ def test_without_checkpoints_a_gpu_asked_back_after_a_re_partition_is_refused_wi
     assert "--checkpoint-every" in warning and not [e for e in result.events if e["kind"] == "rejoin"]
 
 
+#: Long enough for every `schedc rejoin` to be answered before the run ends: each is a new Python
+#: process that imports torch, 6-8 s apiece on a loaded 2-core machine (three of them outlasted a
+#: 150-iteration run there, about 25 s of training at 0.17 s an iteration).
+RUN_ITERATIONS = 500
+
+
 def _ask_back_while_running(tmp_path, inject: list[str], after: tuple[str, str], gpus: tuple[str, ...],
                             answered: str):
-    """An emulated 2 x 3 run of 150 iterations through `inject`; once a line holding `after[1]`
+    """An emulated 2 x 3 run of RUN_ITERATIONS iterations through `inject`; once a line holding `after[1]`
     follows one holding `after[0]`, each GPU of `gpus` is asked back with `schedc rejoin --store`
     (in turn, each once a line holding `answered` (formatted with it) is seen). Its result."""
     import subprocess
@@ -131,7 +137,7 @@ def _ask_back_while_running(tmp_path, inject: list[str], after: tuple[str, str],
     box = {}
 
     def run():
-        box["result"] = train(out, iterations=150, emulate=True, recovery="repartition", checkpoint_every=2,
+        box["result"] = train(out, iterations=RUN_ITERATIONS, emulate=True, recovery="repartition", checkpoint_every=2,
                               checkpoint_dir=str(tmp_path / "ckpt"), on_line=lines.append, inject=inject)
 
     t = threading.Thread(target=run)
@@ -159,7 +165,7 @@ def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tm
     assert "GPU (dp=0, pp=0) of the job did not leave it" in rejoins[0], rejoins
     assert "1 of the 2 GPU(s) the job lost" in rejoins[1] and "every GPU the job lost is back" in rejoins[2], rejoins
     assert [r.method for r in result.recoveries] == ["repartition", "grow-back"]
-    assert len(result.generations[-1].members) == 6 and len(result.iterations) == 150
+    assert len(result.generations[-1].members) == 6 and len(result.iterations) == RUN_ITERATIONS
 
 
 def test_a_gpu_lost_after_a_re_partition_is_named_as_the_job_named_it_and_taken_back(tmp_path):
@@ -172,7 +178,7 @@ def test_a_gpu_lost_after_a_re_partition_is_named_as_the_job_named_it_and_taken_
     rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
     assert any("(rank 3 of the re-partitioned layout)" in m for m in rejoins), rejoins
     assert [s.kind for s in result.switches] == ["rejoin"], [(e["kind"], e["message"]) for e in result.events]
-    assert result.generations[-1].members == [0, 1, 2, 3] and len(result.iterations) == 150
+    assert result.generations[-1].members == [0, 1, 2, 3] and len(result.iterations) == RUN_ITERATIONS
 
 
 def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tmp_path):
