@@ -84,8 +84,6 @@ class Switch:
     t_last_old: float | None = None  # last iteration completed under the old plan
     predicted_before_us: int | None = None
     predicted_after_us: int | None = None
-    moved_bytes: int = 0  # layers moved between members in place, over every member (`schedc.live.move`)
-    moved_max_bytes: int = 0  # the most one member received
     catch_up_s: float | None = None  # rejoin: from the session's start to caught up
     catch_up_bytes: int | None = None
 
