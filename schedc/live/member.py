@@ -521,14 +521,10 @@ class LiveWorker:
 
         mine = low
         copy = self.shadow
-        if copy is not None and copy.streams and copy.valid:
+        if copy is not None:
             coords = gen.manifest["coords"]
             if not any(coords[str(r)][1] == copy.stage for r in gen.members):  # its stage is lost
-                reach = copy.reachable()
-                if reach >= high - 1:
-                    mine = min(low, reach)
-                else:
-                    copy.valid = False
+                mine = copy.steps_to_keep(low, high)
         target = torch.tensor([mine], dtype=torch.int64)
         transport.all_reduce_min(target, "the steps the lost stages' shadows hold")
         return int(target[0])

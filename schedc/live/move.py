@@ -69,12 +69,8 @@ def move_in(gen, manifest, rank: int, transport, held: Held, rt, shadow) -> tupl
     low, high = int(steps[0]), -int(steps[1])
     mine, copy = low, held.shadow
     lost = set(range(old_pp)) - set(old_stage.values())
-    if copy is not None and copy.streams and copy.valid and copy.stage in lost:
-        reach = copy.reachable()
-        if reach >= high - 1:
-            mine = min(low, reach)
-        else:
-            copy.valid = False
+    if copy is not None and copy.stage in lost:
+        mine = copy.steps_to_keep(low, high)
     agreed = torch.tensor([mine], dtype=torch.int64)
     transport.all_reduce_min(agreed, "the steps the lost stages' shadows hold")
     target = rollback_target([int(agreed[0]), high])

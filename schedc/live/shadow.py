@@ -166,6 +166,18 @@ class ShadowStage:
         got = self.received
         return self.steps + (1 if got is not None and got[0] == self.steps + 1 else 0)
 
+    def steps_to_keep(self, low: int, high: int) -> int:
+        """The steps the survivors may go on from when this copy's stage is lost (members hold
+        `low` to `high` steps): no more than the copy can reach, unless that would take a member
+        back more than one step, when the copy is given up (invalid) instead."""
+        if not (self.streams and self.valid):
+            return low
+        reach = self.reachable()
+        if reach >= high - 1:
+            return min(low, reach)
+        self.valid = False
+        return low
+
     def catch_up(self, target: int) -> None:
         """After a generation's members agreed on `target` steps: bring the copy there with the
         gradient kept at the end of the last generation (it lags one step), else it is stale."""
