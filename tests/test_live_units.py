@@ -635,6 +635,24 @@ def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(t
     assert asm.paths == [str(done.path)] and asm.latest_own() == done
 
 
+def test_checkpoint_reports_of_the_layout_before_a_re_partition_do_not_count(tmp_path):
+    # 3 stages re-partitioned as 2 from generation 1 on: stage files 1 and 2 of the old layout's
+    # step 8 arriving late must not fill (or crash) the 2-stage checkpoint of step 8.
+    asm = checkpoint.RunCheckpoints(tmp_path, stages=3, keep=2)
+    asm.resumed(0, 0)
+    for stage in (0, 1):
+        checkpoint.write_stage(tmp_path, 8, stage, {"steps": 8, "model": {}, "optimizer": None})
+        assert asm.stage_written(0, 8, stage, {}) is None
+    asm.relayout(2, 1)
+    assert asm.stages == 2 and asm.written == {}
+    checkpoint.write_stage(tmp_path, 8, 2, {"steps": 8, "model": {}, "optimizer": None})
+    assert asm.stage_written(0, 8, 2, {}) is None and asm.written == {}
+    asm.resumed(1, 7)
+    assert asm.stage_written(1, 8, 0, {}) is None  # the new layout writes step 8 again
+    done = asm.stage_written(1, 8, 1, {"generation": 1})
+    assert done is not None and done.meta["stages"] == 2
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
 def test_phi_must_be_a_positive_number(value):
     from schedc.diagnostics import RunError

@@ -205,7 +205,9 @@ class RunCheckpoints:
     checkpoint once every stage of it is there (`complete`).
 
     A stage file of step k written by generation g is void when a later generation resumed
-    from fewer than k steps (a rollback undid step k): it will be written again.
+    from fewer than k steps (a rollback undid step k): it will be written again. One written
+    before the layout changed (`relayout`) is never part of a checkpoint of the new layout: its
+    stage numbers and layers are the old layout's.
     """
 
     def __init__(self, root: Path, stages: int, keep: int):
@@ -215,6 +217,15 @@ class RunCheckpoints:
         self.paths: list[str] = []  # this run's complete checkpoints (and the one it resumed from)
         self.written: dict[int, dict[int, tuple]] = {}  # steps -> stage -> (its layers [a, b), model layers)
         self.starts: dict[int, int] = {}  # generation -> the steps it resumed from
+        self.layout_from = 0  # the first generation of the current layout (`relayout`)
+
+    def relayout(self, stages: int, generation: int) -> None:
+        """From generation `generation` on, the run has another layout, of `stages` stages (a
+        re-partition, a growth back): stage files of the layout before no longer count, nor do
+        those that reach the supervisor later (a writer's side thread, a late queue)."""
+        self.stages = stages
+        self.layout_from = generation
+        self.written.clear()
 
     def prepare(self, *, resume: bool, every: int, **plan) -> tuple[Checkpoint | None, list[Path]]:
         """Before the run: the checkpoint to resume from (`resume`; E556/E570 when there is none
@@ -248,6 +259,8 @@ class RunCheckpoints:
         layers [a, b) = `layers` of `model_layers`, as its writer resolved the split; None when
         emulated); the sealed checkpoint when it was the last stage missing. Its meta.json is
         `meta` and the split the stages reported (`partition`, `model_layers`)."""
+        if generation < self.layout_from:
+            return None  # the layout before's: its stages are not this layout's
         if any(start < steps for g, start in self.starts.items() if g > generation):
             return None  # written before a rollback undid step `steps`: it is written again
         stages = self.written.setdefault(steps, {})

@@ -70,7 +70,7 @@ class Relayout:
         self._relabel(physical, lost=gone)
         self.repartitioned = (f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} "
                               "iterations")
-        self.checkpoints.stages = spec.pp
+        self.checkpoints.relayout(spec.pp, self.gen.number + 1)
         rec.method = "repartition"
         rec.events += list(change.events)
         rec.t_plan = self._now()

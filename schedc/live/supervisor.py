@@ -497,7 +497,7 @@ class Supervisor(Transitions, Relayout):
         self._kill_and_wait(sorted(self.alive - self.dead))
         gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)
         self.dead.clear()
-        self.checkpoints.stages = spec.pp
+        self.checkpoints.relayout(spec.pp, self.gen.number + 1)
         self._relabel(physical, lost=gone)
         self.repartitioned = None if full else f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} iterations"
         self._announce(plan, restore=str(found.path), reason="grow back")

@@ -326,7 +326,8 @@ class Transitions:
                 self.repartitioned = (f"{len([g for g in spec.gpus if g.live])} GPUs as {spec.dp} x {spec.pp} after "
                                       f"{self.completed} iterations")
             self.dead.clear()
-            self.checkpoints.stages = change.plan.spec.pp  # (a re-partitioned plan has fewer stages)
+            if change.plan.spec.pp != self.checkpoints.stages or self.repartitioned:  # (a re-partitioned plan)
+                self.checkpoints.relayout(change.plan.spec.pp, self.gen.number + 1)
             if change.method != "repartition":  # (the policy said what it re-partitioned)
                 self._note("restart", f"restarting every process from {restored_name(change.restore)} with the "
                                       "failed GPU(s) replaced", restore=change.restore)
