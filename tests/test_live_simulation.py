@@ -161,7 +161,8 @@ def test_a_hung_rank_stopped_and_continued_is_still_hung_and_found():
     assert any("rank 6 GPU (dp=2, pp=0) failed: stuck in an op" in e for e in out.events), out.describe()
 
 
-def test_a_failure_while_a_checkpoint_is_restored_restores_it_again():
+def test_a_failure_while_a_checkpoint_is_restored_restores_it_again(monkeypatch):
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, recovery="auto"))  # (replacement processes)
     out = simulate(214, faults=STAGE_LOST_THEN_A_STOP)
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
@@ -173,6 +174,7 @@ def test_the_checker_catches_the_bug_that_fix_removed(monkeypatch):
     from schedc.live.transitions import Transitions
 
     monkeypatch.setattr(Transitions, "_unfinished_restore", lambda self: None)
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, recovery="auto"))
     out = simulate(214, faults=STAGE_LOST_THEN_A_STOP)
     assert any("reports a bug" in v for v in out.violations), out.describe()
 
@@ -251,7 +253,7 @@ STAGE_LOST = [Fault("training", 0.53, "kill", (2, 5, 8))]
 
 
 def test_a_lost_stage_comes_back_from_its_shadows(monkeypatch):
-    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True))
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True, recovery="auto"))
     out = simulate(214, faults=STAGE_LOST)
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
@@ -263,7 +265,7 @@ def test_a_lost_stage_comes_back_from_its_shadows(monkeypatch):
 def test_a_dump_that_hangs_restores_the_checkpoint_instead(monkeypatch):
     # Rank 4 hangs (alive, beating) as the survivors save their state: the dump generation never
     # becomes ready; at its deadline the run restores the latest periodic checkpoint instead.
-    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True))
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True, recovery="auto"))
     out = simulate(214, faults=STAGE_LOST + [Fault("recovering", 0.0, "hang", (4,))])
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
@@ -282,7 +284,71 @@ def test_the_checker_catches_a_shadow_that_applied_the_wrong_update(monkeypatch)
             self.shadow.append(self.pending + 1)
         self.pending = None
 
-    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True))
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True, recovery="auto"))
     monkeypatch.setattr(SimWorker, "_shadow_step", off_by_one)
     out = simulate(214, faults=STAGE_LOST)
     assert any("restored" in v for v in out.violations), out.describe()
+
+
+# -- in-place re-partitions (--recovery repartition): the survivors are renamed and move the layers --
+
+
+def _repartition(monkeypatch, shadow: bool = True) -> None:
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=shadow, recovery="repartition"))
+
+
+def test_a_lost_stage_is_re_partitioned_in_place_from_its_shadows(monkeypatch):
+    _repartition(monkeypatch)
+    out = simulate(214, faults=STAGE_LOST)
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "re-partitioning the 6 survivors as 3 x 2" in story and "move the layers among themselves" in story, story
+    assert "restored" not in story and "restarting" not in story, story
+    assert any("epoch 1: ranks renamed" in what for _, what in out.world_log), out.world_log
+    assert out.result == "finished"
+
+
+def test_a_failure_during_the_move_restores_the_latest_checkpoint(monkeypatch):
+    # A survivor killed as the layers move: no whole state is left, so the next generation
+    # restores the latest checkpoint (of the layout before, re-sharded) and the run ends exact.
+    _repartition(monkeypatch)
+    out = simulate(214, faults=STAGE_LOST + [Fault("recovering", 0.0, "kill", (4,))])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "left generation 1: aborted during the move" in story or "aborted while" in story, story
+    assert "restored " in story, story
+    assert out.result == "finished"
+
+
+def test_without_shadows_a_lost_stage_restarts_every_process_re_sharded(monkeypatch):
+    _repartition(monkeypatch, shadow=False)
+    out = simulate(214, faults=STAGE_LOST)
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "re-partitioning the 6 survivors as 3 x 2" in story and "restarting every process from" in story, story
+    assert out.result == "finished"
+
+
+def test_a_stage_file_of_the_layout_before_never_completes_a_checkpoint_of_the_new_one(monkeypatch):
+    # Found by the simulation (seed 518 of the first campaign with re-partitions): the old
+    # layout's checkpoint files of step 8 reached the supervisor after the move, which counted
+    # them toward the 2-stage layout's checkpoint of step 8 and died on a KeyError.
+    _repartition(monkeypatch)
+    faults = [Fault("training", 0.521, "kill", (1, 4, 7)), Fault("recovering", 0.02, "pause", duration=5.0)]
+    out = simulate(518, faults=faults)
+    assert not out.violations, out.describe()
+    assert out.result == "finished"
+
+
+def test_the_checker_catches_a_move_that_takes_a_wrong_shadow(monkeypatch):
+    from schedc.live.sim.worker import SimWorker
+
+    def off_by_one(self, gen):
+        if self.pending is not None:
+            self.shadow.append(self.pending + 1)
+        self.pending = None
+
+    _repartition(monkeypatch)
+    monkeypatch.setattr(SimWorker, "_shadow_step", off_by_one)
+    out = simulate(214, faults=STAGE_LOST)
+    assert any("moves stage 2 from a holder" in v for v in out.violations), out.describe()

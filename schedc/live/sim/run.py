@@ -182,6 +182,15 @@ class _Checker:
         self.slowed: set[int] = set()
         self.timers: list[tuple[float, str, tuple[int, ...]]] = []  # (at, what, ranks): ends of faults
         self.seen_events = 0
+        world.on_rename.append(self._renamed)
+
+    def _renamed(self, renamed: dict[int, int]) -> None:
+        """The survivors were numbered anew: what is kept by rank follows them (the events so
+        far name ranks as they were: they are checked first)."""
+        self._check_events(self.world.now)
+        self.timers = [(at, what, tuple(renamed[r] for r in ranks if r in renamed)) for at, what, ranks in self.timers]
+        self.trouble = {renamed[r]: w for r, w in self.trouble.items() if r in renamed}
+        self.slowed = {renamed[r] for r in self.slowed if r in renamed}
 
     def __call__(self) -> None:
         world = self.world
@@ -250,7 +259,7 @@ class _Checker:
         elif f.action == "forkserver":
             world.forkserver_down_until = now + 2.0
         elif f.action == "rejoin":  # `schedc rejoin "recover gpu(...)"` for a rank (lost or not)
-            g = self.sup.plan.spec.gpus[f.ranks[0]]
+            g = self.sup.recovery.initial_plan.spec.gpus[f.ranks[0]]  # (the job names GPUs as at its start)
             world.job.report(RejoinAsked(event=f"recover gpu(dp={g.dp}, pp={g.pp})", t=world.time()))
 
     def _trouble_ends(self, ranks, now: float) -> None:
@@ -305,8 +314,13 @@ def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outc
     world = SimWorld(seed, queue_delay_s=weather.choice([0.0, 0.0, 0.02, 0.2]),
                      beat_jitter=weather.choice([0.0, 0.0, 0.5, 3.0]))
     shadow = weather.random() < 0.5  # half the runs keep shadows (`schedc.live.shadow`)
+    # A third re-partition around a stage lost on every GPU (in place with shadows: renamed
+    # survivors move the layers; without, every process restarts re-sharded); the rest choose
+    # by cost, which on the simulation's one host means replacement processes. (Its own stream:
+    # the other draws of a seed stay as they were.)
+    recovery = random.Random(f"{seed}/recovery").choice(["auto", "auto", "repartition"])
     options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt),
-                           **{"shadow": shadow, **OPTIONS})
+                           **{"shadow": shadow, "recovery": recovery, **OPTIONS})
     outcome = Outcome(seed, faults)
     try:
         sup = _supervisor_class()(out, options, world=world)

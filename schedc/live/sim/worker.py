@@ -48,6 +48,8 @@ SENDS_PER_ITERATION = 6
 #: Simulated seconds a stage's checkpoint file takes to write (on the side: training goes on; a
 #: worker killed meanwhile leaves it unwritten, and the checkpoint incomplete).
 CHECKPOINT_WRITE_S = 0.15
+#: Simulated seconds the layers of an in-place re-partition take to move among the members.
+MOVE_S = 0.1
 
 Wait = Callable[[], bool]
 
@@ -123,6 +125,7 @@ class SimWorker:
         self.job = world.job
         self.net = world.net
         self.rank = rank
+        self.epoch = self.job.epoch  # the epoch its rank is numbered in (`_follow_renames`)
         self.config = self.job.config()
         self.generation = -1
         self.iteration = -1
@@ -213,18 +216,29 @@ class SimWorker:
             if self.job.stopped():
                 return
             gen = self.job.generation(self.job.latest_generation())
+            if not self._follow_renames(gen):
+                return  # re-partitioned in place without this process (it is ended anyway)
             if self.rank in gen.members:
                 yield from self._serve(gen)
             else:
                 yield from self._standby(gen)
             after = gen.number
 
+    def _follow_renames(self, gen: "Generation") -> bool:
+        """Take the rank this process has in `gen`'s epoch, as `LiveWorker._follow_renames`."""
+        while self.epoch < gen.epoch:
+            renamed = self.job.rename(self.epoch + 1)
+            if self.rank not in renamed:
+                return False
+            self.rank, self.epoch = renamed[self.rank], self.epoch + 1
+        return True
+
     def _serve(self, gen: "Generation") -> Iterator[Wait]:
         n, members = gen.number, gen.members
         self.generation, self.state = n, "join"
         stage = self._stage(gen)
-        if not gen.shadow:  # (a plan without room for shadows: `LiveWorker._link_shadow`)
-            self.shadow = None
+        if gen.moved is None:  # (a move takes the old shadow as a source first: `_move`)
+            self._shadow_for(gen, stage)
         try:
             directive = self.job.directive(self.rank)
             if gen.start_at is not None and directive and directive.get("role") == "join" \
@@ -242,8 +256,11 @@ class SimWorker:
                 raise Interrupted(f"generation {n} was aborted while its groups formed" if self.aborted()
                                   else f"rank {self.rank} could not connect generation {n}")
             if gen.restore is not None:
+                self._shadow_for(gen, stage)
                 self._restore(gen.restore, stage)
                 start, undone = self.steps, False
+            elif gen.moved is not None:
+                start, undone = yield from self._move(gen, stage)
             else:
                 self.net.arrive(("resume", n), self.rank, self.steps)
                 yield lambda: self.net.complete(("resume", n), members) or self.aborted()
@@ -311,6 +328,18 @@ class SimWorker:
 
     # -- the shadow of the previous stage (--shadow) ---------------------------------------------
 
+    def _shadow_for(self, gen: "Generation", stage: int) -> None:
+        """The shadow this rank keeps in `gen`'s plan (`LiveWorker._link_shadow`): none in a plan
+        without room for it or of one stage; a new, not yet exact one when the plan shadows
+        another stage here (its state comes from the generation's restore or move)."""
+        pp = int(gen.manifest["pp"])
+        new_stage = (stage - 1) % pp
+        if not (self.config.shadow and gen.shadow and pp > 1):
+            self.shadow = None
+        elif self.shadow is None or new_stage != self.shadow_stage or gen.moved is not None:
+            self.shadow, self.shadow_valid, self.pending, self.received = [], False, None, None
+        self.shadow_stage = new_stage
+
     def _shadow_exact(self) -> bool:
         return self.shadow is not None and self.shadow_valid and len(self.shadow) == self.steps
 
@@ -374,6 +403,77 @@ class SimWorker:
             where = dict(rank=self.rank, stage=s, iteration=self.steps, gen=gen.number)
             checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, s, {"history": history})
             self.job.report(CheckpointWritten(**where))
+
+    def _move(self, gen: "Generation", stage: int) -> Iterator[Wait]:
+        """An in-place re-partition (`schedc.live.move.move_in`): agree on the steps (lowered to
+        what a lost stage's shadows reach), say which old stages this rank holds exactly there,
+        then take the new stage's state (and the new shadow's) from the holders, in MOVE_S.
+        What a stage holds is its history, so the state taken is checked against the steps."""
+        n, members = gen.number, gen.members
+        old_stage = {int(r): int(t) for r, t in gen.moved["stage"].items()}
+        old_pp = int(gen.moved["pp"])
+        lost = set(range(old_pp)) - set(old_stage.values())
+        self.net.arrive(("resume", n), self.rank, self.steps)
+        yield lambda: self.net.complete(("resume", n), members) or self.aborted()
+        if not self.net.complete(("resume", n), members):
+            raise Interrupted("aborted while the members agreed where to resume")
+        values = self.net.values(("resume", n))
+        low, high = min(values), max(values)
+        mine = low
+        if self.shadow is not None and self.shadow_valid and self.shadow_stage in lost:  # (`ShadowStage.steps_to_keep`)
+            reach = self._shadow_reach()
+            if reach >= high - 1:
+                mine = min(low, reach)
+            else:
+                self.shadow_valid = False
+        self.net.arrive(("move-steps", n), self.rank, mine)
+        yield lambda: self.net.complete(("move-steps", n), members) or self.aborted()
+        if not self.net.complete(("move-steps", n), members):
+            raise Interrupted("aborted while the members agreed on the steps to move")
+        target = min(self.net.values(("move-steps", n)))
+        if high - target > 1:
+            self._error("E552", f"survivors are more than one step apart ({target}..{high})")
+        undone = self.steps > target
+        if undone:
+            self.history.pop()
+            self.steps = target
+        self._shadow_catch_up(target)
+        held = {old_stage[self.rank]: list(self.history)}
+        if self._shadow_exact():
+            held[self.shadow_stage] = list(self.shadow)
+        self.net.arrive(("move-held", n), self.rank, held)
+        yield lambda: self.net.complete(("move-held", n), members) or self.aborted()
+        if not self.net.complete(("move-held", n), members):
+            raise Interrupted("aborted while the members said what they hold")
+        holders: dict[int, list[list[int]]] = {}
+        for got in self.net.values(("move-held", n)):
+            for t, history in got.items():
+                holders.setdefault(t, []).append(history)
+        for t in range(old_pp):
+            if t not in holders:
+                self._error("E552", f"no survivor holds stage {t} of the layout before the re-partition")
+            for history in holders[t]:
+                if history != list(range(target)):
+                    self.world.violations.append(
+                        f"t={self.now:.3f}: generation {n} moves stage {t} from a holder of {len(history)} updates "
+                        f"{history[-3:]} at {target} steps ({'a lost stage' if t in lost else 'a survivor'})")
+        # The transfers: point to point among the members; a lost member or an abort ends them.
+        # (every member must run while it lasts: a stopped or dead peer holds it up)
+        self.net.arrive(("move", n), self.rank)
+        since = self.now
+
+        def moved() -> bool:
+            return (self.net.complete(("move", n), members) and self.now - since >= MOVE_S
+                    and all(self.world.runs(r) for r in members))
+
+        yield lambda: moved() or self.aborted() or self.now - since > self.config.wait_timeout
+        if not moved():
+            raise Interrupted("aborted during the move" if self.aborted() else "a transfer of the move ran out")
+        self.history, self.steps = list(holders[0][0]), target
+        self._shadow_for(gen, stage)
+        if self.shadow is not None:
+            self.shadow, self.shadow_valid = list(holders[0][0]), True
+        return target, undone
 
     def _switch_at(self, gen: "Generation", it: int) -> bool:
         latest = self.job.latest_generation()

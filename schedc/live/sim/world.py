@@ -52,6 +52,7 @@ class SimWorld:
         self.log: list[tuple[float, str]] = []  # what the world did, for a failure's replay
         self.violations: list[str] = []
         self.taken: dict[tuple[int, int], set[int]] = {}  # (generation, iteration) -> stages that took its step
+        self.on_rename: list[Callable[[dict[int, int]], None]] = []  # (the checker re-keys what it keeps by rank)
 
     # -- World --------------------------------------------------------------------------------
 
@@ -123,6 +124,30 @@ class SimWorld:
             self.note(f"{name} rank(s) {done}")
         return done
 
+    def rename(self, epoch: int, renamed: dict[int, int]) -> None:
+        """An in-place re-partition numbers the survivors' processes anew (as a host's agent does,
+        `schedc.live.agent.Agent.rename`): exits seen before are reported under the old numbers;
+        a process with no place must have ended (the supervisor ends those first)."""
+        old_epoch = epoch - 1
+        moved: dict[int, SimWorker] = {}
+        for r, w in sorted(self.workers.items()):
+            if not w.alive and not w.exit_reported:
+                w.exit_reported = True
+                self.job.event(Exited(rank=r, code=w.exit_code, host=0, t=self.time(), epoch=old_epoch))
+            if r in renamed:
+                moved[renamed[r]] = w
+            elif w.alive:
+                self.violations.append(f"t={self.now:.3f}: rank {r}'s process is still running, yet the "
+                                       f"re-partition of epoch {epoch} gives it no place")
+        self.workers = moved
+        for faults in (self.slow, self.starved, self.link_delay):
+            kept = {renamed[r]: v for r, v in faults.items() if r in renamed}
+            faults.clear()
+            faults.update(kept)
+        for hook in self.on_rename:
+            hook(renamed)
+        self.note(f"epoch {epoch}: ranks renamed {sorted(renamed.items())}")
+
     def later(self, seconds: float, fn: Callable[[], None]) -> None:
         """Run `fn` `seconds` from now (a side thread's work: a checkpoint write)."""
         self._later.append((self.now + seconds, len(self._later), fn))
@@ -147,14 +172,16 @@ class SimWorld:
             self.workers[r].step()
         for r in sorted(self.workers):
             w = self.workers[r]
-            if w.alive and not w.stopped and w.beating and self.now >= w.next_beat:
-                self.job.beat(r, w.payload())
+            # (a process beats under the epoch it follows: until it read the rename, under keys the
+            # supervisor no longer reads)
+            if w.alive and not w.stopped and w.beating and self.now >= w.next_beat and w.epoch == self.job.epoch:
+                self.job.beat(w.rank, w.payload())
                 w.next_beat = self.now + w.config.heartbeat_interval * (1 + self.beat_jitter * self.rng.random())
         for r in sorted(self.workers):
             w = self.workers[r]
             if not w.alive and not w.exit_reported:
                 w.exit_reported = True
-                self.job.event(Exited(rank=r, code=w.exit_code, host=0, t=self.time()))
+                self.job.event(Exited(rank=r, code=w.exit_code, host=0, t=self.time(), epoch=self.job.epoch))
 
 
 class SimFleet:
@@ -171,6 +198,9 @@ class SimFleet:
 
     def place(self, physical: dict[int, int]) -> None:
         pass  # (one host: every rank's process is on it)
+
+    def rename(self, epoch: int, renamed: dict[int, int]) -> None:
+        self.world.rename(epoch, renamed)
 
     def answers(self, hosts, within: float, note) -> set[int]:
         return set(hosts)  # (its one host is the supervisor's)
