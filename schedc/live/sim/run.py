@@ -31,7 +31,7 @@ import functools
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from schedc.diagnostics import SchedcError
@@ -79,7 +79,8 @@ class Fault:
 
     when: str
     delay: float
-    action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin
+    action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin, stage
+    # (`stage`: kill every GPU of stage ranks[0] (mod its stage count) of the plan running then)
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
     factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
@@ -116,9 +117,12 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
                       (rng.choice([r, rank()]),), duration=5.0)]
     if scenario == "stage":  # a burst takes a whole stage: a checkpoint restore, then another fault
         stage = rng.randrange(pp)
-        return [Fault("training", round(rng.uniform(0, 1.0), 3), "kill", tuple(range(stage, world, pp))),
-                Fault("recovering", phase_delay(), rng.choice(["kill", "stop", "pause", "forkserver"]), (rank(),),
-                      duration=rng.choice([1.0, 5.0]))]
+        out = [Fault("training", round(rng.uniform(0, 1.0), 3), "kill", tuple(range(stage, world, pp))),
+               Fault("recovering", phase_delay(), rng.choice(["kill", "stop", "pause", "forkserver"]), (rank(),),
+                     duration=rng.choice([1.0, 5.0]))]
+        if rng.random() < 0.4:  # later, a whole stage of the layout running then (a second re-partition)
+            out.append(Fault("training", round(rng.uniform(0.3, 1.5), 3), "stage", (rng.randrange(pp),)))
+        return out
     faults = []
     for i in range(rng.choice([0, 1, 1, 2, 2, 3])):
         when = "training" if i == 0 else rng.choice(["training", "switching", "recovering", "recovering"])
@@ -227,6 +231,10 @@ class _Checker:
         self.armed_at = None
         world = self.world
         world.note(f"fault: {f}")
+        if f.action == "stage":
+            spec = self.sup.plan.spec
+            f = replace(f, action="kill", ranks=tuple(g.rank for g in spec.gpus if g.live and g.pp == f.ranks[0] % spec.pp))
+            world.note(f"stage {f.ranks} of the running plan")
         if f.action == "kill":
             for r in world.signal(f.ranks, "kill"):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "kill"])
