@@ -9,6 +9,7 @@ import schedc
 from live_support import spec_text
 from schedc.live.protocol import CaughtUp, IterationDone, Phase
 from schedc.live.recovery import RecoveryPolicy, failure_events
+from schedc.load import load_text
 from schedc.live.rejoin import Rejoins
 from schedc.live.slowness import Slowness
 from schedc.spec import Failure
@@ -598,3 +599,36 @@ def test_a_probe_is_judged_against_the_hosts_speed(plan):
     for _ in range(5):
         slowness.probe(Probe(rank=3, speed=0.6, t=0.0))
     assert any("probes healthy again" in m for m in _slow_notes(ctl))
+
+
+# -- the survivors' layout (`survivor_layout`): the job's pipelines while they fit, then fewer ------
+
+
+def test_survivors_keep_the_jobs_pipelines_while_they_can_hold_them():
+    from schedc.live.recovery import survivor_layout
+
+    spec = load_text(spec_text(dp=3, pp=3))
+    layout = survivor_layout(spec, [0, 2, 3, 5, 6, 8])  # stage 1 lost
+    assert (layout.dp, layout.pp, layout.microbatches) == (3, 2, 3)
+
+
+def test_survivors_too_few_for_the_jobs_pipelines_keep_its_global_batch_on_fewer():
+    from schedc.live.recovery import survivor_layout
+
+    spec = load_text(spec_text(dp=3, pp=3))
+    layout = survivor_layout(spec, [2, 8])  # 2 GPUs: 3 pipelines do not fit
+    assert layout.dp * layout.microbatches == 9 and layout.dp < 3
+    assert {r for row in layout.ranks for r in row} <= {2, 8}
+
+
+def test_the_gpus_an_in_place_move_needs_are_kept_in_the_layout():
+    from schedc.live.recovery import covers, survivor_layout
+
+    spec = load_text(spec_text(dp=3, pp=3))
+    survivors = [0, 2, 3, 5, 8]  # stage 1 lost; 3 x 1 runs on 3 of the 5
+    plain = survivor_layout(spec, survivors)
+    assert (plain.dp, plain.pp) == (3, 1)
+    keep = [[0, 3], [8], [2, 5, 8]]  # stage 0's GPUs; stage 1's only exact shadow (on 8); stage 2's
+    assert not covers(plain, keep)  # the lowest ranks would leave stage 1's state behind
+    kept = survivor_layout(spec, survivors, keep)
+    assert covers(kept, keep) and (kept.dp, kept.pp) == (3, 1)

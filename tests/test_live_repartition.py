@@ -28,6 +28,25 @@ def test_a_killed_stage_is_re_partitioned_onto_the_survivors_exactly(tmp_path, o
     assert len(last.members) == 4 and last.restore == note["restore"]  # 2 x 2: no replacement process
 
 
+# Stage 0 and GPU (dp=1, pp=1) lost: one survivor, too few for the job's 2 pipelines. It trains
+# the same global batch of 2 x 3 microbatches as 1 pipeline of 6 (the job's microbatch
+# d * 3 + m as its microbatch; `Manifest.data_index`), so the weights stay exact.
+LOSE_ALL_BUT_ONE = ["at iteration 2 during B: fail gpu(dp=0, pp=0)", "at iteration 2 during B: fail gpu(dp=1, pp=0)",
+                    "at iteration 2 during B: fail gpu(dp=1, pp=1)"]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("shadow", [False, True], ids=["restart", "in-place"])
+def test_survivors_too_few_for_the_jobs_pipelines_train_the_same_batch_on_fewer(tmp_path, optimizer, shadow):
+    out = compiled(tmp_path, dp=2, pp=2, microbatches=3, optimizer=optimizer)
+    result = train(out, iterations=5, want_weights=True, recovery="repartition", checkpoint_every=1, shadow=shadow,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_ALL_BUT_ONE)
+    check_exact(out, result, 5)
+    notes = [e["message"] for e in result.events if e["kind"] in ("restart", "repartition")]
+    assert any("re-partitioning the 1 survivors as 1 x 1 (6 microbatches each" in m for m in notes), notes
+    assert len(result.generations[-1].members) == 1  # (GPU 1, rank 0 of the new layout)
+
+
 def test_without_a_checkpoint_the_survivors_restart_from_the_initial_weights(tmp_path):
     out = compiled(tmp_path, dp=2, pp=3)
     result = train(out, iterations=4, want_weights=True, recovery="repartition", inject=LOSE_STAGE_1)

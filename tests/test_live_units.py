@@ -662,3 +662,19 @@ def test_phi_must_be_a_positive_number(value):
         TrainOptions(phi=value).check()
     assert exc.value.codes == ["E555"] and "phi must be a positive number" in exc.value.diagnostics[0].message
     TrainOptions(phi=12.0).check()
+
+
+def test_a_plan_laid_out_on_other_pipelines_trains_the_jobs_microbatches_in_order():
+    from schedc.runtime.manifest import Manifest
+
+    base = dict(spec="s", schedc_version="0", pp=1, live_ranks=(0,), coords={0: (0, 0)}, stage_groups=((0,),),
+                programs={}, source="m:f", data=None, partition=None, optimizer="sgd", lr=0.1, iterations=1,
+                decouple_backward=True, stagger_optimizer=True)
+    job = Manifest(dp=2, microbatches=3, **base)
+    assert [job.data_index(d, m) for d in range(2) for m in range(3)] == [(d, m) for d in range(2) for m in range(3)]
+    one = Manifest(dp=1, microbatches=6, data_microbatches=3, **base)  # the job's 2 x 3 as 1 x 6
+    assert [one.data_index(0, m) for m in range(6)] == [(d, m) for d in range(2) for m in range(3)]
+    three = Manifest(dp=3, microbatches=2, data_microbatches=3, **base)  # ... and as 3 x 2
+    assert sorted(three.data_index(d, m) for d in range(3) for m in range(2)) == \
+        [(d, m) for d in range(2) for m in range(3)]
+    assert "data_microbatches" not in job.to_json() and Manifest.from_json(one.to_json()) == one

@@ -63,23 +63,49 @@ class Change:
     ranks: tuple[tuple[int, ...], ...] | None = None
 
 
-def repartition_layout(spec, gpus: Sequence[int]):
-    """The survivors `gpus` (ranks of `spec`) laid out as `spec.dp` pipelines of as many stages as
-    they can hold (`schedc.repartition`), and its plan: (layout, plan), or None when they cannot
-    hold `spec.dp` pipelines of the model."""
+def repartition_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = ()):
+    """The survivors `gpus` (ranks of `spec`) laid out anew (`survivor_layout`), and its plan:
+    (layout, plan), or None when they cannot hold the model."""
+    from schedc.repartition import plan_layout
+
+    layout = survivor_layout(spec, gpus, keep)
+    if layout is None:
+        return None
+    return layout, plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
+
+
+def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = ()):
+    """The survivors `gpus` as `spec.dp` pipelines of as many stages as they can hold; when they
+    cannot hold that many pipelines, as the best shape by the planner's estimate that keeps the
+    global batch with fewer (`schedc.repartition.candidate_shapes`: a number of pipelines that
+    divides it; no holes). The GPUs used include one of each group of `keep` where they can (the
+    holders of the state an in-place move needs: `covers` says whether they all are), then the
+    lowest ranks; `assign_gpus` deals them to stages. None when no shape fits."""
     from schedc.layout import Layout, units_of
-    from schedc.repartition import assign_gpus, partition_units, plan_layout
+    from schedc.repartition import assign_gpus, candidate_shapes, partition_units
 
     units = units_of(spec)
-    stages = min(len(gpus) // spec.dp, units.count)
-    slices = (partition_units(units, spec.dp, stages, spec.microbatches, spec.cluster.gpu.memory)
-              if stages >= 1 else None)
+    dp, stages, microbatches = spec.dp, min(len(gpus) // spec.dp, units.count), spec.microbatches
+    slices = partition_units(units, dp, stages, microbatches, spec.cluster.gpu.memory) if stages >= 1 else None
     if slices is None:
-        return None
+        shape = next((sh for sh in candidate_shapes(spec, len(gpus)) if not sh.holes), None)
+        if shape is None:
+            return None
+        dp, stages, microbatches, slices = shape.dp, shape.pp, shape.microbatches, shape.slices
+    need = dp * stages
+    chosen: list[int] = []
+    for group in keep:
+        if not set(group) & set(chosen):
+            chosen.append(min(group))
+    chosen = chosen[:need] + [r for r in sorted(gpus) if r not in chosen][:max(0, need - len(chosen))]
     held = {g.rank: frozenset() for g in spec.gpus}
-    ranks = assign_gpus(units, slices, spec.dp, sorted(gpus), held)
-    layout = Layout(spec.dp, stages, spec.microbatches, slices, ranks)
-    return layout, plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
+    return Layout(dp, stages, microbatches, slices, assign_gpus(units, slices, dp, sorted(chosen), held))
+
+
+def covers(layout, keep: Sequence[Sequence[int]]) -> bool:
+    """Whether `layout` runs a GPU of every group of `keep`."""
+    used = {r for row in layout.ranks for r in row if r is not None}
+    return all(used & set(group) for group in keep)
 
 
 def lost_stages(spec, lost: set[int]) -> list[int]:
@@ -144,6 +170,7 @@ class RecoveryPolicy:
         self.latest_checkpoint = latest_checkpoint
         self.restarts = 0
         self._in_place = False
+        self._keep: Sequence[Sequence[int]] = ()  # (an in-place move's holders: `survivor_layout`)
         self.iterations = iterations  # the run's total (E553's resume command); None: not known here
 
     def repartitions(self, plan: "Plan", lost: set[int]) -> bool:
@@ -158,12 +185,13 @@ class RecoveryPolicy:
         return bool(self.ctl.unreachable([g.rank for g in spec.gpus if g.pp in stages
                                           and (g.rank in lost or not g.live)]))
 
-    def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int], *, in_place: bool = False) -> Change:
+    def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int], *, in_place: bool = False,
+               keep: Sequence[Sequence[int]] = ()) -> Change:
         """The change after `failed` failed, from `plan` (the last plan that ran); `lost` holds
         every rank lost for good so far, `failed` included. Raises `RunError` when the run cannot
         go on. `in_place`: a re-partition moves the survivors' state among them instead of
         restarting every process (`schedc.live.relayout`): said so, and no restart is counted."""
-        self._in_place = in_place
+        self._in_place, self._keep = in_place, keep
         if self.method == "restart":
             found = self.latest_checkpoint()
             restore = str(found.path) if found else "initial"
@@ -232,10 +260,10 @@ class RecoveryPolicy:
         survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in lost)
         found = self.latest_checkpoint()
         units = units_of(spec)
-        laid = repartition_layout(spec, survivors)
+        laid = repartition_layout(spec, survivors, self._keep if self._in_place else ())
         if (self.restarts >= self.max_restarts and not self._in_place) or laid is None:
             why = (f"no restart is left (--max-restarts {self.max_restarts})" if laid is not None else
-                   f"the {len(survivors)} surviving GPU(s) cannot hold {spec.dp} pipeline(s) of the model")
+                   f"the {len(survivors)} surviving GPU(s) cannot hold one pipeline of the model (its memory)")
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
                      f"need be, docs/live.md) with {self._resume(found)}" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")

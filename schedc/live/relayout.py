@@ -37,6 +37,7 @@ from typing import Sequence
 from schedc.diagnostics import RunError
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
+from schedc.live.recovery import covers, survivor_layout
 from schedc.live.result import GenerationRecord
 
 
@@ -48,8 +49,17 @@ class Relayout:
         held = self._lost_held()
         if not held or not self.recovery.repartitions(self.plan, self.dead):
             return False
+        # Who holds each stage of the running plan: its survivors, or (lost) its shadows' holders.
+        # The new layout must run one of each, or the state of a stage would be left behind.
+        spec = self.plan.spec
+        survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in self.dead)
+        keep = [held.get(s) or [g.rank for g in spec.gpus if g.pp == s and g.rank in survivors]
+                for s in range(spec.pp)]
+        layout = survivor_layout(spec, survivors, keep)
+        if layout is None or not covers(layout, keep):
+            return False  # (every process restarts instead, from the survivors' dump or the checkpoint)
         try:
-            change = self.recovery.decide(self.plan, failed, self.dead, in_place=True)
+            change = self.recovery.decide(self.plan, failed, self.dead, in_place=True, keep=keep)
         except RunError as exc:
             self._fail(list(exc.diagnostics))
             return True

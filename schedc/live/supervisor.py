@@ -358,9 +358,10 @@ class Supervisor(Transitions, Relayout):
 
     def _on_checkpoint(self, msg: CheckpointWritten, now: float) -> None:
         spec = self.plan.spec
+        job = self.recovery.initial_plan.spec  # (the data's shape: a layout of other pipelines trains the same)
         meta = {"spec": spec.source_name, "optimizer": spec.train.optimizer,
                 "emulate": self.options.emulate, "model": self.gen.manifest["source"] if self.gen else None,
-                "dp": spec.dp, "microbatches": spec.microbatches,
+                "dp": job.dp, "microbatches": job.microbatches,
                 "generation": self.gen.number, "time": self.world.time()}
         done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta, layers=msg.layers,
                                               model_layers=msg.model_layers)

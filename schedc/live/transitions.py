@@ -77,7 +77,12 @@ class Transitions:
         shadow = self._shadows_fit(number, plan)
         from schedc.runtime.manifest import MANIFEST_NAME
 
-        gen = Generation(number, members, json.loads(files[MANIFEST_NAME]), restore=restore, injections=tuple(armed),
+        manifest = json.loads(files[MANIFEST_NAME])
+        job = self.recovery.initial_plan.spec
+        if plan.spec.microbatches != job.microbatches:  # another number of pipelines: the same global batch
+            manifest["data_microbatches"] = job.microbatches
+            files = {**files, MANIFEST_NAME: json.dumps(manifest, indent=2) + "\n"}
+        gen = Generation(number, members, manifest, restore=restore, injections=tuple(armed),
                          reason=reason, start_at=start_at, speeds=speeds,
                          physical={r: p for r, p in self.physical.items() if r != p} or None,
                          coords={g.rank: (g.dp, g.pp) for g in plan.spec.gpus} if self.repartitioned else None,

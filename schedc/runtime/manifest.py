@@ -53,6 +53,11 @@ class Manifest:
     # `model.data` modules are looked for there, and in the current folder, after sys.path.
     spec_dir: str | None = None
     tp: int = 1  # real GPUs per schedc GPU (tensor parallelism): planned, not run (see refuse_tensor_parallel)
+    # The microbatches per pipeline of the job whose data this plan trains, when they differ from
+    # this plan's (None: the same): a live run re-partitioned onto another number of pipelines
+    # trains the same global batch, its microbatch (d, m) being the job's global microbatch
+    # d * microbatches + m (`data_index`).
+    data_microbatches: int | None = None
     # A symmetric plan's programs are shared by the copies of a class of alike pipelines: rank ->
     # index into `copy_tables`, whose entries give the copy's `ranks` (R) and `pipelines` (D).
     copy_of: dict[int, int] = field(default_factory=dict)
@@ -67,6 +72,13 @@ class Manifest:
     def global_microbatches(self) -> int:
         """D*M: every microbatch's loss is divided by this (exactness under any failure set)."""
         return self.dp * self.microbatches
+
+    def data_index(self, d: int, mb: int) -> tuple[int, int]:
+        """The (pipeline, microbatch) of the job's data that this plan's microbatch `mb` of
+        pipeline `d` trains (itself unless `data_microbatches` says otherwise)."""
+        if self.data_microbatches is None or self.data_microbatches == self.microbatches:
+            return d, mb
+        return divmod(d * self.microbatches + mb, self.data_microbatches)
 
     def dist_rank(self, schedule_rank: int) -> int:
         """torch.distributed rank of a live schedule rank."""
@@ -85,6 +97,8 @@ class Manifest:
         out["copy_tables"] = list(self.copy_tables)
         if not self.copy_of:  # a plan op by op: the manifest reads as it always did
             del out["copy_of"], out["copy_tables"]
+        if self.data_microbatches is None:  # (set only in a live run laid out anew)
+            del out["data_microbatches"]
         return {"format": FORMAT, **out}
 
     @classmethod

@@ -360,8 +360,9 @@ class Runtime:
         return float(self._loss)
 
     def batch(self, iteration: int, d: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Microbatch (d, mb) of `iteration` from `model.data`, on this rank's device."""
-        x, y = self.data(iteration, d, mb)
+        """Microbatch (d, mb) of `iteration` from `model.data`, on this rank's device (the job's
+        microbatch it stands for, in a plan laid out anew: `Manifest.data_index`)."""
+        x, y = self.data(iteration, *self.manifest.data_index(d, mb))
         return x.to(self.device), y.to(self.device)
 
     def abandon_iteration(self) -> None:
