@@ -352,3 +352,37 @@ def test_the_checker_catches_a_move_that_takes_a_wrong_shadow(monkeypatch):
     monkeypatch.setattr(SimWorker, "_shadow_step", off_by_one)
     out = simulate(214, faults=STAGE_LOST)
     assert any("moves stage 2 from a holder" in v for v in out.violations), out.describe()
+
+
+# -- found when the simulation grew the job back (the lost GPUs rejoin after a stage loss) ------------
+
+# Seed 550: a kill during the survivors' dump; the next plan re-routed only that rank's work and
+# named the stage's three lost GPUs members again (with no state: E552 once they rejoined).
+KILL_DURING_A_DUMP = [Fault("training", 0.471, "kill", (1, 4, 7)), Fault("recovering", 0.02, "kill", (3,)),
+                      Fault("training", 0.408, "rejoin", (1,)), Fault("training", 0.157, "rejoin", (4,)),
+                      Fault("training", 0.158, "rejoin", (7,))]
+# Seed 369: the lost GPUs asked back while the dump ran; taking them back made them count as up,
+# so the recovery re-routed around the last one only and ran the others with no state (E552).
+REJOIN_DURING_A_DUMP = [Fault("training", 0.992, "kill", (1, 4, 7)), Fault("recovering", 0.02, "stop", (0,), duration=1.0),
+                        Fault("training", 0.362, "rejoin", (1,)), Fault("training", 0.524, "rejoin", (4,)),
+                        Fault("training", 0.581, "rejoin", (7,)), Fault("recovering", 0.1, "stop", (1,), duration=5.0)]
+
+
+@pytest.mark.parametrize("seed, faults", [(550, KILL_DURING_A_DUMP), (369, REJOIN_DURING_A_DUMP)],
+                         ids=["kill", "rejoin"])
+def test_a_fault_during_the_survivors_dump_is_planned_with_the_stage_it_lost(monkeypatch, seed, faults):
+    monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=True, recovery="auto"))
+    out = simulate(seed, faults=faults)
+    assert not out.violations, out.describe()
+    assert out.result == "finished"
+
+
+def test_the_job_grows_back_in_place_and_survives_a_kill_while_it_grows(monkeypatch):
+    _repartition(monkeypatch)
+    back = [Fault("training", 0.3, "rejoin", (r,)) for r in (2, 5, 8)]
+    out = simulate(214, faults=STAGE_LOST + back + [Fault("recovering", 0.0, "kill", (4,))])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "growing back onto the spec's 3 x 3: the 6 running processes keep theirs" in story, story
+    assert "restored iter-" in story.split("growing back onto")[1], story  # (the kill lands in the move)
+    assert out.result == "finished"

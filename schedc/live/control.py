@@ -131,7 +131,12 @@ class SupervisorControl:
     def revive(self, rank: int) -> None:
         sup = self._sup
         if rank not in sup.alive:
-            sup.dead.discard(rank)
+            gpus = sup.plan.spec.gpus
+            if not (rank < len(gpus) and gpus[rank].live):
+                sup.dead.discard(rank)
+            # (else it failed since the running plan, and the recovery under way, such as a dump
+            # generation's, has yet to plan around it: it stays lost to that plan, its new process
+            # on standby, until a plan takes it back)
             sup._start_workers([rank])
 
     def direct(self, rank: int, directive: dict | None) -> None:

@@ -48,9 +48,12 @@ class Rejoins:
             self._start_session(rank)
 
     def resume(self) -> None:
-        """After a recovery or a switch: sessions for every rank still wanted back."""
+        """After a recovery or a switch: sessions for every rank still wanted back (one the
+        recovery took back itself, as a replacement process, is back)."""
         for rank in sorted(self.wanted):
-            if rank not in self.sessions and self.ctl.is_running(rank):
+            if rank in self.ctl.members and rank not in self.sessions:
+                del self.wanted[rank]
+            elif rank not in self.sessions and self.ctl.is_running(rank):
                 self._start_session(rank)
 
     def _start_session(self, rank: int) -> None:

@@ -296,7 +296,9 @@ class Transitions:
         fault = self.injections.fault_time(failed)
         if fault is not None and rec.t_fault is None:
             rec.t_fault = fault - self.t0
-        self._decide(rec, failed, suspects)
+        # Every rank of the running plan lost since it was announced, not only these: a recovery
+        # that had not yet planned around the earlier ones (a dump generation) must now.
+        self._decide(rec, self._failed_since_plan(), suspects)
 
     def _decide(self, rec: Recovery, failed: Sequence[int], suspects: dict) -> None:
         """Choose and announce how to go on after `failed` failed (of `self.plan`)."""
