@@ -95,8 +95,9 @@ BOTH_BACK = ["at iteration 5: recover gpu(dp=0, pp=1)", "at iteration 5: recover
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_job_grows_back_onto_the_spec_once_every_lost_gpu_is_back(tmp_path, optimizer):
     # Stage 1 is lost, the survivors run as 2 x 2; both GPUs come back at iteration 5 (named as the
-    # job named them at its start): at the next complete checkpoint every process restarts on the
-    # spec's 2 x 3 from it, re-sharded, and the run ends exactly.
+    # job named them at its start): at the next complete checkpoint the 4 running processes are
+    # renamed as ranks of the spec's 2 x 3, processes start for the 2 GPUs back, and all 6 move
+    # the layers among themselves (nothing restarts, nothing is trained again), exactly.
     out = compiled(tmp_path, dp=2, pp=3, optimizer=optimizer)
     result = train(out, iterations=8, want_weights=True, recovery="repartition", checkpoint_every=1,
                    checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + BOTH_BACK)
@@ -105,10 +106,12 @@ def test_the_job_grows_back_onto_the_spec_once_every_lost_gpu_is_back(tmp_path, 
     assert first.method == "repartition" and grow.method == "grow-back" and grow.t_first is not None
     rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
     assert "1 of the 2 GPU(s) the job lost" in rejoins[0] and "every GPU the job lost is back" in rejoins[1]
-    note = [e for e in result.events if e["kind"] == "restart"][-1]
-    assert note["message"].startswith("growing back onto the spec's 2 x 3: restarting every process from iter-")
+    note = [e for e in result.events if e["kind"] == "repartition"][-1]
+    assert note["message"].startswith("growing back onto the spec's 2 x 3: the 4 running processes keep theirs "
+                                      "and move the layers among all 6"), note
     last = result.generations[-1]
-    assert len(last.members) == 6 and last.restore == note["restore"] and last.reason == "grow back"
+    assert len(last.members) == 6 and last.restore is None and last.reason == "grow back (in place)"
+    assert grow.moved_bytes > 0
 
 
 def test_a_failure_while_the_job_grows_back_is_survived_exactly(tmp_path):
@@ -211,10 +214,9 @@ def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tm
                       "at iteration 10: recover gpu(dp=0, pp=2)", "at iteration 10: recover gpu(dp=1, pp=2)"])
     check_exact(out, result, 16)
     story = [(e["kind"], e["message"]) for e in result.events]
-    restarts = [m for k, m in story if k == "restart"]
-    assert any(m.startswith("growing back onto 6 GPUs as 2 x 3: restarting every process from iter-")
-               for m in restarts), story
-    assert restarts[-1].startswith("growing back onto the spec's 2 x 4"), story
+    grows = [m for k, m in story if m.startswith("growing back")]
+    assert grows[0].startswith("growing back onto 6 GPUs as 2 x 3: the 4 running processes keep theirs"), story
+    assert grows[-1].startswith("growing back onto the spec's 2 x 4: the 6 running processes keep theirs"), story
     # (Under load the four deaths may reach the supervisor in two ticks: a re-route first.)
     sizes = [len(g.members) for g in result.generations]
     assert sizes[0] == 8 and sizes[-3:] == [4, 6, 8], (sizes, story)

@@ -1,8 +1,10 @@
 """A member's part in an in-place re-partition (`schedc.live.relayout`): agree on the steps, say
 what it holds, receive the old stages its new layers need, re-shard them onto its new stage.
 
-`held` is what the member ran before (its old stage's `Runtime`, its rollback copy, its shadow);
-`rt` and `shadow` are the new stage it was built for and the new shadow (or None). Every member
+`held` is what the member ran before (its old stage's `Runtime`, its rollback copy, its shadow),
+or None for a process started for this layout (a GPU back: the job grows in place), which holds
+nothing and takes every layer it needs from the others; `rt` and `shadow` are the new stage it
+was built for and the new shadow (or None). Every member
 works out the same plan from what all of them said (`sources`): each old stage a member needs
 comes from itself when it holds it exactly, else from one holder of it, its own GPUs first and
 then its shadows, spread over the holders in turn.
@@ -34,13 +36,13 @@ def sources(members, old_stage: dict[int, int], old_pp: int, shadow_ok: dict[int
     """(member, old stage it needs) -> the member it takes that stage's state from (itself when
     it holds it). A member holds its own old stage, and stage s - 1 where `shadow_ok` (its
     shadow is exact at the agreed steps). E552 when no member holds a needed stage."""
-    def holds(r: int, t: int) -> bool:
-        return old_stage[r] == t or (shadow_ok[r] and (old_stage[r] - 1) % old_pp == t)
+    def holds(r: int, t: int) -> bool:  # (a process new to the layout has no old stage: it holds nothing)
+        return r in old_stage and (old_stage[r] == t or (shadow_ok[r] and (old_stage[r] - 1) % old_pp == t))
 
     out: dict[tuple[int, int], int] = {}
     for t in range(old_pp):
-        pool = sorted(r for r in members if old_stage[r] == t) or \
-            sorted(r for r in members if shadow_ok[r] and (old_stage[r] - 1) % old_pp == t)
+        pool = sorted(r for r in members if old_stage.get(r) == t) or \
+            sorted(r for r in members if holds(r, t))
         turn = 0
         for r in sorted(r for r in members if t in need[r]):
             if holds(r, t):
@@ -55,27 +57,35 @@ def sources(members, old_stage: dict[int, int], old_pp: int, shadow_ok: dict[int
     return out
 
 
-def move_in(gen, manifest, rank: int, transport, held: Held, rt, shadow) -> tuple[int, bool, int]:
+#: What a process new to the layout says in the step all-reduce MIN: it lowers neither count.
+_NOTHING_HELD = 2 ** 62
+
+
+def move_in(gen, manifest, rank: int, transport, held: Held | None, rt, shadow) -> tuple[int, bool, int]:
     """Carry out this member's part of generation `gen`'s move (see the module docstring);
     (the step count every member now holds, whether this member undid its last step, the bytes
     it received)."""
     moved = gen.moved
     members = list(gen.members)
-    old_pp, partition = int(moved["pp"]), held.rt.partition  # (the model's split: every stage's layers)
+    old_pp = int(moved["pp"])
+    partition = held.rt.partition if held is not None else _old_partition(moved, rt)  # (every old stage's layers)
     old_stage = {int(r): int(s) for r, s in moved["stage"].items()}
     # 1. The steps: the fewest any member holds, or one fewer where a lost stage's shadow lags.
-    steps = torch.tensor([held.rt.steps_done, -held.rt.steps_done], dtype=torch.int64)
+    steps = torch.tensor([held.rt.steps_done, -held.rt.steps_done] if held is not None
+                         else [_NOTHING_HELD, _NOTHING_HELD], dtype=torch.int64)
     transport.all_reduce_min(steps, "the members' step counts")
     low, high = int(steps[0]), -int(steps[1])
-    mine, copy = low, held.shadow
+    mine, copy = low, (held.shadow if held is not None else None)
     lost = set(range(old_pp)) - set(old_stage.values())
     if copy is not None and copy.stage in lost:
         mine = copy.steps_to_keep(low, high)
     agreed = torch.tensor([mine], dtype=torch.int64)
     transport.all_reduce_min(agreed, "the steps the lost stages' shadows hold")
     target = rollback_target([int(agreed[0]), high])
-    undone = roll_back(held.rt.steps_done, target, held.snapshot)
-    held.rt.steps_done = target
+    undone = False
+    if held is not None:
+        undone = roll_back(held.rt.steps_done, target, held.snapshot)
+        held.rt.steps_done = target
     if copy is not None:
         copy.catch_up(target)
     # 2. Who holds which old stage exactly at `target` (its own stage, always; its shadow, if exact).
@@ -100,7 +110,7 @@ def move_in(gen, manifest, rank: int, transport, held: Held, rt, shadow) -> tupl
     # 4. Send what others take from this member, receive what it takes from others.
     mine_of = {}
 
-    def state_of(t: int) -> dict:
+    def state_of(t: int) -> dict:  # (asked only of a holder: `sources`)
         if t not in mine_of:
             mine_of[t] = held.rt.stage_state() if old_stage[rank] == t else copy.state()
         return mine_of[t]
@@ -118,6 +128,18 @@ def move_in(gen, manifest, rank: int, transport, held: Held, rt, shadow) -> tupl
         shadow.load(reshard.assemble(partition, states.__getitem__, target, shadow.layers, shadow.module,
                                      "the survivors' state"))
     return target, undone, sum(len(blob) for blob in got.values())
+
+
+def _old_partition(moved: dict, rt) -> tuple[tuple[int, int], ...] | None:
+    """The old layout's split of the model, for a process that never ran it: as its plan gave it
+    (`moved["partition"]`), else the even split of the model's layers (None when emulated)."""
+    from schedc.runtime.manifest import even_partition
+
+    if moved.get("partition"):
+        return tuple(tuple(p) for p in moved["partition"])
+    if rt.partition is None:
+        return None
+    return even_partition(rt.partition[-1][1], int(moved["pp"]))
 
 
 def _dumps(state: dict) -> bytes:

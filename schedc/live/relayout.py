@@ -67,7 +67,8 @@ class Relayout:
         renamed = {r: d * spec.pp + s for d, row in enumerate(change.ranks) for s, r in enumerate(row)
                    if r is not None}
         old = self.gen.manifest
-        moved = {"pp": old["pp"], "stage": {renamed[r]: self.plan.spec.gpus[r].pp for r in renamed}}
+        moved = {"pp": old["pp"], "stage": {renamed[r]: self.plan.spec.gpus[r].pp for r in renamed},
+                 "partition": old.get("partition")}
         # Processes without a place in the new layout end first: a GPU being taken back (it
         # counts as lost, as in a restart), one on standby, a survivor the layout leaves spare.
         pending = self.rejoins.drop_all("the job re-partitioned first: it counts as lost; ask for it "
@@ -90,6 +91,34 @@ class Relayout:
         rec.t_announce = self._now()
         self.phase = Phase.RECOVERING
         return True
+
+    def _grow_keep(self) -> list[list[int]]:
+        """The GPUs (named as the job named them) that hold each stage of the running plan: its
+        running members. A growth in place must keep one of each in the new layout."""
+        spec = self.plan.spec
+        running = [r for r in self.gen.members if r not in self.dead and r in self.alive]
+        return [[self.physical[r] for r in running if spec.gpus[r].pp == s] for s in range(spec.pp)]
+
+    def _grow_in_place(self, plan, physical: dict[int, int], reason: str) -> None:
+        """Grow onto `plan` (its rank -> the GPU it runs on: `physical`) keeping the running
+        processes: they are renamed as its ranks (a new epoch), processes start for the GPUs back
+        (and spare ones), and the members move the layers among themselves (the new processes take
+        all of theirs), as an in-place re-partition does. Called at a complete checkpoint: a
+        failure during the move restores it (`_unfinished_restore`), so little is trained again."""
+        by_gpu = {self.physical[r]: r for r in self.gen.members if r not in self.dead and r in self.alive}
+        renamed = {by_gpu[p]: r for r, p in physical.items() if p in by_gpu}
+        started = sorted(r for r, p in physical.items() if p not in by_gpu)
+        old = self.gen.manifest
+        moved = {"pp": old["pp"], "stage": {renamed[r]: self.plan.spec.gpus[r].pp for r in renamed},
+                 "partition": old.get("partition")}
+        self.rejoins.cancel_all()
+        self.job.abort(self.gen.number)
+        self._kill_and_wait(sorted((self.alive - self.dead) - set(renamed)))  # (on standby: no place)
+        gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)
+        self._rename(renamed)
+        self._relabel(physical, lost=gone)
+        self._announce(plan, restore=None, moved=moved, reason=reason)
+        self._start_workers(started)
 
     def _rename(self, renamed: dict[int, int]) -> None:
         """A new epoch: the survivors' processes are the new layout's ranks `renamed[r]`."""

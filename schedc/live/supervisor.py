@@ -453,7 +453,7 @@ class Supervisor(Transitions, Relayout):
                                  f"({plan.metrics.iteration_time / 1e3:.2f} ms per iteration, against "
                                  f"{self.plan.metrics.iteration_time / 1e3:.2f} now)", rank=rank)
 
-    def _growth_target(self) -> tuple[Plan, dict[int, int]] | None:
+    def _growth_target(self, keep=()) -> tuple[Plan, dict[int, int]] | None:
         """What the job would grow onto now: the spec's plan once every GPU of the job is up, else the
         fastest re-partition of the GPUs up (those of the running plan that live, and the spare
         ones) when it beats the running plan; with its rank -> GPU map. None: stay."""
@@ -464,7 +464,7 @@ class Supervisor(Transitions, Relayout):
         up = {self.physical[r] for r in self.gen.members if r not in self.dead} | self.spare
         if up >= everyone:
             return initial, {r: r for r in everyone}
-        laid = repartition_layout(initial.spec, sorted(up))
+        laid = repartition_layout(initial.spec, sorted(up), keep)
         if laid is None or laid[1].metrics.iteration_time >= self.plan.metrics.iteration_time:
             return None
         layout, plan = laid
@@ -477,7 +477,8 @@ class Supervisor(Transitions, Relayout):
         and restores `found`, re-sharded onto its stages (the iterations run since it are run
         again: a few, as it is the newest)."""
         self._grow_at_checkpoint = False
-        target = self._growth_target()
+        keep = self._grow_keep()
+        target = self._growth_target(keep)
         if target is None:
             return
         plan, physical = target
@@ -486,25 +487,35 @@ class Supervisor(Transitions, Relayout):
         full = plan is self.recovery.initial_plan
         onto = (f"the spec's {spec.dp} x {spec.pp}" if full else
                 f"{len(physical)} GPUs as {spec.dp} x {spec.pp}")
-        self._note("restart", f"growing back onto {onto}: restarting every process from {found.path.name}, re-sharded",
-                   restore=str(found.path))
+        in_place = all(set(group) & set(physical.values()) for group in keep)
+        if in_place:
+            kept = len({p for group in keep for p in group} & set(physical.values()))
+            self._note("repartition", f"growing back onto {onto}: the {kept} running processes keep theirs and "
+                                      f"move the layers among all {len(physical)} (in place; a failure meanwhile "
+                                      f"restores {found.path.name})", restore=str(found.path))
+        else:
+            self._note("restart", f"growing back onto {onto}: restarting every process from {found.path.name}, "
+                                  "re-sharded", restore=str(found.path))
         rec = Recovery(from_generation=self.gen.number, t_detect=now, method="grow-back",
                        t_last_complete=max((r.end for r in self.ledger.records.values()), default=None),
                        predicted_before_us=self.plan.metrics.iteration_time, events=["grow back"])
         self.recoveries.append(rec)
         self._recovery = rec
-        self.rejoins.cancel_all()
-        self.job.abort(self.gen.number)
-        self._kill_and_wait(sorted(self.alive - self.dead))
-        gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)
-        self.dead.clear()
         self.checkpoints.relayout(spec.pp, self.gen.number + 1)
-        self._relabel(physical, lost=gone)
         self.repartitioned = None if full else f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} iterations"
-        self._announce(plan, restore=str(found.path), reason="grow back")
+        if in_place:
+            self._grow_in_place(plan, physical, "grow back (in place)")
+        else:
+            self.rejoins.cancel_all()
+            self.job.abort(self.gen.number)
+            self._kill_and_wait(sorted(self.alive - self.dead))
+            gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)
+            self.dead.clear()
+            self._relabel(physical, lost=gone)
+            self._announce(plan, restore=str(found.path), reason="grow back")
+            self._start_workers(self.gen.members)
         rec.to_generation, rec.t_plan, rec.t_announce = self.gen.number, now, self._now()
         rec.predicted_after_us = plan.metrics.iteration_time
-        self._start_workers(self.gen.members)
         self.phase = Phase.RECOVERING
 
     # -- what agents tell ----------------------------------------------------------------------------

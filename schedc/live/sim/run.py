@@ -120,8 +120,14 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
         out = [Fault("training", round(rng.uniform(0, 1.0), 3), "kill", tuple(range(stage, world, pp))),
                Fault("recovering", phase_delay(), rng.choice(["kill", "stop", "pause", "forkserver"]), (rank(),),
                      duration=rng.choice([1.0, 5.0]))]
-        if rng.random() < 0.4:  # later, a whole stage of the layout running then (a second re-partition)
+        then = rng.random()
+        if then < 0.4:  # later, a whole stage of the layout running then (a second re-partition)
             out.append(Fault("training", round(rng.uniform(0.3, 1.5), 3), "stage", (rng.randrange(pp),)))
+        elif then < 0.8:  # the lost GPUs come back (the job grows), and something fails while it grows
+            out += [Fault("training", round(rng.uniform(0.1, 0.6), 3), "rejoin", (r,))
+                    for r in range(stage, world, pp)]
+            out.append(Fault("recovering", phase_delay(), rng.choice(["kill", "stop", "kill"]), (rank(),),
+                             duration=rng.choice([1.0, 5.0])))
         return out
     faults = []
     for i in range(rng.choice([0, 1, 1, 2, 2, 3])):

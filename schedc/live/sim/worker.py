@@ -413,14 +413,15 @@ class SimWorker:
         old_stage = {int(r): int(t) for r, t in gen.moved["stage"].items()}
         old_pp = int(gen.moved["pp"])
         lost = set(range(old_pp)) - set(old_stage.values())
-        self.net.arrive(("resume", n), self.rank, self.steps)
+        new = self.rank not in old_stage  # (a process started for this layout: a GPU back, the job grows)
+        self.net.arrive(("resume", n), self.rank, None if new else self.steps)
         yield lambda: self.net.complete(("resume", n), members) or self.aborted()
         if not self.net.complete(("resume", n), members):
             raise Interrupted("aborted while the members agreed where to resume")
-        values = self.net.values(("resume", n))
+        values = [v for v in self.net.values(("resume", n)) if v is not None]
         low, high = min(values), max(values)
         mine = low
-        if self.shadow is not None and self.shadow_valid and self.shadow_stage in lost:  # (`ShadowStage.steps_to_keep`)
+        if not new and self.shadow is not None and self.shadow_valid and self.shadow_stage in lost:  # (`ShadowStage.steps_to_keep`)
             reach = self._shadow_reach()
             if reach >= high - 1:
                 mine = min(low, reach)
@@ -433,13 +434,14 @@ class SimWorker:
         target = min(self.net.values(("move-steps", n)))
         if high - target > 1:
             self._error("E552", f"survivors are more than one step apart ({target}..{high})")
-        undone = self.steps > target
+        undone = not new and self.steps > target
         if undone:
             self.history.pop()
             self.steps = target
-        self._shadow_catch_up(target)
-        held = {old_stage[self.rank]: list(self.history)}
-        if self._shadow_exact():
+        if not new:
+            self._shadow_catch_up(target)
+        held = {} if new else {old_stage[self.rank]: list(self.history)}
+        if not new and self._shadow_exact():
             held[self.shadow_stage] = list(self.shadow)
         self.net.arrive(("move-held", n), self.rank, held)
         yield lambda: self.net.complete(("move-held", n), members) or self.aborted()
@@ -531,14 +533,27 @@ class SimWorker:
                 self.shadow = []
             return
         found = checkpoint.read(Path(restore))
-        history = list(checkpoint.load_stage(found, stage)["history"])
+        history = self._restored_stage(found, stage)
         self.steps, self.history = found.iteration, history
         self.world.restored(self, found.iteration)
         if self.shadow is not None:
-            self.shadow = list(checkpoint.load_stage(found, self.shadow_stage)["history"])
+            self.shadow = self._restored_stage(found, self.shadow_stage)
             if self.shadow != list(range(found.iteration)):
                 self.world.violations.append(f"t={self.now:.3f}: rank {self.rank} restored a shadow of stage "
                                              f"{self.shadow_stage} that does not hold iterations 0..{found.iteration - 1}")
+
+    def _restored_stage(self, found, stage: int) -> list[int]:
+        """What `stage` of the running layout restores from `found`: its own file, or re-sharded
+        from a checkpoint of another layout (`schedc.live.reshard`), whose stages then must all
+        hold the same updates (a stage of the new layout is made of some of them)."""
+        stages = int(found.meta.get("stages", 0))
+        if stages == int(self.job.generation(self.generation).manifest["pp"]):
+            return list(checkpoint.load_stage(found, stage)["history"])
+        held = [list(checkpoint.load_stage(found, s)["history"]) for s in range(stages)]
+        if any(h != held[0] for h in held):
+            self.world.violations.append(f"t={self.now:.3f}: rank {self.rank} re-shards checkpoint {found.path.name}, "
+                                         "whose stages hold different updates")
+        return held[0]
 
     def _maybe_checkpoint(self, gen: "Generation", stage: int) -> None:
         every = self.config.checkpoint_every
