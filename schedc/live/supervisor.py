@@ -407,8 +407,8 @@ class Supervisor(Transitions, Relayout):
         run's ranks are the new layout's (`physical` maps them to those names): a GPU of the layout
         lost since is taken back into it (catch-up, then a switch); one outside it counts toward
         growing, which happens at the next complete checkpoint once the GPUs back make a faster
-        layout (every process restarts on it from that checkpoint, re-sharded: `_grow_back`), the
-        spec's own once every GPU the job lost is back."""
+        layout (in place, or by a restart from that checkpoint: `_grow_back`), the spec's own once
+        every GPU the job lost is back."""
         if self.repartitioned is None:
             self.rejoins.request(rank, reason)
             return
@@ -456,7 +456,8 @@ class Supervisor(Transitions, Relayout):
     def _growth_target(self, keep=()) -> tuple[Plan, dict[int, int]] | None:
         """What the job would grow onto now: the spec's plan once every GPU of the job is up, else the
         fastest re-partition of the GPUs up (those of the running plan that live, and the spare
-        ones) when it beats the running plan; with its rank -> GPU map. None: stay."""
+        ones) when it beats the running plan; with its rank -> GPU map. None: stay. `keep`: groups
+        of GPUs of which the layout runs one where it can (`_grow_keep`: for a growth in place)."""
         from schedc.live.recovery import repartition_layout
 
         initial = self.recovery.initial_plan
@@ -473,9 +474,11 @@ class Supervisor(Transitions, Relayout):
 
     def _grow_back(self, found) -> None:
         """GPUs came back and checkpoint `found` is complete: if they make a faster layout than the
-        running plan (the spec's, once every GPU the job lost is back), every process restarts on it
-        and restores `found`, re-sharded onto its stages (the iterations run since it are run
-        again: a few, as it is the newest)."""
+        running plan (the spec's, once every GPU the job lost is back), the job grows onto it in
+        place (`Relayout._grow_in_place`: the running processes keep theirs, and the layers move
+        among the members; a failure meanwhile restores `found`). When that layout leaves out every
+        running GPU of a stage, every process restarts on it instead and restores `found`,
+        re-sharded onto its stages (the iterations run since it are run again: a few)."""
         self._grow_at_checkpoint = False
         keep = self._grow_keep()
         target = self._growth_target(keep)
