@@ -263,8 +263,9 @@ def test_a_plan_without_room_drops_the_shadows_and_a_stage_lost_later_restores_t
 
 def test_after_an_in_place_re_partition_the_job_grows_back_onto_the_spec(tmp_path):
     """Stage 1 lost: the survivors move the layers in place (epoch 1). Both GPUs asked back by the
-    job's names: at the next complete checkpoint every process restarts on the spec's 2 x 3 from
-    it (new processes numbered in the epoch that runs), and the run ends exactly."""
+    job's names: at the next complete checkpoint the job grows onto the spec's 2 x 3 in place as
+    well (epoch 2: the 4 survivors renamed, 2 processes started for the GPUs back), and the run
+    ends exactly."""
     out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
     result = train(out, iterations=9, want_weights=True, recovery="repartition", shadow=True, checkpoint_every=1,
                    checkpoint_dir=str(tmp_path / "ckpt"),
@@ -275,4 +276,4 @@ def test_after_an_in_place_re_partition_the_job_grows_back_onto_the_spec(tmp_pat
     assert any(k == "repartition" and "move the layers among themselves" in m for k, m in story), story
     assert [r.method for r in result.recoveries][-1] == "grow-back", story
     last = result.generations[-1]
-    assert len(last.members) == 6 and last.reason == "grow back", story
+    assert len(last.members) == 6 and last.reason == "grow back (in place)" and last.restore is None, story
