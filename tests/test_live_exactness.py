@@ -33,10 +33,12 @@ ADAM_GPT_TOLERANCE = 3e-5
 @pytest.fixture(scope="module")
 def reached():
     """(case, max abs weight difference) of each case of this file that ran, reported when the
-    last of them is done, whichever ran and in whatever order."""
+    last of them is done, whichever ran and in whatever order. The worst is held to the loosest
+    tolerance a case has (each case checked its own: 1e-5, the GPT with Adam ADAM_GPT_TOLERANCE);
+    with 1e-5 here, the random GPT + Adam case at 1.12e-5 failed the whole file at teardown."""
     cases: list[tuple[str, float]] = []
     yield cases
-    report_precision(cases, "live exactness", 1e-5)
+    report_precision(cases, "live exactness", max(TOLERANCE, ADAM_GPT_TOLERANCE))
 
 
 def moments(dp: int, pp: int, microbatches: int) -> dict[str, list[str]]:
