@@ -183,10 +183,13 @@ def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tm
     # the two of stage 1 did; once both are asked back the job grows back onto 2 x 3.
     result = _ask_back_while_running(tmp_path, LOSE_STAGE_1, ("re-partitioning the", "reconfigured"),
                                      ("dp=0, pp=0", "dp=0, pp=1", "dp=1, pp=1"), "GPU ({gpu}) of the job")
-    rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
+    # (Only the answers to these asks: under two busy loops a rank was once declared failed by its
+    # silence and taken back, a rejoin and a recovery of its own between them.)
+    rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin" and "of the job" in e["message"]]
     assert "GPU (dp=0, pp=0) of the job did not leave it" in rejoins[0], rejoins
     assert "1 of the 2 GPU(s) the job lost" in rejoins[1] and "every GPU the job lost is back" in rejoins[2], rejoins
-    assert [r.method for r in result.recoveries] == ["repartition", "grow-back"]
+    methods = [r.method for r in result.recoveries]
+    assert methods[0] == "repartition" and methods.count("grow-back") == 1, methods
     assert len(result.generations[-1].members) == 6 and len(result.iterations) == RUN_ITERATIONS
 
 
