@@ -629,6 +629,6 @@ def test_the_gpus_an_in_place_move_needs_are_kept_in_the_layout():
     plain = survivor_layout(spec, survivors)
     assert (plain.dp, plain.pp) == (3, 1)
     keep = [[0, 3], [8], [2, 5, 8]]  # stage 0's GPUs; stage 1's only exact shadow (on 8); stage 2's
-    assert not covers(plain, keep)  # the lowest ranks would leave stage 1's state behind
+    assert not covers(plain.gpus, keep)  # the lowest ranks would leave stage 1's state behind
     kept = survivor_layout(spec, survivors, keep)
-    assert covers(kept, keep) and (kept.dp, kept.pp) == (3, 1)
+    assert covers(kept.gpus, keep) and (kept.dp, kept.pp) == (3, 1)

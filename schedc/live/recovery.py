@@ -36,7 +36,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from schedc.diagnostics import LostStageError, RunError, SchedcError, error
 from schedc.live.control import Controller
@@ -102,9 +102,9 @@ def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (
     return Layout(dp, stages, microbatches, slices, assign_gpus(units, slices, dp, sorted(chosen), held))
 
 
-def covers(layout, keep: Sequence[Sequence[int]]) -> bool:
-    """Whether `layout` runs a GPU of every group of `keep`."""
-    used = {r for row in layout.ranks for r in row if r is not None}
+def covers(gpus: Iterable[int], keep: Sequence[Sequence[int]]) -> bool:
+    """Whether the GPUs a layout runs, `gpus`, hold one of every group of `keep`."""
+    used = set(gpus)
     return all(used & set(group) for group in keep)
 
 

@@ -56,7 +56,7 @@ class Relayout:
         keep = [held.get(s) or [g.rank for g in spec.gpus if g.pp == s and g.rank in survivors]
                 for s in range(spec.pp)]
         layout = survivor_layout(spec, survivors, keep)
-        if layout is None or not covers(layout, keep):
+        if layout is None or not covers(layout.gpus, keep):
             return False  # (every process restarts instead, from the survivors' dump or the checkpoint)
         try:
             change = self.recovery.decide(self.plan, failed, self.dead, in_place=True, keep=keep)
@@ -66,9 +66,7 @@ class Relayout:
         spec = change.plan.spec
         renamed = {r: d * spec.pp + s for d, row in enumerate(change.ranks) for s, r in enumerate(row)
                    if r is not None}
-        old = self.gen.manifest
-        moved = {"pp": old["pp"], "stage": {renamed[r]: self.plan.spec.gpus[r].pp for r in renamed},
-                 "partition": old.get("partition")}
+        moved = self._moved(renamed)
         # Processes without a place in the new layout end first: a GPU being taken back (it
         # counts as lost, as in a restart), one on standby, a survivor the layout leaves spare.
         pending = self.rejoins.drop_all("the job re-partitioned first: it counts as lost; ask for it "
@@ -108,9 +106,7 @@ class Relayout:
         by_gpu = {self.physical[r]: r for r in self.gen.members if r not in self.dead and r in self.alive}
         renamed = {by_gpu[p]: r for r, p in physical.items() if p in by_gpu}
         started = sorted(r for r, p in physical.items() if p not in by_gpu)
-        old = self.gen.manifest
-        moved = {"pp": old["pp"], "stage": {renamed[r]: self.plan.spec.gpus[r].pp for r in renamed},
-                 "partition": old.get("partition")}
+        moved = self._moved(renamed)
         self.rejoins.cancel_all()
         self.job.abort(self.gen.number)
         self._kill_and_wait(sorted((self.alive - self.dead) - set(renamed)))  # (on standby: no place)
@@ -119,6 +115,13 @@ class Relayout:
         self._relabel(physical, lost=gone)
         self._announce(plan, restore=None, moved=moved, reason=reason)
         self._start_workers(started)
+
+    def _moved(self, renamed: dict[int, int]) -> dict:
+        """A move's `Generation.moved`: the running layout's stage count, each renamed process's
+        stage in it (by its new rank), and the model's split over those stages."""
+        old = self.gen.manifest
+        return {"pp": old["pp"], "stage": {renamed[r]: self.plan.spec.gpus[r].pp for r in renamed},
+                "partition": old.get("partition")}
 
     def _rename(self, renamed: dict[int, int]) -> None:
         """A new epoch: the survivors' processes are the new layout's ranks `renamed[r]`."""

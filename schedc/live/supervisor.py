@@ -42,7 +42,7 @@ from schedc.live.options import TrainOptions
 from schedc.live.protocol import (AgentUp, Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited,
                                   Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, Started,
                                   WorkerError)
-from schedc.live.recovery import RecoveryPolicy
+from schedc.live.recovery import RecoveryPolicy, covers
 from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
@@ -490,7 +490,7 @@ class Supervisor(Transitions, Relayout):
         full = plan is self.recovery.initial_plan
         onto = (f"the spec's {spec.dp} x {spec.pp}" if full else
                 f"{len(physical)} GPUs as {spec.dp} x {spec.pp}")
-        in_place = all(set(group) & set(physical.values()) for group in keep)
+        in_place = covers(physical.values(), keep)
         if in_place:
             kept = len({p for group in keep for p in group} & set(physical.values()))
             self._note("repartition", f"growing back onto {onto}: the {kept} running processes keep theirs and "

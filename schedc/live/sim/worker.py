@@ -262,18 +262,11 @@ class SimWorker:
             elif gen.moved is not None:
                 start, undone = yield from self._move(gen, stage)
             else:
-                self.net.arrive(("resume", n), self.rank, self.steps)
-                yield lambda: self.net.complete(("resume", n), members) or self.aborted()
-                if not self.net.complete(("resume", n), members):
-                    raise Interrupted("aborted while the members agreed where to resume")
-                values = self.net.values(("resume", n))
+                values = yield from self._gather(gen, "resume", self.steps, "where to resume")
                 low, high = min(values), max(values)
                 if gen.dump:  # (the lost stages' shadows may hold fewer steps: `LiveWorker._dump_target`)
-                    self.net.arrive(("dump", n), self.rank, self._dump_candidate(gen, low, high))
-                    yield lambda: self.net.complete(("dump", n), members) or self.aborted()
-                    if not self.net.complete(("dump", n), members):
-                        raise Interrupted("aborted while the members agreed what to save")
-                    low = min(self.net.values(("dump", n)))
+                    low = min((yield from self._gather(gen, "dump", self._dump_candidate(gen, low, high),
+                                                       "what to save")))
                 if high - low > 1:
                     self._error("E552", f"survivors are more than one step apart ({low}..{high})")
                 start = low
@@ -375,14 +368,29 @@ class SimWorker:
 
     def _dump_candidate(self, gen: "Generation", low: int, high: int) -> int:
         coords = gen.manifest["coords"]
-        if self.shadow is None or not self.shadow_valid \
-                or any(coords[str(r)][1] == self.shadow_stage for r in gen.members):
+        if any(coords[str(r)][1] == self.shadow_stage for r in gen.members):
+            return low  # (its stage has a survivor: the copy does not matter)
+        return self._steps_to_keep(low, high)
+
+    def _steps_to_keep(self, low: int, high: int) -> int:
+        """`ShadowStage.steps_to_keep` of this rank's copy, whose stage is lost."""
+        if self.shadow is None or not self.shadow_valid:
             return low
         reach = self._shadow_reach()
         if reach >= high - 1:
             return min(low, reach)
         self.shadow_valid = False
         return low
+
+    def _gather(self, gen: "Generation", what: str, value, agreeing: str) -> Iterator[Wait]:
+        """A collective of `gen`'s members (an all-reduce, an all-gather): every member's value,
+        once all gave theirs; `Interrupted` if the generation is aborted first."""
+        key = (what, gen.number)
+        self.net.arrive(key, self.rank, value)
+        yield lambda: self.net.complete(key, gen.members) or self.aborted()
+        if not self.net.complete(key, gen.members):
+            raise Interrupted(f"aborted while the members agreed {agreeing}")
+        return self.net.values(key)
 
     def _dump(self, gen: "Generation", stage: int) -> Iterator[Wait]:
         """Save this rank's stage (the lowest member of it) and a lost stage's shadow (its first
@@ -414,24 +422,10 @@ class SimWorker:
         old_pp = int(gen.moved["pp"])
         lost = set(range(old_pp)) - set(old_stage.values())
         new = self.rank not in old_stage  # (a process started for this layout: a GPU back, the job grows)
-        self.net.arrive(("resume", n), self.rank, None if new else self.steps)
-        yield lambda: self.net.complete(("resume", n), members) or self.aborted()
-        if not self.net.complete(("resume", n), members):
-            raise Interrupted("aborted while the members agreed where to resume")
-        values = [v for v in self.net.values(("resume", n)) if v is not None]
-        low, high = min(values), max(values)
-        mine = low
-        if not new and self.shadow is not None and self.shadow_valid and self.shadow_stage in lost:  # (`ShadowStage.steps_to_keep`)
-            reach = self._shadow_reach()
-            if reach >= high - 1:
-                mine = min(low, reach)
-            else:
-                self.shadow_valid = False
-        self.net.arrive(("move-steps", n), self.rank, mine)
-        yield lambda: self.net.complete(("move-steps", n), members) or self.aborted()
-        if not self.net.complete(("move-steps", n), members):
-            raise Interrupted("aborted while the members agreed on the steps to move")
-        target = min(self.net.values(("move-steps", n)))
+        values = yield from self._gather(gen, "resume", None if new else self.steps, "where to resume")
+        low, high = min(v for v in values if v is not None), max(v for v in values if v is not None)
+        mine = self._steps_to_keep(low, high) if not new and self.shadow_stage in lost else low
+        target = min((yield from self._gather(gen, "move-steps", mine, "on the steps to move")))
         if high - target > 1:
             self._error("E552", f"survivors are more than one step apart ({target}..{high})")
         undone = not new and self.steps > target
@@ -443,12 +437,8 @@ class SimWorker:
         held = {} if new else {old_stage[self.rank]: list(self.history)}
         if not new and self._shadow_exact():
             held[self.shadow_stage] = list(self.shadow)
-        self.net.arrive(("move-held", n), self.rank, held)
-        yield lambda: self.net.complete(("move-held", n), members) or self.aborted()
-        if not self.net.complete(("move-held", n), members):
-            raise Interrupted("aborted while the members said what they hold")
         holders: dict[int, list[list[int]]] = {}
-        for got in self.net.values(("move-held", n)):
+        for got in (yield from self._gather(gen, "move-held", held, "on what they hold")):
             for t, history in got.items():
                 holders.setdefault(t, []).append(history)
         for t in range(old_pp):
