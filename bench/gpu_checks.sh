@@ -2,7 +2,8 @@
 # The checks that need a CUDA GPU, in one go, each bounded, each step's output in RESULTS/:
 # the GPU tests (tests/test_gpu.py and the GPU cases of the rollback and op-clock tests),
 # live recovery on the GPU against the CPU (bench/live_gpu.py), the rollback copy's cost
-# (bench/rollback_cost.py) and the CUDA-event timing overhead (bench/cuda_event_overhead.py).
+# (bench/rollback_cost.py), the CUDA-event timing overhead (bench/cuda_event_overhead.py) and
+# what NCCL does when a peer dies (bench/nccl_abort.py).
 #
 #   bash bench/gpu_checks.sh [RESULTS]        # default RESULTS: gpu-results
 #
@@ -39,4 +40,5 @@ step rollback-cost "${ROLLBACK_S:-75}" python3 bench/rollback_cost.py --device c
     --json "$results/rollback_cost.json"
 step event-overhead "${EVENTS_S:-45}" python3 bench/cuda_event_overhead.py --device cuda \
     --json "$results/cuda_event_overhead.json"
+step nccl-abort "${NCCL_S:-170}" python3 bench/nccl_abort.py --json "$results/nccl_abort.json"
 exit "$first_failure"

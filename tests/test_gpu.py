@@ -137,7 +137,8 @@ def test_live_training_on_a_gpu_survives_killed_ranks_exactly(tmp_path, inject, 
 def test_live_shadows_on_a_gpu_bring_a_lost_stage_back_with_no_work_lost(tmp_path):
     # --shadow with the ranks on a GPU: stage 0's GPUs hold stage 1's shadow (on the GPU, stepped
     # with the gradient stage 1 streams through host memory); both GPUs of stage 1 are killed and
-    # the survivors restart from the state after 3 steps (no periodic checkpoint is written).
+    # the two survivors keep their processes and their GPU state: each takes the whole model (its
+    # stage and the shadow) in place and goes on from the state after 3 steps (no checkpoint).
     from schedc.live import train
 
     iterations = 5
@@ -147,7 +148,36 @@ def test_live_shadows_on_a_gpu_bring_a_lost_stage_back_with_no_work_lost(tmp_pat
                    recovery="repartition", checkpoint_dir=str(tmp_path / "ckpt"),
                    inject=["at iteration 3 during B: fail gpu(dp=0, pp=1)",
                            "at iteration 3 during B: fail gpu(dp=1, pp=1)"])
-    assert result.generations[-1].restore.endswith("iter-000003"), result.events
+    story = [(e["kind"], e["message"]) for e in result.events]
+    assert any(k == "repartition" and "move the layers among themselves" in m for k, m in story), story
+    assert result.generations[-1].restore is None and len(result.generations[-1].members) == 2, story
+    assert result.recoveries[-1].method == "repartition" and result.recoveries[-1].resumed_at == 3, story
+    assert [r.iteration for r in result.iterations] == list(range(iterations))
+    ref, ref_losses = reference_train(load_manifest(out), iterations, device="cuda")
+    assert max_weight_diff(result.state_dict, ref) <= 1e-5  # (the same bound as above, and why)
+    assert result.losses == pytest.approx(ref_losses, abs=1e-5)
+
+
+def test_live_training_on_a_gpu_grows_back_in_place_after_a_re_partition(tmp_path):
+    # Stage 1 of 2 x 3 lost: the 4 survivors run as 2 x 2, re-sharded from the checkpoint (on their
+    # GPUs: a re-partitioned rank computes on its survivor's GPU). Both GPUs asked back: the job
+    # grows onto 2 x 3 in place, the layers moving from GPU to GPU through host memory, exactly.
+    from schedc.live import train
+
+    iterations = 8
+    out = tmp_path / "out"
+    schedc.compile(schedc.load(LIVE_GPT.format(dp=2, pp=3, failures="").replace("layers = 4", "layers = 6"))
+                   ).write(out)
+    result = train(out, iterations=iterations, want_weights=True, device="cuda", recovery="repartition",
+                   checkpoint_every=1, checkpoint_dir=str(tmp_path / "ckpt"),
+                   inject=["at iteration 3 during B: fail gpu(dp=0, pp=1)",
+                           "at iteration 3 during B: fail gpu(dp=1, pp=1)",
+                           "at iteration 5: recover gpu(dp=0, pp=1)", "at iteration 5: recover gpu(dp=1, pp=1)"])
+    story = [(e["kind"], e["message"]) for e in result.events]
+    assert [r.method for r in result.recoveries] == ["repartition", "grow-back"], story
+    last = result.generations[-1]
+    assert len(last.members) == 6 and last.restore is None and last.reason == "grow back (in place)", story
+    assert result.recoveries[-1].moved_bytes > 0
     assert [r.iteration for r in result.iterations] == list(range(iterations))
     ref, ref_losses = reference_train(load_manifest(out), iterations, device="cuda")
     assert max_weight_diff(result.state_dict, ref) <= 1e-5  # (the same bound as above, and why)
