@@ -678,3 +678,26 @@ def test_a_plan_laid_out_on_other_pipelines_trains_the_jobs_microbatches_in_orde
     assert sorted(three.data_index(d, m) for d in range(3) for m in range(2)) == \
         [(d, m) for d in range(2) for m in range(3)]
     assert "data_microbatches" not in job.to_json() and Manifest.from_json(one.to_json()) == one
+
+
+def test_a_host_whose_last_beat_arrives_late_is_still_found_gone():
+    """A beat an agent sent just before its host was taken back can reach the store after the
+    supervisor read the count: one beat more is not an answer, two are (an agent waits for the
+    store to take each beat before it sends the next, so at most one is ever on its way)."""
+    from types import SimpleNamespace
+
+    from schedc.live.agent import Fleet
+
+    class Beats:
+        def __init__(self):
+            self.reads = {1: 0, 2: 0}
+
+        def agent_beats(self, host: int) -> int:
+            self.reads[host] += 1
+            if host == 1:  # dead: the one late beat shows from the second read on, then nothing
+                return 7 if self.reads[host] == 1 else 8
+            return 100 + self.reads[host]  # alive: a beat between any two reads
+
+    gone: list[int] = []
+    answered = Fleet.answers(SimpleNamespace(job=Beats()), [0, 1, 2], 0.3, gone.append)
+    assert answered == {0, 2} and gone == [1]

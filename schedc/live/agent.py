@@ -39,8 +39,8 @@ from schedc.live.protocol import (AgentUp, Exited, FireInjection, Injected, Rena
                                   StopAgent)
 from schedc.runtime.processes import LocalProcesses, StartError
 
-#: Seconds between an agent's beats (`JobStore.agent_beat`): the supervisor asks for one more
-#: beat before it counts on a host to start a replacement process (`Fleet.answers`).
+#: Seconds between an agent's beats (`JobStore.agent_beat`): the supervisor asks for two more
+#: beats before it counts on a host to start a replacement process (`Fleet.answers`).
 AGENT_BEAT = 0.1
 
 
@@ -212,16 +212,19 @@ class Fleet:
                                        "or run with fewer --hosts")])
 
     def answers(self, hosts, within: float, note) -> set[int]:
-        """Those of `hosts` whose agent beats within `within` seconds (host 0's, in this process,
-        always does): a host whose agent stopped beating is gone with its GPUs (a spot instance
+        """Those of `hosts` whose agent beats twice within `within` seconds (host 0's, in this
+        process, always does): a host whose agent stopped beating is gone with its GPUs (a spot instance
         taken back, a dead node), and no process can be started there. `note(host)` is called
         once per host found gone."""
+        # Two beats past the count read now: a beat the agent sent just before it died may reach the
+        # store after this read (a store that serves many clients is slow under load), never two
+        # (an agent waits for the store's answer to each beat before it sends the next).
         remote = {h: self.job.agent_beats(h) for h in hosts if h != 0}
         deadline = time.monotonic() + within
         answered = {h for h in hosts if h == 0}
         while remote:
             for h, count in list(remote.items()):
-                if self.job.agent_beats(h) != count:
+                if self.job.agent_beats(h) >= count + 2:
                     answered.add(h)
                     del remote[h]
             if not remote or time.monotonic() >= deadline:

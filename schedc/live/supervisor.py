@@ -556,7 +556,7 @@ class Supervisor(Transitions, Relayout):
 
     def _unreachable(self, ranks) -> dict[int, list[int]]:
         """The hosts of `ranks` that are gone, with their ranks: a host found gone once stays so
-        until its agent registers again; any other asks its agent for one more beat
+        until its agent registers again; any other asks its agent for two more beats
         (`Fleet.answers`, AGENT_ANSWER seconds at most)."""
         by_host = self.fleet.by_host(ranks)
 
