@@ -101,10 +101,11 @@ def test_a_holder_lost_while_the_survivors_save_leaves_the_other_holder(tmp_path
     assert last.restore.endswith("iter-000003"), _story(result)
 
 
-def test_a_failure_while_the_layers_move_restores_the_latest_checkpoint(tmp_path):
+def test_a_failure_while_the_layers_move_moves_them_again_from_what_the_survivors_held(tmp_path):
     """A survivor killed while the layers move in place (the generation that moves them never
-    becomes ready): no state is whole any more, so the survivors restore the latest complete
-    checkpoint onto the plan that follows, exactly."""
+    becomes ready): each member still holds what it ran before the move, and the three left hold
+    every stage of the 2 x 3 layout (stage 1 in its shadows), so the next generation moves the
+    layers again from there: nothing restored, nothing trained again, exactly."""
     out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
     result = train(out, iterations=6, want_weights=True, recovery="repartition", shadow=True, checkpoint_every=2,
                    checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + ["at recovery 1: fail rank 2"])
@@ -114,7 +115,9 @@ def test_a_failure_while_the_layers_move_restores_the_latest_checkpoint(tmp_path
     assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events), story
     moved = next(g for g in result.generations if "move the layers in place" in g.reason)
     assert moved.t_ready is None, story  # (the move never completed)
-    assert result.generations[-1].restore.endswith("iter-000002"), story
+    assert any(k == "repartition" and "moves the layers again" in m for k, m in story), story
+    assert all(g.restore is None for g in result.generations), story
+    assert result.recoveries[-1].resumed_at == 3 and not [m for k, m in story if k == "restart"], story
 
 
 @pytest.mark.parametrize("recovery", ["repartition", "auto"])

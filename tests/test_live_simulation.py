@@ -116,7 +116,7 @@ def test_the_checker_catches_a_starved_rank_reported_slow(monkeypatch):
 #: replacement processes); before that generation is ready rank 0 stops. The next generation
 #: rolled back in memory, but the replacements had never loaded the checkpoint: survivors 6
 #: steps apart, E552. Fix: a generation that replaces one that never became ready restores
-#: what it was restoring (`Transitions._unfinished_restore`).
+#: what it was restoring (`Transitions._unfinished`).
 STAGE_LOST_THEN_A_STOP = [Fault("training", 0.53, "kill", (2, 5, 8)), Fault("recovering", 0.1, "stop", (0,), duration=5.0)]
 
 
@@ -173,7 +173,7 @@ def test_a_failure_while_a_checkpoint_is_restored_restores_it_again(monkeypatch)
 def test_the_checker_catches_the_bug_that_fix_removed(monkeypatch):
     from schedc.live.transitions import Transitions
 
-    monkeypatch.setattr(Transitions, "_unfinished_restore", lambda self: None)
+    monkeypatch.setattr(Transitions, "_unfinished", lambda self: (None, None))
     monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, recovery="auto"))
     out = simulate(214, faults=STAGE_LOST_THEN_A_STOP)
     assert any("reports a bug" in v for v in out.violations), out.describe()
@@ -308,15 +308,16 @@ def test_a_lost_stage_is_re_partitioned_in_place_from_its_shadows(monkeypatch):
     assert out.result == "finished"
 
 
-def test_a_failure_during_the_move_restores_the_latest_checkpoint(monkeypatch):
-    # A survivor killed as the layers move: no whole state is left, so the next generation
-    # restores the latest checkpoint (of the layout before, re-sharded) and the run ends exact.
+def test_a_failure_during_the_move_moves_the_layers_again_from_what_the_survivors_held(monkeypatch):
+    # A survivor killed as the layers move: the five left still hold every stage of the layout
+    # before (what each ran, kept until the move has run once), so the next generation moves the
+    # layers again from there; nothing is restored, and the checker finds every moved stage exact.
     _repartition(monkeypatch)
     out = simulate(214, faults=STAGE_LOST + [Fault("recovering", 0.0, "kill", (4,))])
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
-    assert "left generation 1: aborted during the move" in story or "aborted while" in story, story
-    assert "restored " in story, story
+    assert "generation 1's move did not finish" in story and "moves the layers again" in story, story
+    assert "restored " not in story, story
     assert out.result == "finished"
 
 
@@ -384,5 +385,6 @@ def test_the_job_grows_back_in_place_and_survives_a_kill_while_it_grows(monkeypa
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
     assert "growing back onto the spec's 3 x 3: the 6 running processes keep theirs" in story, story
-    assert "restored iter-" in story.split("growing back onto")[1], story  # (the kill lands in the move)
+    after = story.split("growing back onto")[1]  # (the kill lands in the move: moved again, not restored)
+    assert "generation 2's move did not finish" in after and "restored iter-" not in after, story
     assert out.result == "finished"

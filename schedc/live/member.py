@@ -118,6 +118,10 @@ class LiveWorker:
         self.rt = None
         self.snapshot: StepSnapshot | None = None
         self._moved = 0  # bytes of layers received in this generation's in-place move (`_resume`)
+        # What this process ran before an in-place move, kept until the move's first iteration is
+        # done everywhere: a failure during the move moves again from it (`moved["retry"]`).
+        self._held: Held | None = None
+        self._held_until = -1  # the move's first iteration
         self.shadow: ShadowStage | None = None  # --shadow: this rank's copy of the previous stage
         self.trigger = Trigger(())
         self._side_pool: ThreadPoolExecutor | None = None
@@ -202,11 +206,20 @@ class LiveWorker:
         self.state = "join"
         manifest = Manifest.from_json(gen.manifest)
         held = None
-        if self.rt is not None and (gen.moved is not None or self._reshaped(manifest)):
+        if gen.moved is not None and gen.moved.get("retry"):
+            # The move of the generation before never finished: move again from what this process
+            # ran before it (whatever the aborted move loaded is dropped). A process that holds no
+            # stage of the layout before (started for the move) holds nothing still.
+            held = self._held
+            if held is None and self.rank in gen.moved["stage"] and self.rt is not None:
+                held = Held(self.rt, self.snapshot, self.shadow)  # (it never began the aborted move)
+            self.rt = self.shadow = None
+        elif self.rt is not None and (gen.moved is not None or self._reshaped(manifest)):
             # Other layers (a re-partition): a new stage, whose state comes from the others
             # (`schedc.live.move`) or from the generation's restore. The old one sends from here.
             held = Held(self.rt, self.snapshot, self.shadow)
             self.rt = self.shadow = None
+        self._held = held if gen.moved is not None and gen.restore is None else None
         if self.rt is None:
             self.state = "build"  # (building the model: the supervisor does not count it as reconfiguring)
             self._build(manifest, gen)
@@ -225,7 +238,8 @@ class LiveWorker:
             self.rt.retarget(manifest, transport)
             self._link_shadow(manifest, gen)
             start, undone = self._resume(gen, transport, manifest, held)
-            held = None  # (moved or restored: the old stage is done with)
+            held = None  # (moved or restored; a move's old stage stays in `_held` until it has run once)
+            self._held_until = start
             if gen.dump:  # save the survivors' state (own stages and shadows) as a checkpoint, then wait
                 self._dump(gen)
                 self.job.report(Ready(rank=self.rank, gen=gen.number, start=start, undone=undone, t=time.time(),
@@ -239,6 +253,8 @@ class LiveWorker:
             for it in range(start, self.config.iterations):
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
+                if self._held is not None and self.heartbeat.progress >= self._held_until:
+                    self._held = None  # the move's first iteration is done everywhere: no move again
                 if self._switch_at(gen, it):  # a planned switch: leave in order, nothing to undo
                     if self.shadow is not None:
                         self.shadow.settle(transport, wait=True)

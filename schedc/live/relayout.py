@@ -22,9 +22,11 @@ valid shadow of a lost one), nothing needs a checkpoint or a new process:
    new layers as a checkpoint would be (`schedc.live.reshard.assemble`).
 
 Exact: the moved state is the survivors' own, at one step count, and the
-same code re-shards it. A failure during the move leaves no whole state: the
-generation that follows restores the latest checkpoint (`Transitions.
-_unfinished_restore`). This module is the supervisor's part (`Relayout`, a
+same code re-shards it. A failure during the move: each member still holds what
+it ran before (until the move's first iteration is done), so while the
+survivors hold every old stage the generation that follows moves the layers
+again from there; else it restores the latest checkpoint (`Transitions.
+_unfinished`). This module is the supervisor's part (`Relayout`, a
 mixin of `schedc.live.supervisor.Supervisor`), with the other way the survivors' state outlives
 a new layout: the *dump* generation, which writes it to disk when every process is to restart
 anyway (`_dump_first`, `_after_dump`).
@@ -102,7 +104,7 @@ class Relayout:
         processes: they are renamed as its ranks (a new epoch), processes start for the GPUs back
         (and spare ones), and the members move the layers among themselves (the new processes take
         all of theirs), as an in-place re-partition does. Called at a complete checkpoint: a
-        failure during the move restores it (`_unfinished_restore`), so little is trained again."""
+        failure during the move moves again, or restores it (`_unfinished`)."""
         by_gpu = {self.physical[r]: r for r in self.gen.members if r not in self.dead and r in self.alive}
         renamed = {by_gpu[p]: r for r, p in physical.items() if p in by_gpu}
         started = sorted(r for r, p in physical.items() if p not in by_gpu)
@@ -118,10 +120,12 @@ class Relayout:
 
     def _moved(self, renamed: dict[int, int]) -> dict:
         """A move's `Generation.moved`: the running layout's stage count, each renamed process's
-        stage in it (by its new rank), and the model's split over those stages."""
+        stage in it (by its new rank), the model's split over those stages, and the processes
+        (by their new rank) holding an exact shadow of the stage before theirs."""
         old = self.gen.manifest
         return {"pp": old["pp"], "stage": {renamed[r]: self.plan.spec.gpus[r].pp for r in renamed},
-                "partition": old.get("partition")}
+                "partition": old.get("partition"),
+                "shadows": sorted(renamed[r] for r in self.shadows_held if r in renamed)}
 
     def _rename(self, renamed: dict[int, int]) -> None:
         """A new epoch: the survivors' processes are the new layout's ranks `renamed[r]`."""

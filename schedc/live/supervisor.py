@@ -476,7 +476,8 @@ class Supervisor(Transitions, Relayout):
         """GPUs came back and checkpoint `found` is complete: if they make a faster layout than the
         running plan (the spec's, once every GPU the job lost is back), the job grows onto it in
         place (`Relayout._grow_in_place`: the running processes keep theirs, and the layers move
-        among the members; a failure meanwhile restores `found`). When that layout leaves out every
+        among the members; a failure meanwhile moves them again, or restores `found` once the
+        running processes no longer hold every stage: `Transitions._unfinished`). When that layout leaves out every
         running GPU of a stage, every process restarts on it instead and restores `found`,
         re-sharded onto its stages (the iterations run since it are run again: a few)."""
         self._grow_at_checkpoint = False
@@ -495,7 +496,7 @@ class Supervisor(Transitions, Relayout):
             kept = len({p for group in keep for p in group} & set(physical.values()))
             self._note("repartition", f"growing back onto {onto}: the {kept} running processes keep theirs and "
                                       f"move the layers among all {len(physical)} (in place; a failure meanwhile "
-                                      f"restores {found.path.name})", restore=str(found.path))
+                                      f"moves them again, or restores {found.path.name})", restore=str(found.path))
         else:
             self._note("restart", f"growing back onto {onto}: restarting every process from {found.path.name}, "
                                   "re-sharded", restore=str(found.path))

@@ -340,9 +340,9 @@ class Transitions:
                                       "failed GPU(s) replaced", restore=change.restore)
         else:
             self._note_replan(rec, change, old.number)
+        restore, moved = (change.restore, None) if change.restore else self._unfinished()
         self.dead.difference_update(change.replacements)
-        self._announce(change.plan, restore=change.restore or self._unfinished_restore(),
-                       reason="; ".join(change.events))
+        self._announce(change.plan, restore=restore, moved=moved, reason="; ".join(change.events))
         rec.to_generation = self.gen.number
         rec.t_announce = self._now()
         if change.restart_all:
@@ -375,17 +375,38 @@ class Transitions:
                                                     else ""),
                    events=events, solver=rec.solver, predicted_us=plan.metrics.iteration_time)
 
-    def _unfinished_restore(self) -> str | None:
-        """The restore of the newest generation if it never became ready: the generation that
-        replaces it must restore the same state, since some members may not have loaded it yet (a
-        replacement process that never restored holds the initial weights, not the survivors'
-        state). Called before the next generation is announced."""
+    def _unfinished(self) -> tuple[str | None, dict | None]:
+        """(restore, move) of the generation that replaces the newest one if that never became
+        ready: its restore again, since some members may not have loaded it yet (a replacement
+        process that never restored holds the initial weights, not the survivors' state); or its
+        move again, from the same old layout, while the survivors still hold every old stage (a
+        member keeps what it ran before a move until the move's first iteration is done:
+        `schedc.live.member`); else, with layers moved only partly, the latest checkpoint. Called
+        before the next generation is announced."""
         if self.gen is None or self.generation_records[-1].t_ready is not None:
-            return None
-        if self.gen.moved is not None:  # layers moved in place, not everywhere: no state is whole
-            found = self.checkpoints.latest_own()
-            return str(found.path) if found else "initial"
-        return self.gen.restore
+            return None, None
+        if self.gen.moved is None:
+            return self.gen.restore, None
+        again = self._move_again(self.gen.moved)
+        if again is not None:
+            self._note("repartition", f"generation {self.gen.number}'s move did not finish: the survivors still hold "
+                                      "every stage of the layout before it, so the next generation moves the layers "
+                                      "again from there (nothing restored)", generation=self.gen.number)
+            return None, again
+        found = self.checkpoints.latest_own()
+        return (str(found.path) if found else "initial"), None
+
+    def _move_again(self, moved: dict) -> dict | None:
+        """`moved` for the members still alive, marked as a retry, if they hold every old stage
+        (their own, or a shadow of it on the next stage that was exact when the move began)."""
+        live = {r for r in self.gen.members if r not in self.dead and r in self.alive}
+        stage = {int(r): int(t) for r, t in moved["stage"].items() if int(r) in live}
+        shadows = {int(r) for r in moved.get("shadows", ()) if int(r) in live}
+        pp = int(moved["pp"])
+        for t in range(pp):
+            if not any(s == t or (r in shadows and (s - 1) % pp == t) for r, s in stage.items()):
+                return None
+        return dict(moved, stage=stage, shadows=sorted(shadows), retry=True)
 
     def _fence(self, ranks: Sequence[int]) -> None:
         """Ranks declared failed while their processes may still run (silent, stuck) are killed
@@ -484,7 +505,8 @@ class Transitions:
         if self._late == 1:
             self._note("deadline", f"{what}: trying it again as generation {gen.number + 1}", generation=gen.number,
                        ranks=late)
-            self._announce(self.plan, restore=self._unfinished_restore(), reason=f"retry: {what}")
+            restore, moved = self._unfinished()
+            self._announce(self.plan, restore=restore, moved=moved, reason=f"retry: {what}")
         elif self._late == 2 and self.recovery.restarts < self.options.max_restarts:
             self.recovery.restarts += 1
             found = self.checkpoints.latest_own()
@@ -527,5 +549,6 @@ class Transitions:
         self.job.abort(self.gen.number)
         self._note("retry", f"ranks lost a connection but no rank failed: running generation {self.gen.number} "
                             "again")
-        self._announce(self.plan, restore=self._unfinished_restore(), reason="retry after a lost connection")
+        restore, moved = self._unfinished()
+        self._announce(self.plan, restore=restore, moved=moved, reason="retry after a lost connection")
         self.phase = Phase.RECOVERING

@@ -154,6 +154,10 @@ class SimWorker:
         self.shadow_valid = True
         self.pending: int | None = None
         self.received: int | None = None
+        # What it held before an in-place move (stage, shadow), kept until the move's first
+        # iteration is done everywhere, as `LiveWorker._held` (a retried move takes it from there).
+        self.held: tuple | None = None
+        self.held_until = -1
         self._session_at = 0.0
         self._co = self._main(startup_s)
         self._wait: Wait | None = None
@@ -239,6 +243,8 @@ class SimWorker:
         stage = self._stage(gen)
         if gen.moved is None:  # (a move takes the old shadow as a source first: `_move`)
             self._shadow_for(gen, stage)
+        if gen.moved is None or gen.restore is not None:
+            self.held = None
         try:
             directive = self.job.directive(self.rank)
             if gen.start_at is not None and directive and directive.get("role") == "join" \
@@ -261,6 +267,7 @@ class SimWorker:
                 start, undone = self.steps, False
             elif gen.moved is not None:
                 start, undone = yield from self._move(gen, stage)
+                self.held_until = start
             else:
                 values = yield from self._gather(gen, "resume", self.steps, "where to resume")
                 low, high = min(values), max(values)
@@ -286,6 +293,8 @@ class SimWorker:
             for it in range(start, self.config.iterations):
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
+                if self.held is not None and self.job.progress() >= self.held_until:
+                    self.held = None
                 if self._switch_at(gen, it):
                     self.job.report(Left(rank=self.rank, gen=n, steps=self.steps, t=self.world.time()))
                     return
@@ -422,6 +431,10 @@ class SimWorker:
         old_pp = int(gen.moved["pp"])
         lost = set(range(old_pp)) - set(old_stage.values())
         new = self.rank not in old_stage  # (a process started for this layout: a GPU back, the job grows)
+        if gen.moved.get("retry") and self.held is not None:  # (the move before was aborted: from what it held)
+            self.history, self.steps, self.shadow, self.shadow_stage, self.shadow_valid, self.received = \
+                self._held_copy(self.held)
+            self.pending = None
         values = yield from self._gather(gen, "resume", None if new else self.steps, "where to resume")
         low, high = min(v for v in values if v is not None), max(v for v in values if v is not None)
         mine = self._steps_to_keep(low, high) if not new and self.shadow_stage in lost else low
@@ -434,6 +447,8 @@ class SimWorker:
             self.steps = target
         if not new:
             self._shadow_catch_up(target)
+            self.held = self._held_copy((self.history, self.steps, self.shadow, self.shadow_stage, self.shadow_valid,
+                                         self.received))
         held = {} if new else {old_stage[self.rank]: list(self.history)}
         if not new and self._shadow_exact():
             held[self.shadow_stage] = list(self.shadow)
@@ -466,6 +481,11 @@ class SimWorker:
         if self.shadow is not None:
             self.shadow, self.shadow_valid = list(holders[0][0]), True
         return target, undone
+
+    @staticmethod
+    def _held_copy(held: tuple) -> tuple:
+        history, steps, shadow, shadow_stage, valid, received = held
+        return list(history), steps, (list(shadow) if shadow is not None else None), shadow_stage, valid, received
 
     def _switch_at(self, gen: "Generation", it: int) -> bool:
         latest = self.job.latest_generation()
