@@ -108,6 +108,25 @@ def test_a_resharded_stage_is_the_stage_trained_under_the_new_split(tmp_path, op
         OPTIMIZERS[optimizer]([p for p in module.parameters() if p.requires_grad]).load_state_dict(got["optimizer"])
 
 
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "adam"])
+@pytest.mark.parametrize("source, target", [("pp3", "pp2"), ("pp2", "pp4"), ("pp4", "pp1")])
+def test_a_stage_cut_to_the_layers_a_receiver_takes_assembles_the_same(optimizer, source, target):
+    # An in-place move sends each receiver only the layers it takes from a stage (`trim`): the
+    # stage it assembles is the same, bit for bit, and nothing of other layers is sent.
+    from schedc.live.reshard import assemble, trim
+
+    old = [state for _, state in _trained_stages(SPLITS[source], optimizer)]
+    for stage, (module, want) in enumerate(_trained_stages(SPLITS[target], optimizer)):
+        layers = SPLITS[target][stage]
+        cut = [trim(state, SPLITS[source][t][0], [layers]) for t, state in enumerate(old)]
+        got = assemble(SPLITS[source], cut.__getitem__, STEPS, layers, module, "the survivors' state")
+        assert _same(got["model"], want["model"]) and _same(got["optimizer"], want["optimizer"])
+        for t, (a, b) in enumerate(SPLITS[source]):
+            kept = {int(k.split(".")[0]) + a for k in cut[t]["model"]}
+            assert kept == set(range(max(a, layers[0]), min(b, layers[1]))), (t, kept)
+            assert len(cut[t]["optimizer"]["state"]) <= len(old[t]["optimizer"]["state"])
+
+
 def test_an_emulated_checkpoint_carries_only_its_steps(tmp_path):
     for stage in range(3):
         checkpoint.write_stage(tmp_path, 4, stage, {"steps": 4, "model": {}, "optimizer": None, "params": []})

@@ -7,7 +7,8 @@ nothing and takes every layer it needs from the others; `rt` and `shadow` are th
 was built for and the new shadow (or None). Every member
 works out the same plan from what all of them said (`sources`): each old stage a member needs
 comes from itself when it holds it exactly, else from one holder of it, its own GPUs first and
-then its shadows, spread over the holders in turn.
+then its shadows, spread over the holders in turn; a holder sends only the layers the receiver
+takes from that stage (`reshard.trim`).
 """
 
 from __future__ import annotations
@@ -119,7 +120,12 @@ def move_in(gen, manifest, rank: int, transport, held: Held | None, rt, shadow) 
             mine_of[t] = held.rt.stage_state() if old_stage[rank] == t else copy.state()
         return mine_of[t]
 
-    sends = {(r, t): _dumps(state_of(t)) for (r, t), src in sorted(plan.items()) if src == rank and r != rank}
+    def layers_of(r: int) -> list[tuple[int, int]]:  # (the new stage's layers, and its shadow's)
+        s = manifest.coords[r][1]
+        return [rt.partition[s]] + ([rt.partition[(s - 1) % manifest.pp]] if shadow is not None else [])
+
+    sends = {(r, t): _dumps(reshard.trim(state_of(t), partition[t][0], layers_of(r)))
+             for (r, t), src in sorted(plan.items()) if src == rank and r != rank}
     receives = [(src, t) for (r, t), src in sorted(plan.items()) if r == rank and src != rank]
     got = transport.exchange_blobs(sends, receives, "the layers moved to the new layout")
     states = {t: _loads(blob) for (_, t), blob in got.items()}

@@ -96,6 +96,22 @@ def assemble(partition, load: Callable[[int], dict], steps: int, layers: tuple[i
     return {"steps": steps, "model": model, "optimizer": _optimizer(source, names, state, groups)}
 
 
+def trim(state: dict, first: int, wanted) -> dict:
+    """`state` of a stage starting at layer `first` (as `Runtime.stage_state` makes it), cut to the
+    layers in any of the ranges [a, b) of `wanted`: what `assemble` takes from it for those
+    layers, and nothing else (an in-place move sends only what its receiver needs)."""
+    def keep(layer: int) -> bool:
+        return any(a <= layer < b for a, b in wanted)
+
+    model = {k: v for k, v in state["model"].items() if keep(_layer_key(k, first)[0])}
+    optimizer = state.get("optimizer")
+    if optimizer is not None:
+        names = state["params"]
+        optimizer = {**optimizer, "state": {j: s for j, s in optimizer["state"].items()
+                                            if keep(_layer_key(names[int(j)], first)[0])}}
+    return {**state, "model": model, "optimizer": optimizer}
+
+
 def _move_optimizer_state(source: str, stage: int, old: dict, a: int, layers: tuple[int, int],
                           index: dict, state: dict) -> list[dict]:
     """Copy the per-parameter state of old stage `stage` (first layer `a`) that belongs to
