@@ -2,8 +2,8 @@
 --emulate mode, every GPU of stage 2 killed (SIGKILL) in iteration 8 (3 iterations after the
 checkpoint of iteration 5), under the ways `schedc train` goes on:
 
-* `repartition`: no replacement process; the 12 survivors run 4 pipelines of 3 stages, every
-  process restarted from the latest checkpoint re-sharded onto the new split;
+* `repartition`: no replacement process; the 12 survivors run 4 pipelines of 3 stages, in
+  their own processes, from the latest checkpoint re-sharded onto the new split;
 * `auto` (the default): the lost stage comes back from the latest checkpoint with 4 replacement
   processes (which a cluster that just lost those GPUs may not have);
 * `restart`: every process restarts from the latest checkpoint with the GPUs replaced
@@ -88,7 +88,7 @@ schedule { solver = greedy }
 """
 REAL_KILL = [f"at iteration 4 during B: fail gpu(dp={d}, pp=1)" for d in range(2)]
 REAL_METHODS = (("repartition --shadow (in place)", "repartition", {"shadow": True}),
-                ("repartition (restart, checkpoint every 2)", "repartition", {"checkpoint_every": 2}),
+                ("repartition (restore in place, checkpoint every 2)", "repartition", {"checkpoint_every": 2}),
                 ("auto --shadow (dump, replacements)", "auto", {"shadow": True}))
 
 

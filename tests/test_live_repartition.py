@@ -1,7 +1,8 @@
 """`schedc train --recovery repartition`: when every GPU of a stage is killed, no replacement
 process is started; the survivors are laid out as the same number of pipelines with fewer stages,
-every process restarts on that plan and restores the latest checkpoint re-sharded onto the new
-split, and training ends exactly where single-process training does."""
+keep their processes (renamed as the new layout's ranks) and restore the latest checkpoint
+re-sharded onto the new split (with `--shadow`, they move the layers among themselves instead:
+tests/test_live_shadow.py), and training ends exactly where single-process training does."""
 
 from __future__ import annotations
 
@@ -21,11 +22,14 @@ def test_a_killed_stage_is_re_partitioned_onto_the_survivors_exactly(tmp_path, o
     check_exact(out, result, 5)
     (rec,) = result.recoveries
     assert rec.method == "repartition" and sorted(rec.failed) == [1, 4]
-    note = next(e for e in result.events if e["kind"] == "restart")
+    note = next(e for e in result.events if e["kind"] == "repartition")
     assert "re-partitioning the 4 survivors as 2 x 2" in note["message"], note
+    assert "they keep their processes and restore iter-" in note["message"], note
     assert note["restore"].endswith(("iter-000001", "iter-000002")), note  # the latest complete checkpoint
     last = result.generations[-1]
     assert len(last.members) == 4 and last.restore == note["restore"]  # 2 x 2: no replacement process
+    at = result.events.index(note)  # ... and no process restarted: the 4 survivors kept theirs
+    assert not [e for e in result.events[at:] if e["kind"] in ("started", "restart")], result.events[at:]
 
 
 # Stage 0 and GPU (dp=1, pp=1) lost: one survivor, too few for the job's 2 pipelines. It trains
@@ -47,7 +51,7 @@ def test_survivors_too_few_for_the_jobs_pipelines_train_the_same_batch_on_fewer(
     assert len(result.generations[-1].members) == 1  # (GPU 1, rank 0 of the new layout)
 
 
-def test_without_a_checkpoint_the_survivors_restart_from_the_initial_weights(tmp_path):
+def test_without_a_checkpoint_the_survivors_restore_the_initial_weights_in_place(tmp_path):
     out = compiled(tmp_path, dp=2, pp=3)
     result = train(out, iterations=4, want_weights=True, recovery="repartition", inject=LOSE_STAGE_1)
     check_exact(out, result, 4)
@@ -75,9 +79,9 @@ def test_a_failure_while_the_survivors_restart_is_survived_exactly(tmp_path):
     # in CI (under load), the second death reached the supervisor after a re-route of the first had
     # started, so rank 2 was killed while that generation formed and the restart came after it,
     # with 3 survivors. Either way a failure hit a recovery and the run re-partitioned exactly.
-    restarts = [e["message"] for e in result.events if e["kind"] == "restart"]
+    notes = [e["message"] for e in result.events if e["kind"] in ("restart", "repartition")]
     assert any("re-partitioning the 4 survivors" in m or "re-partitioning the 3 survivors" in m
-               for m in restarts), [(e["kind"], e["message"]) for e in result.events]
+               for m in notes), [(e["kind"], e["message"]) for e in result.events]
     assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events)
     assert len(result.generations[-1].members) == 3, [(e["kind"], e["message"]) for e in result.events]
 

@@ -169,7 +169,7 @@ class RecoveryPolicy:
         self.initial_plan = initial_plan
         self.latest_checkpoint = latest_checkpoint
         self.restarts = 0
-        self._in_place = False
+        self._in_place = ""
         self._keep: Sequence[Sequence[int]] = ()  # (an in-place move's holders: `survivor_layout`)
         self.iterations = iterations  # the run's total (E553's resume command); None: not known here
 
@@ -185,12 +185,14 @@ class RecoveryPolicy:
         return bool(self.ctl.unreachable([g.rank for g in spec.gpus if g.pp in stages
                                           and (g.rank in lost or not g.live)]))
 
-    def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int], *, in_place: bool = False,
+    def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int], *, in_place: str = "",
                keep: Sequence[Sequence[int]] = ()) -> Change:
         """The change after `failed` failed, from `plan` (the last plan that ran); `lost` holds
         every rank lost for good so far, `failed` included. Raises `RunError` when the run cannot
-        go on. `in_place`: a re-partition moves the survivors' state among them instead of
-        restarting every process (`schedc.live.relayout`): said so, and no restart is counted."""
+        go on. `in_place`: a re-partition keeps the survivors' processes instead of restarting
+        them (`schedc.live.relayout`), which move their state among themselves ("move": `keep`
+        holds each stage) or restore the latest checkpoint, re-sharded ("restore"): said so, and
+        no restart is counted."""
         self._in_place, self._keep = in_place, keep
         if self.method == "restart":
             found = self.latest_checkpoint()
@@ -273,15 +275,22 @@ class RecoveryPolicy:
         slices, ranks = layout.slices, layout.ranks
         shape = {"dp": layout.dp, "pp": layout.pp, "slices": [list(s) for s in slices],
                  "gpus": [list(row) for row in ranks]}
-        if self._in_place:
+        if self._in_place == "move":
             self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} "
                                          f"survivors as {layout.describe(units.kind)}; they keep their processes and "
                                          "move the layers among themselves (a lost stage's from its shadows)",
                           layout=shape)
             return Change(new, tuple(describe(events)), "repartition", restart_all=True,
                           ranks=tuple(tuple(row) for row in ranks))
-        self.restarts += 1
         restore = str(found.path) if found else "initial"
+        if self._in_place == "restore":
+            self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} "
+                                         f"survivors as {layout.describe(units.kind)}; they keep their processes and "
+                                         f"restore {found.path.name if found else 'the initial weights'}, re-sharded "
+                                         "(no shadow holds the lost stage)", restore=restore, layout=shape)
+            return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True,
+                          ranks=tuple(tuple(row) for row in ranks))
+        self.restarts += 1
         self.ctl.note("restart", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} survivors as "
                                  f"{layout.describe(units.kind)} and restarting every process from "
                                  f"{found.path.name if found else 'the initial weights'}, re-sharded "

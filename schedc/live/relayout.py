@@ -47,28 +47,33 @@ class Relayout:
     """The in-place re-partition of a `Supervisor` (see the module docstring)."""
 
     def _move_first(self, rec, failed: Sequence[int]) -> bool:
-        """Whether the survivors were told to re-partition in place (and the decision made)."""
-        held = self._lost_held()
-        if not held or not self.recovery.repartitions(self.plan, self.dead):
+        """Whether the survivors were told to re-partition in place (and the decision made): they
+        move the layers among themselves when they hold every stage (a lost one in its shadows),
+        else restore the latest checkpoint in their own processes, re-sharded."""
+        if not self.recovery.repartitions(self.plan, self.dead):
             return False
-        # Who holds each stage of the running plan: its survivors, or (lost) its shadows' holders.
-        # The new layout must run one of each, or the state of a stage would be left behind.
+        held = self._lost_held()
         spec = self.plan.spec
         survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in self.dead)
-        keep = [held.get(s) or [g.rank for g in spec.gpus if g.pp == s and g.rank in survivors]
-                for s in range(spec.pp)]
-        layout = survivor_layout(spec, survivors, keep)
-        if layout is None or not covers(layout.gpus, keep):
-            return False  # (every process restarts instead, from the survivors' dump or the checkpoint)
+        keep: list[list[int]] = []
+        if held:
+            # Who holds each stage of the running plan: its survivors, or (lost) its shadows' holders.
+            # The new layout must run one of each, or the state of a stage would be left behind.
+            keep = [held.get(s) or [g.rank for g in spec.gpus if g.pp == s and g.rank in survivors]
+                    for s in range(spec.pp)]
+            layout = survivor_layout(spec, survivors, keep)
+            if layout is None or not covers(layout.gpus, keep):
+                return False  # (the survivors save what they hold first: `_dump_first`)
         try:
-            change = self.recovery.decide(self.plan, failed, self.dead, in_place=True, keep=keep)
+            change = self.recovery.decide(self.plan, failed, self.dead, in_place="move" if held else "restore",
+                                          keep=keep)
         except RunError as exc:
             self._fail(list(exc.diagnostics))
             return True
         spec = change.plan.spec
         renamed = {r: d * spec.pp + s for d, row in enumerate(change.ranks) for s, r in enumerate(row)
                    if r is not None}
-        moved = self._moved(renamed)
+        moved = self._moved(renamed) if held else None
         # Processes without a place in the new layout end first: a GPU being taken back (it
         # counts as lost, as in a restart), one on standby, a survivor the layout leaves spare.
         pending = self.rejoins.drop_all("the job re-partitioned first: it counts as lost; ask for it "
@@ -85,8 +90,9 @@ class Relayout:
         rec.method = "repartition"
         rec.events += list(change.events)
         rec.t_plan = self._now()
-        self._announce(change.plan, restore=None, moved=moved,
-                       reason="; ".join(change.events) + " (the survivors move the layers in place)")
+        self._announce(change.plan, restore=change.restore, moved=moved,
+                       reason="; ".join(change.events) + (" (the survivors move the layers in place)" if held else
+                                                          " (the survivors restore in place)"))
         rec.to_generation = self.gen.number
         rec.t_announce = self._now()
         self.phase = Phase.RECOVERING
