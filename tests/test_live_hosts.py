@@ -101,28 +101,30 @@ def test_survivors_on_both_hosts_move_their_layers_in_place_and_keep_their_proce
     assert len(run_log["generations"][-1]["members"]) == 3, run_log["generations"][-1]
 
 
-def test_a_re_partitioned_layout_starts_each_rank_on_its_gpus_host(tmp_path):
-    """2 x 3, a pipeline per host; both GPUs of stage 1 (one per host) are killed: the survivors run
-    as 2 x 2, and each rank of that layout starts on the host of the GPU it runs on."""
+def test_a_re_partitioned_job_restores_in_place_on_both_hosts_and_grows_back_onto_each_gpus_host(tmp_path):
+    """2 x 3, a pipeline per host; both GPUs of stage 1 (one per host) are killed. Without shadows
+    the four survivors, two on each host, keep their processes (renamed as the 2 x 2 layout's
+    ranks; host 1's agent renames its two) and restore the latest checkpoint re-sharded. Both GPUs
+    are asked back: the job grows onto 2 x 3 in place, and the process of each GPU back starts on
+    that GPU's host (GPU 1 on host 0, GPU 4 on host 1: GPUs 0-2 are host 0's, 3-5 host 1's)."""
     out = tmp_path / "out"
     schedc.compile(spec_text(dp=2, pp=3, optimizer="adam")).write(out)
     code, stdout, stderr, run_log = _two_hosts(tmp_path, out, PATIENT + [
-        "--iterations", "5", "--recovery", "repartition", "--checkpoint-every", "1", "--save-weights",
+        "--iterations", "8", "--recovery", "repartition", "--checkpoint-every", "1", "--save-weights",
         str(tmp_path / "w.pt"), "--inject", "at iteration 2 during B: fail gpu(dp=0, pp=1)",
-        "--inject", "at iteration 2 during B: fail gpu(dp=1, pp=1)"])
+        "--inject", "at iteration 2 during B: fail gpu(dp=1, pp=1)",
+        "--inject", "at iteration 5: recover gpu(dp=0, pp=1)", "--inject", "at iteration 5: recover gpu(dp=1, pp=1)"])
     assert code == 0, stderr + stdout
-    assert "re-partitioning the 4 survivors as 2 x 2" in stdout, stdout
-    _exact(out, tmp_path / "w.pt", 5)
-    # GPUs 0-2 are host 0's, 3-5 host 1's. The last generation's rank -> GPU map, and who started it:
-    last = run_log["generations"][-1]
-    restart = next(e for e in run_log["events"] if e["kind"] == "restart")
-    gpus = [g for row in restart["layout"]["gpus"] for g in row]
+    assert "re-partitioning the 4 survivors as 2 x 2" in stdout and "keep their processes and restore iter-" in stdout, \
+        stdout
+    _exact(out, tmp_path / "w.pt", 8)
+    kinds = [(e["kind"], e["message"]) for e in run_log["events"]]
+    assert not [m for k, m in kinds if k == "restart"], kinds
     started = [e for e in run_log["events"] if e["kind"] == "started"]
-    assert len(started) == 6 + 4, [(e["rank"], e["host"]) for e in started]  # the first plan's, then the layout's
-    for e in started[6:]:
-        assert e["gpu"] == gpus[e["rank"]] and e["host"] == gpus[e["rank"]] // 3, (e, gpus)
-    assert sorted(e["rank"] for e in started[6:]) == sorted(last["members"])
-    assert {e["host"] for e in started[6:]} == {0, 1}  # (both hosts keep GPUs in the layout)
+    assert len(started) == 6 + 2, [(e["rank"], e["host"]) for e in started]  # the first plan's, then the 2 back
+    assert sorted((e["gpu"], e["host"]) for e in started[6:]) == [(1, 0), (4, 1)], started[6:]
+    last = run_log["generations"][-1]
+    assert len(last["members"]) == 6 and last["reason"] == "grow back (in place)", last
 
 
 def test_a_host_taken_back_with_a_whole_stage_is_re_partitioned_around_with_no_work_lost(tmp_path):
