@@ -69,12 +69,12 @@ def move_in(gen, manifest, rank: int, transport, held: Held | None, rt, shadow) 
     moved = gen.moved
     members = list(gen.members)
     old_pp = int(moved["pp"])
-    if (held is not None) != (rank in {int(r) for r in moved["stage"]}):  # (what it holds, against the move)
+    old_stage = {int(r): int(s) for r, s in moved["stage"].items()}
+    if (held is not None) != (rank in old_stage):  # (what it holds, against the move)
         says = "holds no stage" if held is not None else "holds a stage"
         raise RunError([error("E552", f"rank {rank}'s move says it {says} of the layout before, which it does not",
                               hint="this is a bug in schedc's live runtime; please report it")])
     partition = held.rt.partition if held is not None else _old_partition(moved, rt)  # (every old stage's layers)
-    old_stage = {int(r): int(s) for r, s in moved["stage"].items()}
     # 1. The steps: the fewest any member holds, or one fewer where a lost stage's shadow lags.
     steps = torch.tensor([held.rt.steps_done, -held.rt.steps_done] if held is not None
                          else [_NOTHING_HELD, _NOTHING_HELD], dtype=torch.int64)
