@@ -148,6 +148,24 @@ def test_auto_re_partitions_a_lost_stage_whose_host_is_gone(plan):
     assert "re-partitioning the 2 survivors" in message
 
 
+def test_a_lost_stage_asks_whose_hosts_are_gone_once_per_recovery(plan):
+    """The supervisor asks `repartitions` first, then `decide`: both need whether the lost stage's
+    hosts are gone, and asking a live host's agent waits for its beats, so the answer is reused
+    within the recovery. A later recovery (the clock past `ASKED_FRESH_S`) asks again."""
+    from schedc.live.recovery import ASKED_FRESH_S
+
+    ctl = FakeController(plan)
+    policy = RecoveryPolicy(ctl, method="auto", max_restarts=3, initial_plan=plan, latest_checkpoint=lambda: None,
+                            clock=ctl.now)
+    assert not policy.repartitions(plan, {0, 2})  # their hosts answer: replacements can start
+    change = policy.decide(plan, [0, 2], {0, 2})
+    assert change.method == "checkpoint" and ctl.asked_unreachable == [[0, 2]]
+    ctl.clock += ASKED_FRESH_S + 0.5
+    ctl.gone_hosts = {2: 1}  # rank 2's host went away since: a later recovery must see it
+    assert policy.repartitions(plan, {0, 2})
+    assert ctl.asked_unreachable == [[0, 2], [0, 2]]
+
+
 def test_a_fixed_policy_stops_with_e553_when_a_lost_stage_cannot_be_replaced(plan):
     ctl = FakeController(plan)
     ctl.gone_hosts = {0: 0, 2: 1}

@@ -152,6 +152,12 @@ def describe(events: Sequence[Failure]) -> list[str]:
     return [describe_events([e]) for e in events]
 
 
+#: How long (seconds) an answer to "whose hosts are gone" is reused within one recovery
+#: (`RecoveryPolicy._unreachable`): well under an agent's timeout, so a host lost since is asked
+#: about again, and longer than a decision takes between the two questions (a replan).
+ASKED_FRESH_S = 1.0
+
+
 class RecoveryPolicy:
     """Chooses the `Change` after a failure (see the module docstring)."""
 
@@ -171,6 +177,8 @@ class RecoveryPolicy:
         self.restarts = 0
         self._in_place = ""
         self._keep: Sequence[Sequence[int]] = ()  # (an in-place move's holders: `survivor_layout`)
+        # The last answer to "whose hosts are gone" (`_unreachable`): (when, the ranks asked, the answer).
+        self._asked: tuple[float, frozenset[int], dict[int, list[int]]] | None = None
         self.iterations = iterations  # the run's total (E553's resume command); None: not known here
 
     def repartitions(self, plan: "Plan", lost: set[int]) -> bool:
@@ -182,8 +190,20 @@ class RecoveryPolicy:
             return False
         if self.method == "repartition":
             return True
-        return bool(self.ctl.unreachable([g.rank for g in spec.gpus if g.pp in stages
-                                          and (g.rank in lost or not g.live)]))
+        return bool(self._unreachable([g.rank for g in spec.gpus if g.pp in stages
+                                       and (g.rank in lost or not g.live)]))
+
+    def _unreachable(self, ranks: Sequence[int]) -> dict[int, list[int]]:
+        """`Controller.unreachable`, asked once per recovery: asking a live host's agent waits for
+        two of its beats (0.1-0.2 s), and a lost stage asks twice for the same ranks (`repartitions`,
+        then `_from_checkpoint`). An answer for the same ranks younger than `ASKED_FRESH_S` is
+        reused; any other question is asked afresh."""
+        key, now = frozenset(ranks), self.clock()
+        if self._asked is not None and self._asked[1] == key and now - self._asked[0] <= ASKED_FRESH_S:
+            return self._asked[2]
+        answer = self.ctl.unreachable(sorted(key))
+        self._asked = (self.clock(), key, answer)
+        return answer
 
     def decide(self, plan: "Plan", failed: Sequence[int], lost: set[int], *, in_place: str = "",
                keep: Sequence[Sequence[int]] = ()) -> Change:
@@ -304,7 +324,7 @@ class RecoveryPolicy:
         spec = plan.spec
         stages = lost_stages(spec, lost)
         replacements = [g.rank for g in spec.gpus if g.pp in stages and (g.rank in lost or not g.live)]
-        gone = self.ctl.unreachable(replacements)
+        gone = self._unreachable(replacements)
         if gone:  # (a spot instance taken back with its GPUs: nothing can be started there)
             hosts = ", ".join(f"host {h} (rank(s) {rs})" for h, rs in sorted(gone.items()))
             hosts += " is gone" if len(gone) == 1 else " are gone"
