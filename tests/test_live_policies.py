@@ -650,3 +650,52 @@ def test_the_gpus_an_in_place_move_needs_are_kept_in_the_layout():
     assert not covers(plain.gpus, keep)  # the lowest ranks would leave stage 1's state behind
     kept = survivor_layout(spec, survivors, keep)
     assert covers(kept.gpus, keep) and (kept.dp, kept.pp) == (3, 1)
+
+
+TINY_GPT = """
+model "g" { layers = 8  hidden = 256  heads = 4  seq_len = 128  vocab = 1000  microbatch_size = 1  precision = bf16 }
+cluster { dp = 2  pp = 2  gpus_per_node = 1  gpu { memory = 40GiB  flops = 312TFLOPS  efficiency = 0.45 }
+          link { latency = 20us  bandwidth = 25GB/s } }
+train { microbatches = 4 }
+schedule { solver = greedy }
+"""
+
+
+def test_a_growth_in_place_is_priced_by_the_layers_one_gpu_lacks_at_most():
+    """`growth_option` (what `auto`'s ski rental weighs a growth by): reconfiguring, and the largest
+    share of state one GPU receives: the layers of its new stage it does not hold now."""
+    from schedc.layout import bytes_of, units_of
+    from schedc.live.recovery import growth_option
+    from schedc.recovery_cost import Costs
+
+    plan = schedc.compile(TINY_GPT)
+    units, costs = units_of(plan.spec), Costs()
+    (a0, b0), (a1, b1) = plan.spec.partition
+    everyone = {r: r for r in range(4)}
+    same = growth_option(costs, plan.spec, plan, everyone, plan, everyone, in_place=True)
+    assert same.moved_bytes == 0 and same.transition_s == pytest.approx(costs.reconfigure_s)
+    # GPU 3 (pipeline 1, stage 1) comes back with nothing: it receives its stage's layers.
+    back = growth_option(costs, plan.spec, plan, {0: 0, 1: 1, 2: 2}, plan, everyone, in_place=True)
+    assert back.moved_bytes == bytes_of(units, range(a1, b1)) > 0
+    assert back.transition_s == pytest.approx(costs.reconfigure_s + back.moved_bytes / 25e9)
+    # GPUs 2 and 3 ran each other's stage: each receives the other's layers; the larger share counts.
+    swapped = growth_option(costs, plan.spec, plan, {0: 0, 1: 1, 2: 3, 3: 2}, plan, everyone, in_place=True)
+    assert swapped.moved_bytes == max(bytes_of(units, range(a0, b0)), bytes_of(units, range(a1, b1)))
+    assert swapped.iteration_s == plan.metrics.iteration_time / 1e6 and swapped.method == "repartition"
+    # A growth that restarts every process pays the restart's fixed part instead (no work lost:
+    # it starts from the checkpoint just written).
+    restart = growth_option(costs, plan.spec, plan, {0: 0, 1: 1, 2: 2}, plan, everyone, in_place=False)
+    assert restart.method == "restart" and restart.moved_bytes == 0
+    assert restart.transition_s == pytest.approx(costs.reconfigure_s + costs.restart_s)
+
+
+def test_a_growth_of_a_stages_block_is_priced_by_its_whole_new_stage():
+    # With a `stages` block the merged stages are not matched unit by unit: each GPU is priced as
+    # receiving its whole new stage (an upper bound).
+    from schedc.live.recovery import growth_option
+    from schedc.recovery_cost import Costs
+
+    plan = schedc.compile(spec_text(dp=2, pp=2))
+    everyone = {r: r for r in range(4)}
+    option = growth_option(Costs(), plan.spec, plan, everyone, plan, everyone, in_place=True)
+    assert option.moved_bytes == max(s.static for s in plan.spec.stages) == 16 * 2**20

@@ -11,6 +11,8 @@ The modules, from the job down to a rank (docs/live.md):
   layout's ranks, an epoch, their processes kept), or a dump to disk before
   a restart;
   `schedc.live.move`: a member's part, the layers moved over gloo.
+- `schedc.live.growth`: growing back onto GPUs that return after a
+  re-partition (when: ski rental under `auto`; in place or by a restart).
 - `schedc.live.world`: what it runs against (clock, store, processes): the
   real `LocalWorld`, or `schedc.live.sim`'s deterministic simulation.
 - `schedc.live.options`: `TrainOptions`, the options' defaults and checks.

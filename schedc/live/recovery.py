@@ -22,7 +22,9 @@ for the supervisor to carry out:
   its new split (`schedc.live.reshard`). Exact; the state comes from disk,
   not over torch.distributed (at most `max_restarts` times). Once every GPU
   the job lost is asked back, the supervisor grows back onto the spec's plan
-  at the next complete checkpoint the same way (`Supervisor._grow_back`);
+  at the next complete checkpoint the same way (`schedc.live.growth`; onto
+  part of them, under ``auto``, once ski rental says the growth has paid
+  for itself: `growth_option` prices it);
 * ``restart`` (torchelastic): every process restarts from the latest
   checkpoint, the failed GPUs replaced.
 
@@ -100,6 +102,47 @@ def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (
     chosen = chosen[:need] + [r for r in sorted(gpus) if r not in chosen][:max(0, need - len(chosen))]
     held = {g.rank: frozenset() for g in spec.gpus}
     return Layout(dp, stages, microbatches, slices, assign_gpus(units, slices, dp, sorted(chosen), held))
+
+
+def growth_option(costs: Costs, job, now: "Plan", running: dict[int, int], target: "Plan",
+                  physical: dict[int, int], *, in_place: bool) -> Option:
+    """The price of growing from the running plan `now` onto `target` (`schedc.live.growth`), as an
+    `Option` of `schedc.recovery_cost`: `target`'s predicted iteration time and the transition.
+    `running` and `physical` map each plan's ranks to the GPUs that run them, named as the spec
+    `job` names its GPUs. In place: reconfiguring, and the largest share of state one GPU
+    receives over the link (the layers of its new stage it does not hold now, at
+    `Units.state_bytes`; with a `stages` block, whose merged stages are not matched unit by
+    unit, its whole new stage: an upper bound). Otherwise every process restarts from the
+    checkpoint just written (`transition_s(..., restore=True, planned=True)`: no work lost)."""
+    from schedc.layout import bytes_of, units_of
+
+    new_s = target.metrics.iteration_time / 1e6
+    bandwidth = target.spec.cluster.link.bandwidth
+    if not in_place:
+        cost = transition_s(costs, lost_gpus=False, moved_bytes=0, bandwidth=bandwidth, previous_iteration_s=None,
+                            restore=True, planned=True)
+        return Option("restart", new_s, cost, detail="every process restarts from the checkpoint", restore=True,
+                      plan=target)
+    units = units_of(job)
+
+    def layers(spec, rank: int) -> frozenset[int] | None:
+        if units.kind == "layer" and spec.partition is not None:
+            return frozenset(range(*spec.partition[spec.gpus[rank].pp]))
+        return None
+
+    held = {gpu: layers(now.spec, r) for r, gpu in running.items()}
+    moved = 0
+    for r, gpu in physical.items():
+        need = layers(target.spec, r)
+        if need is None:
+            share = target.spec.stages[target.spec.gpus[r].pp].static
+        else:
+            share = bytes_of(units, need - (held.get(gpu) or frozenset()))
+        moved = max(moved, share)
+    cost = transition_s(costs, lost_gpus=False, moved_bytes=moved, bandwidth=bandwidth, previous_iteration_s=None)
+    return Option("repartition", new_s, cost, moved_bytes=moved, plan=target,
+                  detail=f"reconfiguring {costs.reconfigure_s:g} s and at most {moved / 2**20:.1f} MiB to one GPU "
+                         f"at {bandwidth / 1e9:g} GB/s")
 
 
 def covers(gpus: Iterable[int], keep: Sequence[Sequence[int]]) -> bool:

@@ -98,13 +98,6 @@ class Relayout:
         self.phase = Phase.RECOVERING
         return True
 
-    def _grow_keep(self) -> list[list[int]]:
-        """The GPUs (named as the job named them) that hold each stage of the running plan: its
-        running members. A growth in place must keep one of each in the new layout."""
-        spec = self.plan.spec
-        running = [r for r in self.gen.members if r not in self.dead and r in self.alive]
-        return [[self.physical[r] for r in running if spec.gpus[r].pp == s] for s in range(spec.pp)]
-
     def _grow_in_place(self, plan, physical: dict[int, int], reason: str) -> None:
         """Grow onto `plan` (its rank -> the GPU it runs on: `physical`) keeping the running
         processes: they are renamed as its ranks (a new epoch), processes start for the GPUs back

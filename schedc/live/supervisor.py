@@ -42,12 +42,13 @@ from schedc.live.options import TrainOptions
 from schedc.live.protocol import (AgentUp, Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited,
                                   Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, Started,
                                   WorkerError)
-from schedc.live.recovery import RecoveryPolicy, covers
+from schedc.live.recovery import RecoveryPolicy
 from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
 from schedc.live.slowness import Slowness
 from schedc.live.world import LocalWorld, World
+from schedc.live.growth import Growth
 from schedc.live.relayout import Relayout
 from schedc.live.transitions import TICK, Transitions, replan_solver
 from schedc.live.member import EXIT_ERROR
@@ -65,7 +66,7 @@ FINISH_WAIT = 10.0
 AGENT_ANSWER = 1.0
 
 
-class Supervisor(Transitions, Relayout):
+class Supervisor(Transitions, Relayout, Growth):
     """Runs the compiled plan in `out` on live workers and keeps it training through failures."""
 
     def __init__(self, out: str | Path, options: TrainOptions = TrainOptions(), *,
@@ -132,6 +133,7 @@ class Supervisor(Transitions, Relayout):
         self.epoch = 0  # how its ranks are numbered: one more at each in-place re-partition (`Relayout`)
         self._renames: dict[int, dict[int, int]] = {}  # epoch -> rank of the epoch before -> rank then
         self._grow_at_checkpoint = False  # GPUs came back: grow onto them at the next complete checkpoint
+        self._grow_since = 0.0  # when the last of them came back (the rent of `Growth` runs from then)
         self._last_beats = 0.0
         self._training_started: float | None = None
         self._pending_write: tuple[int, Plan, dict[str, str]] | None = None
@@ -400,127 +402,6 @@ class Supervisor(Transitions, Relayout):
                                   f"has dp 0..{cluster.dp - 1} and pp 0..{cluster.pp - 1}")
             return
         self._user_rejoin(cluster.rank_of(ev.dp, ev.pp), "asked for with schedc rejoin")
-
-    def _user_rejoin(self, rank: int, reason: str) -> None:
-        """A rejoin a user asked for (`schedc rejoin`, an injected `recover gpu(...)`), of a GPU named
-        as the job named it at its start (`rank` of the initial plan). After a re-partition the
-        run's ranks are the new layout's (`physical` maps them to those names): a GPU of the layout
-        lost since is taken back into it (catch-up, then a switch); one outside it counts toward
-        growing, which happens at the next complete checkpoint once the GPUs back make a faster
-        layout (in place, or by a restart from that checkpoint: `_grow_back`), the spec's own once
-        every GPU the job lost is back."""
-        if self.repartitioned is None:
-            self.rejoins.request(rank, reason)
-            return
-        g = self.recovery.initial_plan.spec.gpus[rank]
-        name = f"GPU (dp={g.dp}, pp={g.pp}) of the job"
-        current = next((r for r, p in self.physical.items() if p == rank), None)
-        if current is not None:
-            if current in self.dead:  # lost since the re-partition: back into the layout that runs
-                self.rejoins.request(current, f"{reason} (rank {current} of the re-partitioned layout)")
-            else:
-                self._note("rejoin", f"{name} did not leave it (it runs in the re-partitioned layout as rank "
-                                     f"{current}): nothing to take back ({reason})", rank=rank)
-            return
-        if not self.options.checkpoint_every:
-            self._note("warning", f"warning: cannot take GPU (dp={g.dp}, pp={g.pp}) back ({reason}): the job was "
-                                  f"re-partitioned onto {self.repartitioned}, and it grows back onto returned GPUs "
-                                  "through a checkpoint, which this run does not write (--checkpoint-every K); to "
-                                  "train on every GPU again, stop the run and start it again", rank=rank)
-            return
-        if rank not in self.lost_to_repartition:
-            self._note("rejoin", f"{name} is not lost: it waits, unused, for the job to grow ({reason})", rank=rank)
-            return
-        self.lost_to_repartition.discard(rank)
-        self._returned.add(rank)
-        self.spare.add(rank)
-        back = f"{len(self._returned)} of the {len(self._returned) + len(self.lost_to_repartition)} GPU(s) the job lost"
-        target = self._growth_target()
-        if target is None:
-            self._grow_at_checkpoint = False
-            self._note("rejoin", f"{name} is back ({reason}): {back}; it grows back once enough are back to make "
-                                 "a faster layout", rank=rank)
-            return
-        plan, _ = target
-        self._grow_at_checkpoint = True
-        if plan is self.recovery.initial_plan:
-            self._note("rejoin", f"{name} is back ({reason}): every GPU the job lost is back; it grows back onto "
-                                 "the spec's stages at the next complete checkpoint", rank=rank)
-        else:
-            spec = plan.spec
-            self._note("rejoin", f"{name} is back ({reason}): {back}; at the next complete checkpoint it grows onto "
-                                 f"{spec.dp * spec.pp} GPUs as {spec.dp} x {spec.pp} "
-                                 f"({plan.metrics.iteration_time / 1e3:.2f} ms per iteration, against "
-                                 f"{self.plan.metrics.iteration_time / 1e3:.2f} now)", rank=rank)
-
-    def _growth_target(self, keep=()) -> tuple[Plan, dict[int, int]] | None:
-        """What the job would grow onto now: the spec's plan once every GPU of the job is up, else the
-        fastest re-partition of the GPUs up (those of the running plan that live, and the spare
-        ones) when it beats the running plan; with its rank -> GPU map. None: stay. `keep`: groups
-        of GPUs of which the layout runs one where it can (`_grow_keep`: for a growth in place)."""
-        from schedc.live.recovery import repartition_layout
-
-        initial = self.recovery.initial_plan
-        everyone = {g.rank for g in initial.spec.gpus if g.live}
-        up = {self.physical[r] for r in self.gen.members if r not in self.dead} | self.spare
-        if up >= everyone:
-            return initial, {r: r for r in everyone}
-        laid = repartition_layout(initial.spec, sorted(up), keep)
-        if laid is None or laid[1].metrics.iteration_time >= self.plan.metrics.iteration_time:
-            return None
-        layout, plan = laid
-        return plan, {d * layout.pp + s: r for d, row in enumerate(layout.ranks) for s, r in enumerate(row)
-                      if r is not None}
-
-    def _grow_back(self, found) -> None:
-        """GPUs came back and checkpoint `found` is complete: if they make a faster layout than the
-        running plan (the spec's, once every GPU the job lost is back), the job grows onto it in
-        place (`Relayout._grow_in_place`: the running processes keep theirs, and the layers move
-        among the members; a failure meanwhile moves them again, or restores `found` once the
-        running processes no longer hold every stage: `Transitions._unfinished`). When that layout leaves out every
-        running GPU of a stage, every process restarts on it instead and restores `found`,
-        re-sharded onto its stages (the iterations run since it are run again: a few)."""
-        self._grow_at_checkpoint = False
-        keep = self._grow_keep()
-        target = self._growth_target(keep)
-        if target is None:
-            return
-        plan, physical = target
-        now = self._now()
-        spec = plan.spec
-        full = plan is self.recovery.initial_plan
-        onto = (f"the spec's {spec.dp} x {spec.pp}" if full else
-                f"{len(physical)} GPUs as {spec.dp} x {spec.pp}")
-        in_place = covers(physical.values(), keep)
-        if in_place:
-            kept = len({p for group in keep for p in group} & set(physical.values()))
-            self._note("repartition", f"growing back onto {onto}: the {kept} running processes keep theirs and "
-                                      f"move the layers among all {len(physical)} (in place; a failure meanwhile "
-                                      f"moves them again, or restores {found.path.name})", restore=str(found.path))
-        else:
-            self._note("restart", f"growing back onto {onto}: restarting every process from {found.path.name}, "
-                                  "re-sharded", restore=str(found.path))
-        rec = Recovery(from_generation=self.gen.number, t_detect=now, method="grow-back",
-                       t_last_complete=max((r.end for r in self.ledger.records.values()), default=None),
-                       predicted_before_us=self.plan.metrics.iteration_time, events=["grow back"])
-        self.recoveries.append(rec)
-        self._recovery = rec
-        self.checkpoints.relayout(spec.pp, self.gen.number + 1)
-        self.repartitioned = None if full else f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} iterations"
-        if in_place:
-            self._grow_in_place(plan, physical, "grow back (in place)")
-        else:
-            self.rejoins.cancel_all()
-            self.job.abort(self.gen.number)
-            self._kill_and_wait(sorted(self.alive - self.dead))
-            gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)
-            self.dead.clear()
-            self._relabel(physical, lost=gone)
-            self._announce(plan, restore=str(found.path), reason="grow back")
-            self._start_workers(self.gen.members)
-        rec.to_generation, rec.t_plan, rec.t_announce = self.gen.number, now, self._now()
-        rec.predicted_after_us = plan.metrics.iteration_time
-        self.phase = Phase.RECOVERING
 
     # -- what agents tell ----------------------------------------------------------------------------
 
