@@ -154,13 +154,11 @@ def test_live_placement_talks_over_gloo_and_refuses_nccl_with_the_reason(monkeyp
 def test_a_live_worker_without_a_gpu_says_so(monkeypatch):
     import torch
 
-    from schedc.live import member
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(placement, "gpu_count", lambda: 0)
-    assert member._own_device("cpu", 3) == "cpu"
+    assert placement.own_device("cpu", 3) == "cpu"
     with pytest.raises(RunError) as exc:
-        member._own_device("cuda:0", 3)
+        placement.own_device("cuda:0", 3)
     assert exc.value.diagnostics[0].code == "E580" and "rank 3" in exc.value.diagnostics[0].message
 
 

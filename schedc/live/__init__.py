@@ -33,6 +33,8 @@ The modules, from the job down to a rank (docs/live.md):
   generations, heartbeats, the message queues, blobs.
 - `schedc.live.member`: a rank's process across generations; it drives
   `schedc.runtime`, the layer the generated programs call.
+  `schedc.live.member_files`: its checkpoints, dump files and restores;
+  `schedc.live.member_probe`: its speed probes while it computes nothing.
 - `schedc.live.catchup`: a joiner's catch-up from a live donor of its stage.
 - `schedc.live.transfer`: moving state between two ranks, direct (a two-rank
   gloo group) or through the store; catch-up's seam.

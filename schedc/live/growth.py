@@ -29,7 +29,7 @@ moment in hindsight would.
 
 from __future__ import annotations
 
-from schedc.live.protocol import Phase
+from schedc.live.protocol import Phase, RejoinAsked
 from schedc.live.recovery import covers, growth_option
 from schedc.live.result import Recovery
 from schedc.plan import Plan
@@ -38,6 +38,24 @@ from schedc.recovery_cost import Option, grow_delay_s
 
 class Growth:
     """How a re-partitioned `Supervisor` grows back onto GPUs that return (the module docstring)."""
+
+    def _on_rejoin_asked(self, msg: RejoinAsked, now: float) -> None:
+        from schedc.events import parse_events
+
+        try:
+            (ev,) = parse_events(msg.event)
+            if ev.kind != "recover_gpu":
+                raise ValueError
+        except Exception:
+            self._note("warning", f"warning: ignored a rejoin request that is not `recover gpu(dp=D, pp=S)`: "
+                                  f"{msg.event!r}")
+            return
+        cluster = self.recovery.initial_plan.spec.cluster  # (GPUs are named as the job named them)
+        if not (0 <= ev.dp < cluster.dp and 0 <= ev.pp < cluster.pp):
+            self._note("warning", f"warning: ignored a rejoin request for GPU (dp={ev.dp}, pp={ev.pp}): the cluster "
+                                  f"has dp 0..{cluster.dp - 1} and pp 0..{cluster.pp - 1}")
+            return
+        self._user_rejoin(cluster.rank_of(ev.dp, ev.pp), "asked for with schedc rejoin")
 
     def _user_rejoin(self, rank: int, reason: str) -> None:
         """A rejoin a user asked for (`schedc rejoin`, an injected `recover gpu(...)`), of a GPU named

@@ -285,6 +285,35 @@ class Injections:
         """The injections that did nothing in this run (none fired, no slowdown window reached)."""
         return [i for i in self.all if i.index not in self.fired and i.index not in self.begun]
 
+    def begun_lines(self, starting: int) -> list[tuple[Injection, str]]:
+        """`slowdowns_begun(starting)`, each with the line that says it began."""
+        out = []
+        for inj in self.slowdowns_begun(starting):
+            what = (f"runs at speed {inj.speed:g}" if inj.action == "slow" else
+                    f"sends every message {inj.delay * 1e3:g} ms late")
+            until = f" until iteration {inj.until}" if inj.until is not None else ""
+            out.append((inj, f"injected `{inj}`: rank(s) {list(inj.ranks)} {what} from iteration "
+                             f"{inj.moment.iteration}{until}"))
+        return out
+
+    def never_fired_lines(self, trained_s: float, generations: int) -> list[tuple[Injection, str]]:
+        """`never_fired()`, each with the warning that says why, at the end of a run that trained
+        for `trained_s` seconds through `generations` replans."""
+        out = []
+        for inj in self.never_fired():
+            m = inj.moment
+            if m.kind == "time":
+                why = f"training ended {trained_s:.2f} s after it started, before {m.seconds:g} s"
+            elif m.kind == "recovery":
+                why = (f"there was no generation {m.generation} (the run had {generations} replan(s))"
+                       if generations < m.generation else
+                       f"rank(s) {list(inj.ranks)} did not run in generation {m.generation}")
+            else:
+                why = (f"rank(s) {list(inj.ranks)} never reached that moment (they had left the run, or "
+                       "their plan no longer had that op)")
+            out.append((inj, f"warning: injection `{inj}` never fired: {why}"))
+        return out
+
     def fault_time(self, ranks) -> float | None:
         """When the earliest injection that hit any of `ranks` fired (None: none did)."""
         times = [t for t, hit in self.fired.values() if set(hit) & set(ranks)]

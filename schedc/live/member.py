@@ -36,30 +36,27 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 
 from schedc.diagnostics import RunError, SchedcError, error, exception_site
-from schedc.live import checkpoint, reshard
 from schedc.live.catchup import Donor, Joiner
 from schedc.live.inject import Injection, Trigger
+from schedc.live.member_files import StageFiles, _reason
+from schedc.live.member_probe import SpeedProbe
 from schedc.live.membership import Generation, Heartbeat, JobStore
 from schedc.live.move import Held, move_in
 from schedc.live.opclock import make_clock
-from schedc.live.protocol import (Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, FireInjection,
-                                   IterationDone, Left, Probe, Ready, Started, WorkerError)
+from schedc.live.protocol import (Aborted, CaughtUp, Done, FireInjection, IterationDone, Left, Ready, Started,
+                                   WorkerError)
 from schedc.live.rollback import StepSnapshot, roll_back, rollback_target
 from schedc.live.shadow import ShadowLink, ShadowStage, assignment, shadowed_stage
 from schedc.live.stall import CgroupThrottle, StallClock
 from schedc.runtime.manifest import Manifest
+from schedc.runtime.placement import own_device
 
 #: Exit status of a worker that stopped on an error of its own (it reported a diagnostic first).
 EXIT_ERROR = 1
 #: Seconds a worker waits for its agent to carry out an injection it asked for.
 INJECT_WAIT = 10.0
-#: Seconds between two probes of a standby rank's speed (an excluded slow GPU: is it healthy again?).
-PROBE_EVERY = 0.25
-#: Planned duration of an emulated probe, seconds.
-PROBE_US = 5000
 #: Seconds a store request may wait (a key that a generation's process groups need, once every
 #: member has joined, is there in milliseconds; a member dying in between makes the others wait this).
 CONNECT_TIMEOUT = 15.0
@@ -99,7 +96,7 @@ def _report_error(job: JobStore | None, rank: int, diagnostics: list[dict]) -> N
         pass
 
 
-class LiveWorker:
+class LiveWorker(StageFiles, SpeedProbe):
     """One schedule rank's process across generations (see the module docstring)."""
 
     def __init__(self, job: JobStore, rank: int, host: int):
@@ -109,7 +106,7 @@ class LiveWorker:
         self.host = host
         self.config = job.config()
         latest = job.latest_generation()  # (announced before its processes start)
-        self.device = _own_device(self.config.device, rank, job.generation(latest).gpu(rank) if latest >= 0 else rank)
+        self.device = own_device(self.config.device, rank, job.generation(latest).gpu(rank) if latest >= 0 else rank)
         self.generation = -1
         self.iteration = -1
         self.ops = 0
@@ -333,52 +330,6 @@ class LiveWorker:
         finally:
             self._probing.clear()
 
-    def _probe_loop(self) -> None:
-        """While `_probing` is set (on standby, or a member whose plan gives it no compute), report
-        this GPU's speed every PROBE_EVERY seconds: nothing else would show it is healthy again."""
-        job = self.job.clone()
-        if self.device.startswith("cuda"):
-            import torch
-
-            torch.cuda.set_device(torch.device(self.device))  # (the current device is per thread)
-        while not self.heartbeat.stopped:
-            if not self._probing.wait(0.2) or self.rt is None:
-                continue
-            try:
-                job.report(Probe(rank=self.rank, speed=self._probe(), t=time.time()))
-            except Exception:  # the store went away: the heartbeat thread handles that
-                return
-            time.sleep(PROBE_EVERY)
-
-    def _probe(self) -> float:
-        """This GPU's speed now, against its healthy speed: a planned-length sleep when emulating,
-        else one forward of its stage on a fixed input against the same measured at start-up."""
-        slowdown = self.trigger.slowdown(max(self.heartbeat.progress + 1, 0))  # the GPU's true speed
-        started = time.perf_counter()
-        if self.config.emulate:
-            time.sleep(PROBE_US / 1e6 * slowdown)
-            return min(1.0, PROBE_US / 1e6 / (time.perf_counter() - started))
-        took = self._clock.timed(self._probe_op)  # (on a GPU: its kernels, waited for)
-        started = time.perf_counter() - took
-        until = started + took * slowdown
-        while time.perf_counter() < until:
-            pass
-        return min(1.0, self._probe_base / (time.perf_counter() - started))
-
-    def _probe_op(self) -> None:
-        """One forward of this rank's stage that changes nothing: no autograd, eval mode (no
-        BatchNorm statistics updated, no dropout drawn from the random state)."""
-        import torch
-
-        module = self.rt.module
-        training = module.training
-        module.eval()
-        try:
-            with torch.no_grad():
-                module(self._probe_input)
-        finally:
-            module.train(training)
-
     def _catch_up_to(self, gen: Generation) -> None:
         """Replay the donor's steps until this rank has `gen.start_at` of them (or the switch is aborted)."""
         from schedc.runtime.transport import Interrupted
@@ -566,89 +517,12 @@ class LiveWorker:
         """Whether this rank's shadow holds its stage exactly, at this rank's own step count."""
         return bool(self.shadow is not None and self.shadow.valid and self.shadow.steps == self.rt.steps_done)
 
-    def _dump(self, gen: Generation) -> None:
-        """A dump generation (a stage lost on every GPU, --shadow): the lowest member of each stage
-        writes its stage, and for a stage no member holds, the first holder with a valid shadow
-        of it writes the shadow, as the run's checkpoint after this many steps. Written here, not
-        on the side thread: the generation is ready once they are on disk."""
-        if self._side_pool is not None:
-            self._side_pool.shutdown(wait=True)  # (a periodic checkpoint still being saved comes first)
-            self._side_pool = None
-        coords = gen.manifest["coords"]
-        if self._stage_writer(gen):
-            layers = None if self.rt.partition is None else self.rt.partition[self.rt.stage]
-            self._write_stage(gen, self.rt.stage, self.rt.stage_state(), layers, self.rt.model_layers)
-        copy = self.shadow
-        if copy is None or not self._shadow_valid():
-            return
-        owners = [r for r in gen.members if coords[str(r)][1] == copy.stage]
-        if not owners and self.job.store.add(f"g{gen.number}/dump/stage{copy.stage}", 1) == 1:
-            self._write_stage(gen, copy.stage, copy.state(), copy.layers, copy.model_layers)
-
-    def _write_stage(self, gen: Generation, stage: int, state: dict, layers, model_layers) -> None:
-        steps = int(state["steps"])
-        where = dict(rank=self.rank, stage=stage, iteration=steps, gen=gen.number)
-        try:
-            checkpoint.write_stage(Path(self.config.checkpoint_dir), steps, stage, state)
-        except Exception as exc:  # a full or read-only disk: the supervisor says so and restores an older one
-            self.job.report(CheckpointFailed(reason=_reason(exc), **where))
-            return
-        self.job.report(CheckpointWritten(**where, layers=layers, model_layers=model_layers))
-
-    def _restore(self, restore: str) -> None:
-        if restore == "initial":
-            state = self.rt.initial_stage_state()
-        else:
-            found = checkpoint.read(Path(restore))
-            if checkpoint.split_differs(found.meta, self.rt.manifest.pp, self.rt.partition):
-                layers = None if self.rt.partition is None else self.rt.partition[self.rt.stage]
-                state = reshard.reshard_stage(found, layers, self.rt.module)
-            else:
-                state = checkpoint.load_stage(found, self.rt.stage)
-        self.rt.load_stage_state(state)
-        self.snapshot.invalidate()
-        if self.shadow is not None:  # the shadowed stage, from the same state
-            copy = self.shadow
-            if restore == "initial":
-                copy.load(self.rt.initial_stage_state(copy.stage))
-            elif checkpoint.split_differs(found.meta, self.rt.manifest.pp, copy.partition):
-                copy.load(reshard.reshard_stage(found, copy.layers, copy.module))
-            else:
-                copy.load(checkpoint.load_stage(found, copy.stage))
-
     def _program(self, gen: Generation, manifest: Manifest):
         from schedc.runtime.program import program_from_text
 
         name = manifest.programs[self.rank]
         return program_from_text(self.job.program_file(gen.number, name), f"<generation {gen.number}, {name}>",
                                  manifest, self.rank)
-
-    def _maybe_checkpoint(self, gen: Generation) -> None:
-        every = self.config.checkpoint_every
-        steps = self.rt.steps_done
-        if not every or steps % every or not self._stage_writer(gen):
-            return
-        state = self.rt.stage_state()  # copies: training goes on while a thread saves them
-        root = Path(self.config.checkpoint_dir)
-        where = dict(rank=self.rank, stage=self.rt.stage, iteration=steps, gen=gen.number)
-        split = dict(layers=None if self.rt.partition is None else self.rt.partition[self.rt.stage],
-                     model_layers=self.rt.model_layers)
-
-        def save() -> None:
-            try:
-                checkpoint.write_stage(root, steps, self.rt.stage, state)
-            except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
-                self._side_job.report(CheckpointFailed(reason=_reason(exc), **where))
-                return
-            self._side_job.report(CheckpointWritten(**where, **split))
-
-        self._side().submit(save)
-
-    def _stage_writer(self, gen: Generation) -> bool:
-        """The lowest live rank of this stage writes for it (every member holds the same state)."""
-        coords = gen.manifest["coords"]
-        mine = [r for r in gen.members if coords[str(r)][1] == self.rt.stage]
-        return self.rank == min(mine)
 
     def _finish(self, gen: Generation) -> None:
         if self._side_pool is not None:
@@ -699,38 +573,6 @@ class LiveWorker:
             self._fire(self.trigger.at_op(self.iteration, "after", kind, mb))
 
 
-def _own_device(device: str, rank: int, gpu: int | None = None) -> str:
-    """This worker's device under `--device`, made current (a CUDA context is made here, in the
-    worker: the forkserver it came from never touched CUDA, `schedc.runtime.warmup`). `gpu`: the
-    job's rank of the GPU it runs on, when it differs from `rank` (a re-partitioned layout's rank
-    runs on the GPU of a survivor, `Generation.physical`)."""
-    from schedc.runtime.placement import rank_device
-
-    mine = rank_device(device, rank if gpu is None else gpu)
-    if mine.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RunError([error("E580", f"rank {rank}: --device {device}, but this host's torch sees no CUDA GPU",
-                                  hint="run the workers on hosts with GPUs and a CUDA build of torch, or leave "
-                                       "out --device")])
-        index = torch.device(mine).index or 0
-        if index >= torch.cuda.device_count():  # (the supervisor checked its own host only)
-            raise RunError([error("E580", f"rank {rank}: --device {mine}, but this host has "
-                                          f"{torch.cuda.device_count()} GPU(s)",
-                                  hint="give --device cuda (rank i on GPU i mod each host's GPUs) or a GPU "
-                                       "every host has")])
-        torch.cuda.set_device(torch.device(mine))
-    return mine
-
-
 def _lost_peer(exc: RunError) -> bool:
     """A peer's connection broke or a wait ran out: the run lost a member, not this rank's fault."""
     return any(code in ("E530", "E531", "E532") for code in exc.codes)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, RunError):
-        return exc.diagnostics[0].message
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]

@@ -61,9 +61,6 @@ SCHEDC_BUGS = frozenset({"E552"})
 ERROR_REPORT_WAIT = 1.0
 #: Seconds the workers get to exit by themselves once the run is over.
 FINISH_WAIT = 10.0
-#: Seconds another host's agent has to beat once more (it beats every `agent.AGENT_BEAT`) before
-#: its host counts as gone, when a replacement process would be started there.
-AGENT_ANSWER = 1.0
 
 
 class Supervisor(Transitions, Relayout, Growth):
@@ -385,24 +382,6 @@ class Supervisor(Transitions, Relayout, Growth):
         self._note("left", f"rank {msg.rank} left generation {msg.gen} for the next", quiet=True,
                    rank=msg.rank, generation=msg.gen)
 
-    def _on_rejoin_asked(self, msg: RejoinAsked, now: float) -> None:
-        from schedc.events import parse_events
-
-        try:
-            (ev,) = parse_events(msg.event)
-            if ev.kind != "recover_gpu":
-                raise ValueError
-        except Exception:
-            self._note("warning", f"warning: ignored a rejoin request that is not `recover gpu(dp=D, pp=S)`: "
-                                  f"{msg.event!r}")
-            return
-        cluster = self.recovery.initial_plan.spec.cluster  # (GPUs are named as the job named them)
-        if not (0 <= ev.dp < cluster.dp and 0 <= ev.pp < cluster.pp):
-            self._note("warning", f"warning: ignored a rejoin request for GPU (dp={ev.dp}, pp={ev.pp}): the cluster "
-                                  f"has dp 0..{cluster.dp - 1} and pp 0..{cluster.pp - 1}")
-            return
-        self._user_rejoin(cluster.rank_of(ev.dp, ev.pp), "asked for with schedc rejoin")
-
     # -- what agents tell ----------------------------------------------------------------------------
 
     def _on_exit(self, msg: Exited, now: float) -> None:
@@ -436,20 +415,6 @@ class Supervisor(Transitions, Relayout, Growth):
             self._note("host", f"host {msg.host}'s agent is back: processes can be started there again",
                        host=msg.host)
 
-    def _unreachable(self, ranks) -> dict[int, list[int]]:
-        """The hosts of `ranks` that are gone, with their ranks: a host found gone once stays so
-        until its agent registers again; any other asks its agent for two more beats
-        (`Fleet.answers`, AGENT_ANSWER seconds at most)."""
-        by_host = self.fleet.by_host(ranks)
-
-        def gone(host: int) -> None:
-            self.hosts_gone.add(host)
-            self._note("host", f"host {host} is gone: its agent has not answered for {AGENT_ANSWER:g} s, so no "
-                               "process can be started on its GPUs", host=host)
-
-        self.fleet.answers([h for h in by_host if h not in self.hosts_gone], AGENT_ANSWER, gone)
-        return {h: rs for h, rs in by_host.items() if h in self.hosts_gone}
-
     def _on_injected(self, msg: Injected, now: float) -> None:
         inj = self.injections.fired_by_agent(msg.id, msg.t, msg.ranks)
         self._note("injected", f"injected `{inj}`: {inj.signal_name} to rank(s) {list(msg.ranks)}", t=msg.t - self.t0,
@@ -466,7 +431,6 @@ class Supervisor(Transitions, Relayout, Growth):
             self._signal([s.rank], "kill")
 
     # -- generations ---------------------------------------------------------------------------------
-
 
     def _iteration_done(self, record: IterationRecord, now: float) -> None:
         it, gen = record.iteration, record.generation
@@ -520,15 +484,6 @@ class Supervisor(Transitions, Relayout, Growth):
             return False
         return not self.ledger.missing(self.iterations) and self._done >= set(self.gen.members)
 
-
-
-
-
-
-
-
-
-
     # -- processes ---------------------------------------------------------------------------------------
 
     def _start_workers(self, ranks) -> None:
@@ -540,28 +495,14 @@ class Supervisor(Transitions, Relayout, Growth):
 
     def _note_slowdowns(self, starting: int) -> None:
         """Say when an injected slowdown begins (its workers apply it themselves, by the iteration)."""
-        for inj in self.injections.slowdowns_begun(starting):
-            what = (f"runs at speed {inj.speed:g}" if inj.action == "slow" else
-                    f"sends every message {inj.delay * 1e3:g} ms late")
-            until = f" until iteration {inj.until}" if inj.until is not None else ""
-            self._note("injected", f"injected `{inj}`: rank(s) {list(inj.ranks)} {what} from iteration "
-                                   f"{inj.moment.iteration}{until}", injection=str(inj), ranks=list(inj.ranks))
+        for inj, line in self.injections.begun_lines(starting):
+            self._note("injected", line, injection=str(inj), ranks=list(inj.ranks))
 
     def _note_never_fired(self) -> None:
         """At the end: every injection that did nothing, and why (a user asked for it)."""
-        for inj in self.injections.never_fired():
-            m = inj.moment
-            if m.kind == "time":
-                elapsed = self._now() - (self._training_started or self._now())
-                why = f"training ended {elapsed:.2f} s after it started, before {m.seconds:g} s"
-            elif m.kind == "recovery":
-                why = (f"there was no generation {m.generation} (the run had {self.gen.number} replan(s))"
-                       if self.gen.number < m.generation else
-                       f"rank(s) {list(inj.ranks)} did not run in generation {m.generation}")
-            else:
-                why = (f"rank(s) {list(inj.ranks)} never reached that moment (they had left the run, or "
-                       "their plan no longer had that op)")
-            self._note("warning", f"warning: injection `{inj}` never fired: {why}", injection=str(inj))
+        trained = self._now() - (self._training_started or self._now())
+        for inj, line in self.injections.never_fired_lines(trained, self.gen.number):
+            self._note("warning", line, injection=str(inj))
 
     def _fire_timed_injections(self, now: float) -> None:
         if self._training_started is None:

@@ -38,6 +38,9 @@ TICK = 0.005
 #: Seconds to wait for the exit of a fenced (SIGKILLed) rank before the survivors go on: a local
 #: kill is seen in milliseconds; this bounds a remote host whose agent does not answer.
 FENCE_WAIT = 5.0
+#: Seconds another host's agent has to beat once more (it beats every `agent.AGENT_BEAT`) before
+#: its host counts as gone, when a replacement process would be started there.
+AGENT_ANSWER = 1.0
 
 
 def replan_solver(spec) -> str:
@@ -361,6 +364,20 @@ class Transitions:
     def _failed_since_plan(self) -> list[int]:
         """The ranks of the running plan lost since it was announced (what the next plan routes around)."""
         return [g.rank for g in self.plan.spec.gpus if g.live and g.rank in self.dead]
+
+    def _unreachable(self, ranks) -> dict[int, list[int]]:
+        """The hosts of `ranks` that are gone, with their ranks: a host found gone once stays so
+        until its agent registers again; any other asks its agent for two more beats
+        (`Fleet.answers`, AGENT_ANSWER seconds at most)."""
+        by_host = self.fleet.by_host(ranks)
+
+        def gone(host: int) -> None:
+            self.hosts_gone.add(host)
+            self._note("host", f"host {host} is gone: its agent has not answered for {AGENT_ANSWER:g} s, so no "
+                               "process can be started on its GPUs", host=host)
+
+        self.fleet.answers([h for h in by_host if h not in self.hosts_gone], AGENT_ANSWER, gone)
+        return {h: rs for h, rs in by_host.items() if h in self.hosts_gone}
 
     def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
         plan, s = change.plan, change.plan.schedule.solver

@@ -104,3 +104,26 @@ def nccl_available() -> bool:
     import torch.distributed as dist
 
     return dist.is_nccl_available()
+
+
+def own_device(device: str, rank: int, gpu: int | None = None) -> str:
+    """A live worker's device under `--device`, made current (a CUDA context is made here, in the
+    worker: the forkserver it came from never touched CUDA, `schedc.runtime.warmup`). `gpu`: the
+    job's rank of the GPU it runs on, when it differs from `rank` (a re-partitioned layout's rank
+    runs on the GPU of a survivor, `Generation.physical`)."""
+    mine = rank_device(device, rank if gpu is None else gpu)
+    if mine.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RunError([error("E580", f"rank {rank}: --device {device}, but this host's torch sees no CUDA GPU",
+                                  hint="run the workers on hosts with GPUs and a CUDA build of torch, or leave "
+                                       "out --device")])
+        index = torch.device(mine).index or 0
+        if index >= torch.cuda.device_count():  # (the supervisor checked its own host only)
+            raise RunError([error("E580", f"rank {rank}: --device {mine}, but this host has "
+                                          f"{torch.cuda.device_count()} GPU(s)",
+                                  hint="give --device cuda (rank i on GPU i mod each host's GPUs) or a GPU "
+                                       "every host has")])
+        torch.cuda.set_device(torch.device(mine))
+    return mine
