@@ -229,10 +229,13 @@ def grow_delay_s(current_s: float, new: Option) -> float | None:
 
 
 class Horizon:
-    """The expected time to the next event: the mean gap between the events seen so far."""
+    """The expected time to the next event: the mean gap between the events seen so far.
+    `burst_s`: an event less than that after the start of the last one is part of it (a burst:
+    several GPUs of one reclaim, found failed one after another), not an event of its own."""
 
-    def __init__(self, default_s: float):
+    def __init__(self, default_s: float, burst_s: float = 0.0):
         self.default_s = default_s
+        self.burst_s = burst_s
         self._first: float | None = None
         self._last: float | None = None
         self._gaps = 0
@@ -241,6 +244,8 @@ class Horizon:
         if self._first is None:
             self._first = t
         elif self._last is not None and t > self._last:
+            if t - self._last < self.burst_s:
+                return  # (the same burst)
             self._gaps += 1
         self._last = t
 

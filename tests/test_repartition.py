@@ -226,6 +226,17 @@ def test_horizon_is_the_mean_gap_after_the_default():
     assert h.seconds == pytest.approx(200.0)
 
 
+def test_failures_of_one_burst_are_one_event_for_the_horizon():
+    h = Horizon(900.0, burst_s=60.0)
+    for t in (0.0, 0.2, 1.5, 59.0):  # one reclaim, its GPUs found failed one after another
+        h.event(t)
+    assert h.seconds == 900.0
+    h.event(300.0)
+    h.event(330.0)  # (the second burst's)
+    h.event(600.0)
+    assert h.seconds == pytest.approx(300.0)
+
+
 # -- the spec's `recovery` block ---------------------------------------------------------------------
 
 RECOVERY_SPEC = """

@@ -87,6 +87,7 @@ class Growth:
         if rank not in self.lost_to_repartition:
             self._note("rejoin", f"{name} is not lost: it waits, unused, for the job to grow ({reason})", rank=rank)
             return
+        self.recovery.loss.event(0, len(self.gen.members) - len(self.dead))  # (an event: the share of losses)
         self.lost_to_repartition.discard(rank)
         self._returned.add(rank)
         self.spare.add(rank)
@@ -129,17 +130,19 @@ class Growth:
         fastest re-partition of the GPUs up (those of the running plan that live, and the spare
         ones) when it beats the running plan; with its rank -> GPU map. None: stay. `keep`: groups
         of GPUs of which the layout runs one where it can (`_grow_keep`: for a growth in place)."""
-        from schedc.live.recovery import repartition_layout
-
         initial = self.recovery.initial_plan
         everyone = {g.rank for g in initial.spec.gpus if g.live}
         up = {self.physical[r] for r in self.gen.members if r not in self.dead} | self.spare
         if up >= everyone:
             return initial, {r: r for r in everyone}
-        laid = repartition_layout(initial.spec, sorted(up), keep)
-        if laid is None or laid[1].metrics.iteration_time >= self.plan.metrics.iteration_time:
+        # The layouts weighed by their iteration time and the restore they risk (the growth's own
+        # price is ski rental's, once the layout is chosen: `_growth_price`).
+        chosen = self.recovery.laid_out(initial.spec, sorted(up), keep, cover=False, price=lambda layout: (0.0, 0),
+                                        work_iterations=self.recovery.horizon.seconds
+                                        / (initial.metrics.iteration_time / 1e6))
+        if chosen is None or chosen[0].iteration_s * 1e6 >= self.plan.metrics.iteration_time:
             return None
-        layout, plan = laid
+        layout, plan = chosen[0].plan
         return plan, {d * layout.pp + s: r for d, row in enumerate(layout.ranks) for s, r in enumerate(row)
                       if r is not None}
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from schedc.diagnostics import LostStageError, RunError, SchedcError, error
 from schedc.live.control import Controller
-from schedc.recovery_cost import Costs, Horizon, Option, choose, transition_s
+from schedc.recovery_cost import Costs, Horizon, LossRate, Option, choose, restore_risk_s, transition_s
 from schedc.spec import Failure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,17 +65,6 @@ class Change:
     ranks: tuple[tuple[int, ...], ...] | None = None
 
 
-def repartition_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = ()):
-    """The survivors `gpus` (ranks of `spec`) laid out anew (`survivor_layout`), and its plan:
-    (layout, plan), or None when they cannot hold the model."""
-    from schedc.repartition import plan_layout
-
-    layout = survivor_layout(spec, gpus, keep)
-    if layout is None:
-        return None
-    return layout, plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
-
-
 def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = ()):
     """The survivors `gpus` as `spec.dp` pipelines of as many stages as they can hold; when they
     cannot hold that many pipelines, as the best shape by the planner's estimate that keeps the
@@ -83,8 +72,8 @@ def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (
     divides it; no holes). The GPUs used include one of each group of `keep` where they can (the
     holders of the state an in-place move needs: `covers` says whether they all are), then the
     lowest ranks; `assign_gpus` deals them to stages. None when no shape fits."""
-    from schedc.layout import Layout, units_of
-    from schedc.repartition import assign_gpus, candidate_shapes, partition_units
+    from schedc.layout import units_of
+    from schedc.repartition import candidate_shapes, partition_units
 
     units = units_of(spec)
     dp, stages, microbatches = spec.dp, min(len(gpus) // spec.dp, units.count), spec.microbatches
@@ -94,6 +83,34 @@ def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (
         if shape is None:
             return None
         dp, stages, microbatches, slices = shape.dp, shape.pp, shape.microbatches, shape.slices
+    return _on_gpus(spec, dp, stages, microbatches, slices, gpus, keep)
+
+
+def layout_candidates(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = ()) -> list:
+    """The layouts a re-partition of `gpus` weighs (`RecoveryPolicy.laid_out`), as `schedc replay`
+    does: the job's pipelines of fewer stages (`survivor_layout`), and the best
+    `repartition.PLANNED_SHAPES` shapes without holes by the planner's estimate that keep the
+    global batch (`repartition.candidate_shapes`), each on GPUs chosen as `survivor_layout`
+    chooses them; one layout per shape."""
+    from schedc.repartition import PLANNED_SHAPES, candidate_shapes
+
+    out = []
+    rule = survivor_layout(spec, gpus, keep)
+    if rule is not None:
+        out.append(rule)
+    for shape in [sh for sh in candidate_shapes(spec, len(gpus)) if not sh.holes][:PLANNED_SHAPES]:
+        if all((lay.dp, lay.pp) != (shape.dp, shape.pp) for lay in out):
+            out.append(_on_gpus(spec, shape.dp, shape.pp, shape.microbatches, shape.slices, gpus, keep))
+    return out
+
+
+def _on_gpus(spec, dp: int, stages: int, microbatches: int, slices, gpus: Sequence[int],
+             keep: Sequence[Sequence[int]]):
+    """A shape on `gpus`: one of each group of `keep` first (where they fit), then the lowest
+    ranks, dealt to stages by `assign_gpus`."""
+    from schedc.layout import Layout, units_of
+    from schedc.repartition import assign_gpus
+
     need = dp * stages
     chosen: list[int] = []
     for group in keep:
@@ -101,7 +118,7 @@ def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (
             chosen.append(min(group))
     chosen = chosen[:need] + [r for r in sorted(gpus) if r not in chosen][:max(0, need - len(chosen))]
     held = {g.rank: frozenset() for g in spec.gpus}
-    return Layout(dp, stages, microbatches, slices, assign_gpus(units, slices, dp, sorted(chosen), held))
+    return Layout(dp, stages, microbatches, slices, assign_gpus(units_of(spec), slices, dp, sorted(chosen), held))
 
 
 def growth_option(costs: Costs, job, now: "Plan", running: dict[int, int], target: "Plan",
@@ -143,6 +160,20 @@ def growth_option(costs: Costs, job, now: "Plan", running: dict[int, int], targe
     return Option("repartition", new_s, cost, moved_bytes=moved, plan=target,
                   detail=f"reconfiguring {costs.reconfigure_s:g} s and at most {moved / 2**20:.1f} MiB to one GPU "
                          f"at {bandwidth / 1e9:g} GB/s")
+
+
+def holding(spec, keep: Sequence[Sequence[int]] = ()) -> dict[int, frozenset[int]]:
+    """Each GPU of `spec` -> the units it holds: its stage's, and those of stage s when it is in
+    group s of `keep` (the holders of each stage: a lost one's are the GPUs with its shadow)."""
+    from schedc.layout import held_units
+
+    own = held_units(spec)
+    stage_units = {g.pp: own[g.rank] for g in spec.gpus}
+    out = dict(own)
+    for s, group in enumerate(keep):
+        for r in group:
+            out[r] = out.get(r, frozenset()) | stage_units[s]
+    return out
 
 
 def covers(gpus: Iterable[int], keep: Sequence[Sequence[int]]) -> bool:
@@ -195,6 +226,10 @@ def describe(events: Sequence[Failure]) -> list[str]:
     return [describe_events([e]) for e in events]
 
 
+#: Failures less than this many seconds after the start of the last event count as part of it
+#: (`Horizon`'s burst): GPUs of one reclaim are found failed one after another within seconds, and
+#: the horizon, the mean gap between events, must not read those as events a second apart.
+BURST_S = 60.0
 #: How long (seconds) an answer to "whose hosts are gone" is reused within one recovery
 #: (`RecoveryPolicy._unreachable`): well under an agent's timeout, so a host lost since is asked
 #: about again, and longer than a decision takes between the two questions (a replan).
@@ -210,7 +245,8 @@ class RecoveryPolicy:
                  iterations: int | None = None):
         self.ctl = ctl
         self.costs = costs or Costs()
-        self.horizon = Horizon(self.costs.horizon_s)
+        self.horizon = Horizon(self.costs.horizon_s, burst_s=BURST_S)
+        self.loss = LossRate()  # how hard losses hit so far: the restore a layout risks (`laid_out`)
         self.clock = clock
         self.out = out
         self.method = method
@@ -257,6 +293,7 @@ class RecoveryPolicy:
         holds each stage) or restore the latest checkpoint, re-sharded ("restore"): said so, and
         no restart is counted."""
         self._in_place, self._keep = in_place, keep
+        self.loss.event(len(failed), sum(1 for g in plan.spec.gpus if g.live and (g.rank not in lost or g.rank in failed)))
         if self.method == "restart":
             found = self.latest_checkpoint()
             restore = str(found.path) if found else "initial"
@@ -273,6 +310,35 @@ class RecoveryPolicy:
         except SchedcError as exc:  # e.g. no plan fits in memory any more
             raise RunError([error("E553", f"no plan can continue after {', '.join(describe(events))}",
                                   hint="see the reason below")] + list(exc.diagnostics)) from None
+
+    def laid_out(self, spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (), *, cover: bool,
+                 price: Callable, work_iterations: float) -> tuple[Option, list[Option]] | None:
+        """The re-partition of `gpus` (ranks of `spec`) that trains `work_iterations` iterations
+        soonest (`recovery_cost.choose`, as `schedc replay` chooses), and every option weighed:
+        each of `layout_candidates`, planned (greedy), priced by its predicted iteration time,
+        ``price(layout) -> (transition seconds, largest share one GPU receives)``, and the restore
+        its stages' replicas risk at the next loss (`restore_risk_s`, from `loss`: a layout of one
+        pipeline loses a stage at any loss). `cover`: only layouts that run one GPU of each group
+        of `keep` (an in-place move). The chosen option's `plan` is ``(layout, plan)``; None when
+        no layout fits."""
+        from schedc.repartition import plan_layout
+
+        options = []
+        for layout in layout_candidates(spec, gpus, keep):
+            if cover and not covers(layout.gpus, keep):
+                continue
+            try:
+                new = plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
+            except SchedcError:  # (the estimate's memory model passed, the planner's did not)
+                continue
+            transition, moved = price(layout)
+            replicas = [sum(1 for row in layout.ranks if row[st] is not None) for st in range(layout.pp)]
+            options.append(Option("repartition", new.metrics.iteration_time / 1e6, transition, moved,
+                                  f"{layout.dp} x {layout.pp}", risk_s=restore_risk_s(self.costs, replicas, self.loss),
+                                  plan=(layout, new)))
+        if not options:
+            return None
+        return choose(options, work_iterations), options
 
     def _resume(self, found: "Checkpoint") -> str:
         """E553's command that resumes from `found`, quoted for a hint."""
@@ -316,18 +382,49 @@ class RecoveryPolicy:
 
     def _repartitioned(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError,
                        because: str = "") -> Change:
-        """A stage lost every GPU: the survivors as `dp` pipelines of fewer stages, every process
-        restarted on that plan from the latest checkpoint (re-sharded), no replacement process.
-        `because`: why no replacement is started, when the policy is not `repartition` itself."""
-        from schedc.layout import units_of
+        """A stage lost every GPU: the survivors laid out anew (the layout that trains the horizon's
+        work soonest: `laid_out`), no replacement process: in place (`decide`'s `in_place`), or
+        every process restarted on that plan from the latest checkpoint (re-sharded). `because`:
+        why no replacement is started, when the policy is not `repartition` itself."""
+        from schedc.layout import received_bytes, units_of
 
         spec = plan.spec
         survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in lost)
         found = self.latest_checkpoint()
         units = units_of(spec)
-        laid = repartition_layout(spec, survivors, self._keep if self._in_place else ())
+        keep = self._keep if self._in_place else ()
+        before_s, bandwidth = plan.metrics.iteration_time / 1e6, spec.cluster.link.bandwidth
+        if self._in_place == "move":  # the layers each GPU lacks move to it (a lost stage's from its shadows)
+            held = holding(spec, keep)
+
+            def price(layout):
+                moved = max(received_bytes(units, layout, held).values(), default=0)
+                return transition_s(self.costs, lost_gpus=True, moved_bytes=moved, bandwidth=bandwidth,
+                                    previous_iteration_s=before_s), moved
+        else:  # a restore: the same for every layout
+            cost = transition_s(self.costs, lost_gpus=True, moved_bytes=0, bandwidth=bandwidth,
+                                previous_iteration_s=before_s, restore=True)
+
+            def price(layout):
+                return cost, 0
+        fault_free_s = (plan.metrics.fault_free_iteration_time or plan.metrics.iteration_time) / 1e6
+        chosen = self.laid_out(spec, survivors, keep, cover=self._in_place == "move", price=price,
+                               work_iterations=self.horizon.seconds / fault_free_s)
+        laid = None if chosen is None else chosen[0].plan
+        if chosen is not None and len(chosen[1]) > 1:
+            best, options = chosen
+            others = "; ".join(o.describe().replace("repartition: ", f"{o.detail}: ")
+                               for o in options if o is not best)
+            self.ctl.note("decision", f"re-partition: {best.detail} ({best.iteration_s * 1e3:.2f} ms per iteration"
+                                      f"{f', restore risk {best.risk_s:.1f} s' if best.risk_s >= 0.05 else ''}), "
+                                      f"not {others}; horizon {self.horizon.seconds:.0f} s to the next event",
+                          chosen=best.detail, horizon_s=round(self.horizon.seconds, 3),
+                          options=[{"layout": o.detail, "iteration_s": o.iteration_s,
+                                    "transition_s": round(o.transition_s, 4), "moved_bytes": o.moved_bytes,
+                                    "risk_s": round(o.risk_s, 4)} for o in options])
         if (self.restarts >= self.max_restarts and not self._in_place) or laid is None:
             why = (f"no restart is left (--max-restarts {self.max_restarts})" if laid is not None else
+                   "no GPU of the running layout survives" if not survivors else
                    f"the {len(survivors)} surviving GPU(s) cannot hold one pipeline of the model (its memory)")
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
                      f"need be, docs/live.md) with {self._resume(found)}" if found else

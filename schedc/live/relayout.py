@@ -34,12 +34,13 @@ anyway (`_dump_first`, `_after_dump`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from schedc.diagnostics import RunError
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
-from schedc.live.recovery import covers, survivor_layout
+from schedc.live.recovery import covers, layout_candidates
 from schedc.live.result import GenerationRecord
 
 
@@ -61,8 +62,7 @@ class Relayout:
             # The new layout must run one of each, or the state of a stage would be left behind.
             keep = [held.get(s) or [g.rank for g in spec.gpus if g.pp == s and g.rank in survivors]
                     for s in range(spec.pp)]
-            layout = survivor_layout(spec, survivors, keep)
-            if layout is None or not covers(layout.gpus, keep):
+            if not any(covers(layout.gpus, keep) for layout in layout_candidates(spec, survivors, keep)):
                 return False  # (the survivors save what they hold first: `_dump_first`)
         try:
             change = self.recovery.decide(self.plan, failed, self.dead, in_place="move" if held else "restore",
@@ -138,6 +138,11 @@ class Relayout:
         self.alive = {renamed[r] for r in self.alive if r in renamed}
         self.shadows_held = {renamed[r] for r in self.shadows_held if r in renamed}
         self._error_exits = {renamed[r]: t for r, t in self._error_exits.items() if r in renamed}
+        # A member of the new layout found failed since the decision (its exit came in while the
+        # processes without a place ended) is the new layout's failure, under its new number; one
+        # without a place is not the run's any more.
+        self._suspects = {renamed[r]: dataclasses.replace(s, rank=renamed[r]) for r, s in self._suspects.items()
+                          if r in renamed}
         self.dead.clear()
 
     def _current_rank(self, rank: int, epoch: int) -> int | None:
