@@ -701,3 +701,26 @@ def test_a_host_whose_last_beat_arrives_late_is_still_found_gone():
     gone: list[int] = []
     answered = Fleet.answers(SimpleNamespace(job=Beats()), [0, 1, 2], 0.3, gone.append)
     assert answered == {0, 2} and gone == [1]
+
+
+def test_a_rename_carries_a_members_failure_over_to_its_new_number():
+    """Found by the simulation (seed 1931): a survivor of a re-partition found failed while the
+    processes without a place in the new layout end, before the survivors are renamed, was then
+    taken for the new layout's member of the same number, a healthy one, and the run hung. The
+    rename carries each suspect over to its new number, and drops those without a place."""
+    from types import SimpleNamespace
+
+    from schedc.live.detect import Suspect
+    from schedc.live.relayout import Relayout
+
+    renames = []
+    sup = Relayout()
+    sup.epoch, sup._renames, sup.dead = 0, {}, {1, 4, 7}
+    sup.job = SimpleNamespace(put_rename=lambda epoch, renamed: renames.append((epoch, renamed)), epoch=0)
+    sup.fleet = SimpleNamespace(rename=lambda epoch, renamed: None)
+    sup.detector = SimpleNamespace(watching=lambda: [], forget=lambda r: None)
+    sup.alive, sup.shadows_held, sup._error_exits = {0, 3, 5}, set(), {}
+    sup._suspects = {2: Suspect(2, "killed by SIGKILL", False, 1.78), 6: Suspect(6, "killed by SIGKILL", False, 1.8)}
+    sup._rename({0: 0, 2: 1, 3: 2})  # (old rank 6 has no place in the new layout)
+    assert sup._suspects == {1: Suspect(1, "killed by SIGKILL", False, 1.78)}
+    assert sup.alive == {0, 2} and sup.dead == set() and renames == [(1, {0: 0, 2: 1, 3: 2})]
