@@ -159,7 +159,8 @@ def test_live_shadows_on_a_gpu_bring_a_lost_stage_back_with_no_work_lost(tmp_pat
 
 
 def test_live_training_on_a_gpu_grows_back_in_place_after_a_re_partition(tmp_path):
-    # Stage 1 of 2 x 3 lost: the 4 survivors run as 2 x 2, re-sharded from the checkpoint (on their
+    # Stage 1 of 2 x 3 lost: the 4 survivors run in the layout the cost model picks (2 x 2 or
+    # 3 x 1), re-sharded from the checkpoint (on their
     # GPUs: a re-partitioned rank computes on its survivor's GPU). Both GPUs asked back: the job
     # grows onto 2 x 3 in place, the layers moving from GPU to GPU through host memory, exactly.
     from schedc.live import train

@@ -55,7 +55,11 @@ def test_without_a_checkpoint_the_survivors_restore_the_initial_weights_in_place
     out = compiled(tmp_path, dp=2, pp=3)
     result = train(out, iterations=4, want_weights=True, recovery="repartition", inject=LOSE_STAGE_1)
     check_exact(out, result, 4)
-    assert result.generations[-1].restore == "initial" and len(result.generations[-1].members) == 4
+    # (without checkpoints a restore loses the whole run so far: the cost model may pick a layout of
+    # fewer GPUs whose stages keep more replicas; the run goes on with the one it chose)
+    (chosen,) = [e["layout"] for e in result.events if e["kind"] == "repartition"]
+    assert result.generations[-1].restore == "initial"
+    assert len(result.generations[-1].members) == chosen["dp"] * chosen["pp"]
 
 
 def test_a_failure_after_the_re_partition_is_routed_around_in_the_new_plan(tmp_path):
@@ -102,10 +106,12 @@ def test_the_job_grows_back_onto_the_spec_once_every_lost_gpu_is_back(tmp_path, 
     # job named them at its start): at the next complete checkpoint the 4 running processes are
     # renamed as ranks of the spec's 2 x 3, processes start for the 2 GPUs back, and all 6 move
     # the layers among themselves (nothing restarts, nothing is trained again), exactly.
+    # (12 iterations: the growth begins at a checkpoint a little after iteration 5, and on a busy
+    # machine that can be iteration 7 or 8; the grown layout must still run some)
     out = compiled(tmp_path, dp=2, pp=3, optimizer=optimizer)
-    result = train(out, iterations=8, want_weights=True, recovery="repartition", checkpoint_every=1,
+    result = train(out, iterations=12, want_weights=True, recovery="repartition", checkpoint_every=1,
                    checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_1 + BOTH_BACK)
-    check_exact(out, result, 8)
+    check_exact(out, result, 12)
     first, grow = result.recoveries
     assert first.method == "repartition" and grow.method == "grow-back" and grow.t_first is not None
     rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
@@ -136,8 +142,10 @@ def test_without_checkpoints_a_gpu_asked_back_after_a_re_partition_is_refused_wi
     result = train(out, iterations=6, want_weights=True, recovery="repartition", inject=LOSE_STAGE_1 + BOTH_BACK[:1])
     check_exact(out, result, 6)
     (warning,) = [e["message"] for e in result.events if e["kind"] == "warning"]
+    (chosen,) = [e["layout"] for e in result.events if e["kind"] == "repartition"]
+    onto = f"{chosen['dp'] * chosen['pp']} GPUs as {chosen['dp']} x {chosen['pp']}"
     assert warning.startswith("warning: cannot take GPU (dp=0, pp=1) back (injected `at iteration 5: recover "
-                              "gpu(dp=0, pp=1)`): the job was re-partitioned onto 4 GPUs as 2 x 2"), warning
+                              f"gpu(dp=0, pp=1)`): the job was re-partitioned onto {onto}"), warning
     assert "--checkpoint-every" in warning and not [e for e in result.events if e["kind"] == "rejoin"]
 
 
@@ -198,21 +206,27 @@ def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tm
 
 
 def test_a_gpu_lost_after_a_re_partition_is_named_as_the_job_named_it_and_taken_back(tmp_path):
-    # After stage 1 is lost, the 2 x 2 layout's rank 3 runs on the job's GPU (dp=1, pp=2). Killed
-    # there, it is asked back by that name (`schedc rejoin`), and rejoins the layout as its rank 3
-    # (catch-up, then a switch) instead of waiting for a GPU nobody could name.
-    result = _ask_back_while_running(tmp_path, LOSE_STAGE_1 + ["at iteration 5 during B: fail rank 3"],
-                                     ("fail rank 3`", "reconfigured"), ("dp=1, pp=2",),
+    # After stage 1 is lost, the 4 survivors (GPUs 0, 2, 3, 5) run as 3 x 1 (the cheapest layout
+    # at these costs: 139.5 ms per iteration against 2 x 2's 155.7), on the lowest three: its rank 2
+    # runs on the job's GPU 3, (dp=1, pp=0). Killed there, it is asked back by that name (`schedc
+    # rejoin`), and rejoins the layout as its rank 2 (catch-up, then a switch) instead of waiting
+    # for a GPU nobody could name.
+    result = _ask_back_while_running(tmp_path, LOSE_STAGE_1 + ["at iteration 5 during B: fail rank 2"],
+                                     ("fail rank 2`", "reconfigured"), ("dp=1, pp=0",),
                                      "of the re-partitioned layout")
+    (chosen,) = [e["layout"] for e in result.events if e["kind"] == "repartition"]
+    assert chosen["gpus"] == [[0], [2], [3]], chosen
     rejoins = [e["message"] for e in result.events if e["kind"] == "rejoin"]
-    assert any("(rank 3 of the re-partitioned layout)" in m for m in rejoins), rejoins
+    assert any("(rank 2 of the re-partitioned layout)" in m for m in rejoins), rejoins
     assert [s.kind for s in result.switches] == ["rejoin"], [(e["kind"], e["message"]) for e in result.events]
-    assert result.generations[-1].members == [0, 1, 2, 3] and len(result.iterations) == RUN_ITERATIONS
+    assert result.generations[-1].members == [0, 1, 2] and len(result.iterations) == RUN_ITERATIONS
 
 
 def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tmp_path):
     # 2 x 4 loses stages 1 and 2 (4 GPUs) and runs as 2 x 2. Two GPUs come back: 6 make a faster
-    # 2 x 3, which it grows onto at the next checkpoint; the other two come back: the spec's 2 x 4.
+    # layout, 6 x 1 (each GPU the whole model, a microbatch each: 16.5 ms per iteration by the
+    # planner, against 2 x 3's 22.0), which it grows onto at the next checkpoint; the other two
+    # come back: the spec's 2 x 4 (the user's shape once nothing is missing).
     out = compiled(tmp_path, dp=2, pp=4, optimizer="adam")
     result = train(out, iterations=16, want_weights=True, recovery="repartition", checkpoint_every=1,
                    checkpoint_dir=str(tmp_path / "ckpt"),
@@ -222,7 +236,7 @@ def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tm
     check_exact(out, result, 16)
     story = [(e["kind"], e["message"]) for e in result.events]
     grows = [m for k, m in story if m.startswith("growing back")]
-    assert grows[0].startswith("growing back onto 6 GPUs as 2 x 3: the 4 running processes keep theirs"), story
+    assert grows[0].startswith("growing back onto 6 GPUs as 6 x 1: the 4 running processes keep theirs"), story
     assert grows[-1].startswith("growing back onto the spec's 2 x 4: the 6 running processes keep theirs"), story
     # (Under load the four deaths may reach the supervisor in two ticks: a re-route first.)
     sizes = [len(g.members) for g in result.generations]

@@ -406,11 +406,12 @@ TWO_STAGES_LOST_THREE_BACK = ([Fault("training", 0.53, "kill", (1, 2, 4, 5, 7, 8
 
 
 def test_auto_grows_onto_part_of_the_gpus_back_once_the_rent_has_paid_for_the_growth(monkeypatch):
-    """Stages 1 and 2 lost on every GPU: the 3 survivors run as 3 x 1. Three GPUs come back, which
-    make a 3 x 2 layout (2/3 of the running iteration time). Under `auto` the job does not grow at
-    once: ski rental keeps the running plan until the time lost by not growing, a third of each
-    second since the GPUs came back, pays for the growth (here 0.1 s of reconfiguring and a 32 MiB
-    stage at 1 GB/s), and then grows at the next complete checkpoint, in place."""
+    """Stages 1 and 2 lost on every GPU: the 3 survivors run as 1 x 3 (the cost model's choice).
+    Three GPUs come back, which make a 3 x 2 layout (2/3 of the running iteration time). Under
+    `auto` the job does not grow at once: ski rental keeps the running plan until the time lost by
+    not growing, a third of each second since the GPUs came back, pays for the growth (here 0.1 s
+    of reconfiguring and a 32 MiB stage at 1 GB/s), and then grows at the next complete
+    checkpoint, in place."""
     import dataclasses
 
     _auto_with_the_lost_host_gone(monkeypatch)
@@ -421,9 +422,9 @@ def test_auto_grows_onto_part_of_the_gpus_back_once_the_rent_has_paid_for_the_gr
     out = simulate(214, faults=TWO_STAGES_LOST_THREE_BACK, hook=cheap_reconfiguring)
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
-    assert "re-partitioning the 3 survivors as 3 x 1" in story, story
+    assert "re-partitioning the 3 survivors as 1 x 3" in story, story
     decided = story.split("3 of the 6 GPU(s) the job lost; growing onto 6 GPUs as 3 x 2 (31.00 ms per iteration, "
-                          "against 46.50 now) costs 0.13 s (reconfiguring 0.1 s and at most 32.0 MiB to one GPU at "
+                          "against 45.96 now) costs 0.13 s (reconfiguring 0.1 s and at most 32.0 MiB to one GPU at "
                           "1 GB/s): it grows at the first complete checkpoint 0.4 s from now")
     assert len(decided) == 2, story
     waited, grown = decided[1].split("growing onto 6 GPUs as 3 x 2: in the ")
@@ -434,13 +435,13 @@ def test_auto_grows_onto_part_of_the_gpus_back_once_the_rent_has_paid_for_the_gr
 
 
 def test_auto_keeps_its_plan_while_the_growth_has_not_paid_for_itself(monkeypatch):
-    # The same with reconfiguring at its default (1 s): the growth would pay for itself 3.1 s after
+    # The same with reconfiguring at its default (1 s): the growth would pay for itself 3.2 s after
     # the GPUs came back, later than the run's last checkpoint, so the job never grows.
     _auto_with_the_lost_host_gone(monkeypatch)
     out = simulate(214, faults=TWO_STAGES_LOST_THREE_BACK)
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
-    assert "it grows at the first complete checkpoint 3.1 s from now" in story, story
+    assert "it grows at the first complete checkpoint 3.2 s from now" in story, story
     assert story.count("not growing onto 6 GPUs as 3 x 2 at iter-") >= 2 and "growing back onto" not in story, story
     assert out.result == "finished"
 

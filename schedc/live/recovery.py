@@ -242,11 +242,12 @@ class RecoveryPolicy:
     def __init__(self, ctl: Controller, *, method: str, max_restarts: int, initial_plan: "Plan",
                  latest_checkpoint: Callable[[], "Checkpoint | None"], out: str | Path = "OUT",
                  costs: Costs | None = None, clock: Callable[[], float] = time.monotonic,
-                 iterations: int | None = None):
+                 iterations: int | None = None, shadow: bool = False):
         self.ctl = ctl
         self.costs = costs or Costs()
         self.horizon = Horizon(self.costs.horizon_s, burst_s=BURST_S)
         self.loss = LossRate()  # how hard losses hit so far: the restore a layout risks (`laid_out`)
+        self.shadow = shadow  # --shadow: a layout with room for them keeps each stage on the next one's GPUs
         self.clock = clock
         self.out = out
         self.method = method
@@ -318,11 +319,14 @@ class RecoveryPolicy:
         each of `layout_candidates`, planned (greedy), priced by its predicted iteration time,
         ``price(layout) -> (transition seconds, largest share one GPU receives)``, and the restore
         its stages' replicas risk at the next loss (`restore_risk_s`, from `loss`: a layout of one
-        pipeline loses a stage at any loss). `cover`: only layouts that run one GPU of each group
+        pipeline loses a stage at any loss; with `shadow`, in a layout with room for them, a stage
+        whose GPUs are all lost comes back from its shadows on the next stage's GPUs). `cover`: only layouts that run one GPU of each group
         of `keep` (an in-place move). The chosen option's `plan` is ``(layout, plan)``; None when
         no layout fits."""
+        from schedc.layout import checkpoint_bytes, shadow_fits, units_of
         from schedc.repartition import plan_layout
 
+        units = units_of(spec)
         options = []
         for layout in layout_candidates(spec, gpus, keep):
             if cover and not covers(layout.gpus, keep):
@@ -333,9 +337,12 @@ class RecoveryPolicy:
                 continue
             transition, moved = price(layout)
             replicas = [sum(1 for row in layout.ranks if row[st] is not None) for st in range(layout.pp)]
+            shadows = self.shadow and layout.pp > 1 and shadow_fits(units, layout, spec.cluster.gpu.memory)
+            # (with shadows, stage s + 1's GPUs hold stage s too: it needs the checkpoint only if all go)
+            holders = [replicas[(st + 1) % layout.pp] for st in range(layout.pp)] if shadows else None
+            risk = restore_risk_s(self.costs, replicas, self.loss, holders, checkpoint_bytes(units))
             options.append(Option("repartition", new.metrics.iteration_time / 1e6, transition, moved,
-                                  f"{layout.dp} x {layout.pp}", risk_s=restore_risk_s(self.costs, replicas, self.loss),
-                                  plan=(layout, new)))
+                                  f"{layout.dp} x {layout.pp}", risk_s=risk, shadows=shadows, plan=(layout, new)))
         if not options:
             return None
         return choose(options, work_iterations), options

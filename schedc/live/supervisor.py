@@ -155,8 +155,9 @@ class Supervisor(Transitions, Relayout, Growth):
         self.slowness = Slowness(control, mode=options.fail_slow)
         self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
                                        initial_plan=self.plan, latest_checkpoint=self.checkpoints.latest_own,
-                                       out=self.out, costs=Costs.of(self.plan.spec.recovery, horizon_s=options.horizon),
-                                       clock=self._now, iterations=self.iterations)
+                                       out=self.out, costs=Costs.of(self.plan.spec.recovery, horizon_s=options.horizon,
+                                                      checkpoint_every_s=self._checkpoint_every_s()),
+                                       clock=self._now, iterations=self.iterations, shadow=options.shadow)
         self._handlers = {
             WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
             Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
@@ -164,6 +165,13 @@ class Supervisor(Transitions, Relayout, Growth):
             Probe: self._on_probe, Left: self._on_left, RejoinAsked: self._on_rejoin_asked,
             Exited: self._on_exit, Injected: self._on_injected, Started: self._on_started, AgentUp: self._on_agent_up,
         }
+
+    def _checkpoint_every_s(self) -> float | None:
+        """Seconds between this run's checkpoints, `--checkpoint-every` iterations of its plan (what
+        a restore loses, half of it on average: `Costs.lost_work_s`); None without them (the spec's
+        `recovery.checkpoint_every`, else 1800 s, stands for how much a restore loses then)."""
+        every = self.options.checkpoint_every
+        return every * self.plan.metrics.iteration_time / 1e6 if every else None
 
     # -- public --------------------------------------------------------------------------------
 
