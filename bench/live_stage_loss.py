@@ -2,14 +2,15 @@
 --emulate mode, every GPU of stage 2 killed (SIGKILL) in iteration 8 (3 iterations after the
 checkpoint of iteration 5), under the ways `schedc train` goes on:
 
-* `repartition`: no replacement process; the 12 survivors run 4 pipelines of 3 stages, in
-  their own processes, from the latest checkpoint re-sharded onto the new split;
+* `repartition`: no replacement process; the 12 survivors are laid out anew (the layout the
+  cost model prices cheapest: `RecoveryPolicy.laid_out`), in their own processes, from the
+  latest checkpoint re-sharded onto the new split;
 * `auto` (the default): the lost stage comes back from the latest checkpoint with 4 replacement
   processes (which a cluster that just lost those GPUs may not have);
 * `restart`: every process restarts from the latest checkpoint with the GPUs replaced
   (torchelastic);
 * `repartition --shadow`: as `repartition`, but every GPU of stage 3 holds stage 2's shadow
-  (`schedc.live.shadow`): the 12 survivors keep their processes and move the layers among
+  (`schedc.live.shadow`): the survivors keep their processes and move the layers among
   themselves in place (`schedc.live.relayout`), so nothing restarts and no iteration since the
   last checkpoint is trained again.
 
