@@ -230,6 +230,9 @@ def describe(events: Sequence[Failure]) -> list[str]:
 #: (`Horizon`'s burst): GPUs of one reclaim are found failed one after another within seconds, and
 #: the horizon, the mean gap between events, must not read those as events a second apart.
 BURST_S = 60.0
+#: Share of the replan deadline that planning a re-partition's candidate layouts may take
+#: (`RecoveryPolicy.laid_out`); each is planned by greedy with a 0.05 s work budget.
+LAYOUT_SHARE = 0.6
 #: How long (seconds) an answer to "whose hosts are gone" is reused within one recovery
 #: (`RecoveryPolicy._unreachable`): well under an agent's timeout, so a host lost since is asked
 #: about again, and longer than a decision takes between the two questions (a replan).
@@ -242,12 +245,13 @@ class RecoveryPolicy:
     def __init__(self, ctl: Controller, *, method: str, max_restarts: int, initial_plan: "Plan",
                  latest_checkpoint: Callable[[], "Checkpoint | None"], out: str | Path = "OUT",
                  costs: Costs | None = None, clock: Callable[[], float] = time.monotonic,
-                 iterations: int | None = None, shadow: bool = False):
+                 iterations: int | None = None, shadow: bool = False, deadline_s: float = 0.5):
         self.ctl = ctl
         self.costs = costs or Costs()
         self.horizon = Horizon(self.costs.horizon_s, burst_s=BURST_S)
         self.loss = LossRate()  # how hard losses hit so far: the restore a layout risks (`laid_out`)
         self.shadow = shadow  # --shadow: a layout with room for them keeps each stage on the next one's GPUs
+        self.deadline_s = deadline_s  # what planning a decision's layouts may take (`laid_out`)
         self.clock = clock
         self.out = out
         self.method = method
@@ -322,15 +326,20 @@ class RecoveryPolicy:
         pipeline loses a stage at any loss; with `shadow`, in a layout with room for them, a stage
         whose GPUs are all lost comes back from its shadows on the next stage's GPUs). `cover`: only layouts that run one GPU of each group
         of `keep` (an in-place move). The chosen option's `plan` is ``(layout, plan)``; None when
-        no layout fits."""
+        no layout fits. Once planning has taken `LAYOUT_SHARE` of `deadline_s` (a loaded machine,
+        or a large job), the layouts not planned yet are left out: the first ones are the job's
+        own pipelines, then the best by estimate."""
         from schedc.layout import checkpoint_bytes, shadow_fits, units_of
         from schedc.repartition import plan_layout
 
         units = units_of(spec)
         options = []
+        started = time.monotonic()
         for layout in layout_candidates(spec, gpus, keep):
             if cover and not covers(layout.gpus, keep):
                 continue
+            if options and time.monotonic() - started > LAYOUT_SHARE * self.deadline_s:
+                break
             try:
                 new = plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
             except SchedcError:  # (the estimate's memory model passed, the planner's did not)

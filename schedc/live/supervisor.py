@@ -1,10 +1,9 @@
 """The supervisor of a live run (`schedc train`): a loop over typed messages, generation after generation.
 
-A **generation** is one membership running one plan. The supervisor's loop
-(`_tick`) drains the workers' reports and the agents' events
-(`schedc.live.protocol`), feeds heartbeats to the detector
-(`schedc.live.detect`), and moves the run through its phases
-(`protocol.Phase`): starting, running, switching, recovering, finishing.
+A **generation** is one membership running one plan. The supervisor's loop (`_tick`) drains
+the workers' reports and the agents' events (`schedc.live.protocol`), feeds heartbeats to the
+detector (`schedc.live.detect`), and moves the run through its phases (`protocol.Phase`):
+starting, running, switching, recovering, finishing.
 What to do about a failure, a slow GPU or a GPU that comes back is decided
 by three policies that see the run only through a `Controller`
 (`schedc.live.control`):
@@ -12,14 +11,14 @@ by three policies that see the run only through a `Controller`
 * `schedc.live.recovery`: which plan after GPUs fail (re-route, drop the
   pipeline, restore a checkpoint when a stage is lost, restart everything);
 * `schedc.live.slowness`: slow GPUs, priced and switched around (ski rental);
-* `schedc.live.rejoin`: catch-up and switch-in of a GPU that comes back.
+* `schedc.live.rejoin`: catch-up and switch-in of a GPU that comes back
+  (`schedc.live.growth`: after a re-partition, growing onto GPUs back).
 
-On a failure the supervisor aborts the generation (``abort`` in the store:
-every survivor stops at its next wait), fences failed ranks that are still
-alive (SIGKILL), asks the recovery policy for the next plan, announces
-generation N+1 (members, programs, what to restore) and waits until every
-member has reconfigured. The supervisor never prints: `on_line` receives
-one line per finished iteration and per event.
+On a failure the supervisor aborts the generation (``abort`` in the store: every survivor
+stops at its next wait), fences failed ranks that are still alive (SIGKILL), asks the
+recovery policy for the next plan, announces generation N+1 (members, programs, what to
+restore) and waits until every member has reconfigured. The supervisor never prints:
+`on_line` receives one line per finished iteration and per event.
 """
 
 from __future__ import annotations
@@ -153,11 +152,13 @@ class Supervisor(Transitions, Relayout, Growth):
         control = SupervisorControl(self)
         self.rejoins = Rejoins(control)
         self.slowness = Slowness(control, mode=options.fail_slow)
+        # A restore loses half this run's checkpoint interval (`Costs.lost_work_s`; without: the spec's).
+        every_s = options.checkpoint_every * self.plan.metrics.iteration_time / 1e6 or None
+        costs = Costs.of(self.plan.spec.recovery, horizon_s=options.horizon, checkpoint_every_s=every_s)
         self.recovery = RecoveryPolicy(control, method=options.recovery, max_restarts=options.max_restarts,
                                        initial_plan=self.plan, latest_checkpoint=self.checkpoints.latest_own,
-                                       out=self.out, costs=Costs.of(self.plan.spec.recovery, horizon_s=options.horizon,
-                                                      checkpoint_every_s=self._checkpoint_every_s()),
-                                       clock=self._now, iterations=self.iterations, shadow=options.shadow)
+                                       out=self.out, costs=costs, clock=self._now, iterations=self.iterations,
+                                       shadow=options.shadow, deadline_s=options.replan_deadline)
         self._handlers = {
             WorkerError: self._on_error, Ready: self._on_ready, IterationDone: self._on_iteration,
             Aborted: self._on_aborted, Done: self._on_done, CheckpointWritten: self._on_checkpoint,
@@ -165,13 +166,6 @@ class Supervisor(Transitions, Relayout, Growth):
             Probe: self._on_probe, Left: self._on_left, RejoinAsked: self._on_rejoin_asked,
             Exited: self._on_exit, Injected: self._on_injected, Started: self._on_started, AgentUp: self._on_agent_up,
         }
-
-    def _checkpoint_every_s(self) -> float | None:
-        """Seconds between this run's checkpoints, `--checkpoint-every` iterations of its plan (what
-        a restore loses, half of it on average: `Costs.lost_work_s`); None without them (the spec's
-        `recovery.checkpoint_every`, else 1800 s, stands for how much a restore loses then)."""
-        every = self.options.checkpoint_every
-        return every * self.plan.metrics.iteration_time / 1e6 if every else None
 
     # -- public --------------------------------------------------------------------------------
 
