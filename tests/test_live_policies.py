@@ -699,3 +699,25 @@ def test_a_growth_of_a_stages_block_is_priced_by_its_whole_new_stage():
     everyone = {r: r for r in range(4)}
     option = growth_option(Costs(), plan.spec, plan, everyone, plan, everyone, in_place=True)
     assert option.moved_bytes == max(s.static for s in plan.spec.stages) == 16 * 2**20
+
+
+def test_a_re_partition_plans_the_layouts_its_deadline_predicts_room_for_and_always_the_jobs_own():
+    """`laid_out` weighs the job's pipelines of fewer stages and the best shapes by estimate; which
+    of them are planned is decided by their predicted planning time against the replan deadline,
+    not by the clock (the same choice on every run): with no room, only the first, the job's own."""
+    plan = schedc.compile(spec_text(dp=2, pp=3))
+    survivors = [0, 2, 3, 5]  # stage 1 lost
+
+    def weighed(deadline_s):
+        policy = RecoveryPolicy(FakeController(plan), method="repartition", max_restarts=3, initial_plan=plan,
+                                latest_checkpoint=lambda: None, deadline_s=deadline_s)
+        best, options = policy.laid_out(plan.spec, survivors, cover=False, price=lambda layout: (1.0, 0),
+                                        work_iterations=1000)
+        assert all(best.time_to_train(1000) <= o.time_to_train(1000) for o in options)
+        return best, [o.detail for o in options]
+
+    # (3 x 1 wins here: 0.5 ms slower an iteration than 2 x 2 over 1,000 iterations, but its one
+    # stage has 3 replicas where 2 x 2's have 2, so it risks far less of a restore)
+    best, every = weighed(0.5)
+    assert every == ["2 x 2", "3 x 1", "1 x 3"] and best.detail == "3 x 1"
+    assert weighed(1e-9)[1] == ["2 x 2"]

@@ -39,6 +39,11 @@ from schedc.recovery_cost import Option, grow_delay_s
 class Growth:
     """How a re-partitioned `Supervisor` grows back onto GPUs that return (the module docstring)."""
 
+    def _start_growth(self) -> None:
+        self._grow_at_checkpoint = False  # GPUs came back: grow onto them at the next complete checkpoint
+        self._grow_since = 0.0  # when the last of them came back, or a recovery since (the rent's start)
+        self._growth_cache = None  # ((GPUs up, generation, keep), what `_growth_target` found)
+
     def _on_rejoin_asked(self, msg: RejoinAsked, now: float) -> None:
         from schedc.events import parse_events
 
@@ -92,7 +97,8 @@ class Growth:
         self._returned.add(rank)
         self.spare.add(rank)
         back = f"{len(self._returned)} of the {len(self._returned) + len(self.lost_to_repartition)} GPU(s) the job lost"
-        target = self._growth_target()
+        keep = self._grow_keep()  # (as it will grow: keeping a running GPU of each stage where it can)
+        target = self._growth_target(keep)
         if target is None:
             self._grow_at_checkpoint = False
             self._note("rejoin", f"{name} is back ({reason}): {back}; it grows back once enough are back to make "
@@ -102,8 +108,6 @@ class Growth:
         self._grow_at_checkpoint = True
         self._grow_since = self._now()  # (the rent starts afresh at each GPU back)
         if plan is not self.recovery.initial_plan and self.options.recovery == "auto":
-            keep = self._grow_keep()  # (priced as it will grow: keeping the running GPUs where it can)
-            plan, physical = self._growth_target(keep) or target
             price = self._growth_price(plan, physical, keep)
             delay = grow_delay_s(self.plan.metrics.iteration_time / 1e6, price) or 0.0
             spec = plan.spec
@@ -135,16 +139,21 @@ class Growth:
         up = {self.physical[r] for r in self.gen.members if r not in self.dead} | self.spare
         if up >= everyone:
             return initial, {r: r for r in everyone}
-        # The layouts weighed by their iteration time and the restore they risk (the growth's own
-        # price is ski rental's, once the layout is chosen: `_growth_price`).
-        chosen = self.recovery.laid_out(initial.spec, sorted(up), keep, cover=False, price=lambda layout: (0.0, 0),
-                                        work_iterations=self.recovery.horizon.seconds
-                                        / (initial.metrics.iteration_time / 1e6))
-        if chosen is None or chosen[0].iteration_s * 1e6 >= self.plan.metrics.iteration_time:
-            return None
-        layout, plan = chosen[0].plan
-        return plan, {d * layout.pp + s: r for d, row in enumerate(layout.ranks) for s, r in enumerate(row)
-                      if r is not None}
+        key = (frozenset(up), self.gen.number, tuple(tuple(group) for group in keep))
+        if self._growth_cache is None or self._growth_cache[0] != key:  # (asked again at each checkpoint)
+            # The layouts weighed by their iteration time and the restore they risk (the growth's
+            # own price is ski rental's, once the layout is chosen: `_growth_price`).
+            chosen = self.recovery.laid_out(initial.spec, sorted(up), keep, cover=False,
+                                            price=lambda layout: (0.0, 0),
+                                            work_iterations=self.recovery.horizon.seconds
+                                            / (initial.metrics.iteration_time / 1e6))
+            target = None
+            if chosen is not None and chosen[0].plan[1].metrics.iteration_time < self.plan.metrics.iteration_time:
+                layout, plan = chosen[0].plan
+                target = plan, {d * layout.pp + s: r for d, row in enumerate(layout.ranks)
+                                for s, r in enumerate(row) if r is not None}
+            self._growth_cache = (key, target)
+        return self._growth_cache[1]
 
     def _grow_back(self, found) -> None:
         """GPUs came back and checkpoint `found` is complete: if they make a faster layout than the
@@ -170,7 +179,7 @@ class Growth:
             price = self._growth_price(plan, physical, keep)
             delay = grow_delay_s(self.plan.metrics.iteration_time / 1e6, price)
             rent = now - self._grow_since
-            if delay is not None and rent < delay:
+            if delay is None or rent < delay:  # (None: no faster after all; stay)
                 self._grow_at_checkpoint = True  # (asked again at the next complete checkpoint)
                 self._note("decision", f"not growing onto {onto} at {found.path.name} yet: {rent:.1f} s since the "
                                        f"GPUs came back, of the {delay:.1f} s its price of {price.transition_s:.2f} s "

@@ -230,8 +230,8 @@ def describe(events: Sequence[Failure]) -> list[str]:
 #: (`Horizon`'s burst): GPUs of one reclaim are found failed one after another within seconds, and
 #: the horizon, the mean gap between events, must not read those as events a second apart.
 BURST_S = 60.0
-#: Share of the replan deadline that planning a re-partition's candidate layouts may take
-#: (`RecoveryPolicy.laid_out`); each is planned by greedy with a 0.05 s work budget.
+#: Share of the replan deadline that planning a re-partition's candidate layouts may take, by
+#: their predicted planning time (`RecoveryPolicy.laid_out`; greedy, a 0.05 s work budget each).
 LAYOUT_SHARE = 0.6
 #: How long (seconds) an answer to "whose hosts are gone" is reused within one recovery
 #: (`RecoveryPolicy._unreachable`): well under an agent's timeout, so a host lost since is asked
@@ -297,8 +297,16 @@ class RecoveryPolicy:
         them (`schedc.live.relayout`), which move their state among themselves ("move": `keep`
         holds each stage) or restore the latest checkpoint, re-sharded ("restore"): said so, and
         no restart is counted."""
+        try:
+            return self._decide(plan, failed, lost, in_place, keep)
+        finally:
+            self._asked = None  # (asked once per recovery: the next one asks afresh)
+
+    def _decide(self, plan: "Plan", failed: Sequence[int], lost: set[int], in_place: str,
+                keep: Sequence[Sequence[int]]) -> Change:
         self._in_place, self._keep = in_place, keep
-        self.loss.event(len(failed), sum(1 for g in plan.spec.gpus if g.live and (g.rank not in lost or g.rank in failed)))
+        live_before = sum(1 for g in plan.spec.gpus if g.live and (g.rank not in lost or g.rank in failed))
+        self.loss.event(len(failed), live_before)
         if self.method == "restart":
             found = self.latest_checkpoint()
             restore = str(found.path) if found else "initial"
@@ -324,21 +332,25 @@ class RecoveryPolicy:
         ``price(layout) -> (transition seconds, largest share one GPU receives)``, and the restore
         its stages' replicas risk at the next loss (`restore_risk_s`, from `loss`: a layout of one
         pipeline loses a stage at any loss; with `shadow`, in a layout with room for them, a stage
-        whose GPUs are all lost comes back from its shadows on the next stage's GPUs). `cover`: only layouts that run one GPU of each group
-        of `keep` (an in-place move). The chosen option's `plan` is ``(layout, plan)``; None when
-        no layout fits. Once planning has taken `LAYOUT_SHARE` of `deadline_s` (a loaded machine,
-        or a large job), the layouts not planned yet are left out: the first ones are the job's
-        own pipelines, then the best by estimate."""
-        from schedc.layout import checkpoint_bytes, shadow_fits, units_of
-        from schedc.repartition import plan_layout
+        whose GPUs are all lost comes back from its shadows on the next stage's GPUs, and the
+        iteration pays what they add, `shadow_overhead_us`). `cover`: only layouts that run one
+        GPU of each group of `keep` (an in-place move). The chosen option's `plan` is ``(layout, plan)``; None when
+        no layout fits. Which layouts are planned is decided by their predicted planning time
+        (`repartition._S_PER_OP`), not the clock, so the choice is the same on every run: those
+        that fit `LAYOUT_SHARE` of `deadline_s` together, in order (the job's own pipelines first,
+        then the best by estimate), and always the first."""
+        from schedc.layout import checkpoint_bytes, shadow_fits, shadow_overhead_us, units_of
+        from schedc.repartition import _S_PER_OP, Shape, _planned_ops, plan_layout
 
         units = units_of(spec)
         options = []
-        started = time.monotonic()
+        predicted = 0.0
         for layout in layout_candidates(spec, gpus, keep):
             if cover and not covers(layout.gpus, keep):
                 continue
-            if options and time.monotonic() - started > LAYOUT_SHARE * self.deadline_s:
+            shape = Shape(layout.dp, layout.pp, layout.microbatches, layout.slices, 0)
+            predicted += _S_PER_OP["greedy"] * _planned_ops(shape, "greedy")
+            if options and predicted > LAYOUT_SHARE * self.deadline_s:
                 break
             try:
                 new = plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
@@ -350,7 +362,10 @@ class RecoveryPolicy:
             # (with shadows, stage s + 1's GPUs hold stage s too: it needs the checkpoint only if all go)
             holders = [replicas[(st + 1) % layout.pp] for st in range(layout.pp)] if shadows else None
             risk = restore_risk_s(self.costs, replicas, self.loss, holders, checkpoint_bytes(units))
-            options.append(Option("repartition", new.metrics.iteration_time / 1e6, transition, moved,
+            iteration_us = new.metrics.iteration_time
+            if shadows:  # (what they add to every iteration, as the replay prices them)
+                iteration_us += shadow_overhead_us(units, layout, spec.cluster.link, iteration_us=iteration_us)
+            options.append(Option("repartition", iteration_us / 1e6, transition, moved,
                                   f"{layout.dp} x {layout.pp}", risk_s=risk, shadows=shadows, plan=(layout, new)))
         if not options:
             return None

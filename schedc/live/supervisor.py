@@ -128,8 +128,7 @@ class Supervisor(Transitions, Relayout, Growth):
         self.hosts_gone: set[int] = set()  # hosts whose agent stopped answering (`_unreachable`)
         self.epoch = 0  # how its ranks are numbered: one more at each in-place re-partition (`Relayout`)
         self._renames: dict[int, dict[int, int]] = {}  # epoch -> rank of the epoch before -> rank then
-        self._grow_at_checkpoint = False  # GPUs came back: grow onto them at the next complete checkpoint
-        self._grow_since = 0.0  # when the last of them came back (the rent of `Growth` runs from then)
+        self._start_growth()  # (`Growth`'s state: none to grow onto yet)
         self._last_beats = 0.0
         self._training_started: float | None = None
         self._pending_write: tuple[int, Plan, dict[str, str]] | None = None

@@ -274,6 +274,7 @@ class Transitions:
                 self._dispatch(ev, now)
         suspects, self._suspects = self._suspects, {}
         failed = sorted(suspects)
+        self._grow_since = self._now()  # (a growth waiting for its rent starts afresh, as after any event)
         for r in failed:
             self.detector.forget(r)
             self.rejoins.lost(r)  # a joiner that died is no longer wanted back (a new request can ask)
