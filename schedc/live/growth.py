@@ -179,7 +179,9 @@ class Growth:
             price = self._growth_price(plan, physical, keep)
             delay = grow_delay_s(self.plan.metrics.iteration_time / 1e6, price)
             rent = now - self._grow_since
-            if delay is None or rent < delay:  # (None: no faster after all; stay)
+            if delay is None:  # (no faster after all: stay, and ask no more until a GPU comes back)
+                return
+            if rent < delay:
                 self._grow_at_checkpoint = True  # (asked again at the next complete checkpoint)
                 self._note("decision", f"not growing onto {onto} at {found.path.name} yet: {rent:.1f} s since the "
                                        f"GPUs came back, of the {delay:.1f} s its price of {price.transition_s:.2f} s "
