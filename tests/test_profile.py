@@ -61,6 +61,17 @@ class ThreadCpuClock:
         return v
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The ops timed here run on one thread. With torch's intra-op pool, a thread waits for its
+    helpers in a spinning barrier, and when another job has the cores (two busy loops) that spin
+    counts as this thread's CPU time: a 1 ms forward read 12 ms of thread CPU time in one round."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class WholeMsThreadClock(ThreadCpuClock):
     """`ThreadCpuClock` rounded up to whole milliseconds: the MLPs' sub-millisecond ops all read
     1 ms, so that two busy loops on the machine (which still jitter a thread's CPU time by the
