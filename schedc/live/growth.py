@@ -22,7 +22,8 @@ iteration time) x seconds since the GPUs came back``, reaches the growth's
 price (`growth_option`: reconfiguring, and the largest share of state one GPU
 receives over the link; a restart's fixed part instead when the growth
 restarts every process), then grows at the next complete checkpoint. Each
-GPU that comes back starts the rent afresh, as an event does in the replay.
+GPU that comes back, and each recovery, starts the rent afresh, as an event
+does in the replay.
 Whatever the GPUs' stay, this loses at most twice what growing at the best
 moment in hindsight would.
 """
