@@ -35,6 +35,8 @@ class FakeController:
         self.clock = 0.0
         self.gone_hosts: dict[int, int] = {}  # rank -> its host, for ranks on hosts that are gone
         self.asked_unreachable: list[list[int]] = []
+        self.placed: dict[int, int] = {}  # rank -> the job's GPU, where it is not the rank itself
+        self.spare: list[int] = []  # the job's healthy GPUs outside the plan
 
     def now(self):
         return self.clock
@@ -53,6 +55,12 @@ class FakeController:
             if r in self.gone_hosts:
                 out.setdefault(self.gone_hosts[r], []).append(r)
         return out
+
+    def physical(self):
+        return {g.rank: self.placed.get(g.rank, g.rank) for g in self.plan.spec.gpus}
+
+    def spares(self):
+        return list(self.spare)
 
     def note(self, kind, message, **details):
         self.notes.append((kind, message))

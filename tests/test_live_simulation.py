@@ -332,6 +332,42 @@ def test_without_shadows_a_lost_stage_is_restored_in_the_survivors_processes_re_
     assert out.result == "finished"
 
 
+# Five survivors of four deaths run as 1 x 3 (the cost model's choice), leaving two GPUs of the
+# job spare: GPU (dp=2, pp=0) and GPU (dp=2, pp=2).
+SPARES_LEFT = [Fault("training", 0.53, "kill", (1, 4, 7, 2))]
+
+
+@pytest.mark.parametrize("shadow", [False, True])
+def test_a_lost_stage_of_a_smaller_layout_takes_the_jobs_spare_gpus(monkeypatch, shadow):
+    # Stage 0 of the 1 x 3 lost: the two survivors alone would run 1 x 2 at twice the iteration
+    # time; with a spare GPU of the job they run 3 x 1. The survivors keep their processes, a fresh
+    # one starts on the spare GPU, and the layers move among them (with shadows: the lost stage's
+    # from its shadow) or all restore the checkpoint, re-sharded; the checker finds each exact.
+    _repartition(monkeypatch, shadow=shadow)
+    out = simulate(214, faults=SPARES_LEFT + [Fault("recovering", 0.3, "stage", (0,))])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "re-partitioning the 5 survivors as 1 x 3" in story, story
+    second = story.split("re-partitioning the 2 survivors and 1 spare GPU(s) of the job (GPU (dp=2, pp=0)) as 3 x 1")
+    assert len(second) == 2, story
+    assert ("and the layers move among them" if shadow else "and all restore") in second[1], story
+    assert "rank 2 runs on host 0" in second[1], story  # (the spare GPU's fresh process)
+    assert out.result == "finished"
+
+
+def test_a_layout_lost_on_every_gpu_goes_on_on_the_jobs_spare_gpus(monkeypatch):
+    # Every GPU of the 1 x 3 killed at once: no survivor, but two spare GPUs of the job, which run
+    # 1 x 2 from the checkpoint (here the initial weights). Before spares were weighed this
+    # stopped with E553.
+    _repartition(monkeypatch, shadow=False)
+    out = simulate(214, faults=SPARES_LEFT + [Fault("recovering", 0.3, "kill", (0, 1, 2))])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert ("re-partitioning 2 spare GPU(s) of the job (GPU (dp=2, pp=0), GPU (dp=2, pp=2)) as 1 x 2 (9 "
+            "microbatches each; stages 0 | 1-2); fresh processes start on them and restore the initial weights") in story, story
+    assert "E553" not in story and out.result == "finished"
+
+
 def test_a_stage_file_of_the_layout_before_never_completes_a_checkpoint_of_the_new_one(monkeypatch):
     # Found by the simulation (seed 518 of the first campaign with re-partitions): the old
     # layout's checkpoint files of step 8 reached the supervisor after the move, which counted

@@ -189,7 +189,11 @@ class Fleet:
         self.physical = {r: p for r, p in physical.items() if r != p}
 
     def host_of(self, rank: int) -> int:
-        return self.gpu_host[self.physical.get(rank, rank)]
+        return self.host_of_gpu(self.physical.get(rank, rank))
+
+    def host_of_gpu(self, gpu: int) -> int:
+        """The host of the job's GPU `gpu` (a rank of the job's spec)."""
+        return self.gpu_host[gpu]
 
     def wait_for_agents(self, timeout: float, note) -> None:
         """Until every other host's agent has registered; E557 after `timeout` seconds."""

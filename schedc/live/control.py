@@ -54,6 +54,14 @@ class Controller(Protocol):
         """The hosts of `ranks` that are gone (their agent no longer answers), each with its ranks
         among `ranks`: no process can be started for those (may wait up to a second to ask)."""
 
+    def physical(self) -> dict[int, int]:
+        """Each rank of the newest plan -> the job's GPU that runs it, named as the job's spec
+        names its GPUs (the identity until a re-partition renumbers them)."""
+
+    def spares(self) -> list[int]:
+        """The job's GPUs (named as its spec names them) that are healthy and unused: left out of
+        the running layout by a re-partition, or back since, and not on a host found gone."""
+
     # -- what it asks -----------------------------------------------------------------------
 
     def note(self, kind: str, message: str, **details) -> None:
@@ -118,6 +126,14 @@ class SupervisorControl:
 
     def unreachable(self, ranks: Sequence[int]) -> dict[int, list[int]]:
         return self._sup._unreachable(ranks)
+
+    def physical(self) -> dict[int, int]:
+        sup = self._sup
+        return {g.rank: sup.physical.get(g.rank, g.rank) for g in sup.plan.spec.gpus}
+
+    def spares(self) -> list[int]:
+        sup = self._sup
+        return sorted(p for p in sup.spare if sup.fleet.host_of_gpu(p) not in sup.hosts_gone)
 
     def note(self, kind: str, message: str, **details) -> None:
         self._sup._note(kind, message, **details)

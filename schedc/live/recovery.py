@@ -34,6 +34,7 @@ and never touches processes.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from dataclasses import dataclass
@@ -63,6 +64,10 @@ class Change:
     # A re-partition: `ranks[d][s]` is the GPU (a rank of the plan it was decided from) that runs
     # stage s of pipeline d, rank d * pp + s of the new plan.
     ranks: tuple[tuple[int, ...], ...] | None = None
+    # A re-partition that also takes spare GPUs of the job (left unused by an earlier one): each
+    # rank of the new plan -> the job's GPU that runs it, named as the job's spec names it. The
+    # survivors among them keep their processes; the spare ones get fresh processes.
+    physical: tuple[tuple[int, int], ...] | None = None
 
 
 def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = ()):
@@ -325,7 +330,8 @@ class RecoveryPolicy:
                                   hint="see the reason below")] + list(exc.diagnostics)) from None
 
     def laid_out(self, spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (), *, cover: bool,
-                 price: Callable, work_iterations: float) -> tuple[Option, list[Option]] | None:
+                 price: Callable, work_iterations: float,
+                 share: float = LAYOUT_SHARE) -> tuple[Option, list[Option]] | None:
         """The re-partition of `gpus` (ranks of `spec`) that trains `work_iterations` iterations
         soonest (`recovery_cost.choose`, as `schedc replay` chooses), and every option weighed:
         each of `layout_candidates`, planned (greedy), priced by its predicted iteration time,
@@ -337,7 +343,7 @@ class RecoveryPolicy:
         GPU of each group of `keep` (an in-place move). The chosen option's `plan` is ``(layout, plan)``; None when
         no layout fits. Which layouts are planned is decided by their predicted planning time
         (`repartition._S_PER_OP`), not the clock, so the choice is the same on every run: those
-        that fit `LAYOUT_SHARE` of `deadline_s` together, in order (the job's own pipelines first,
+        that fit `share` of `deadline_s` together, in order (the job's own pipelines first,
         then the best by estimate), and always the first."""
         from schedc.layout import checkpoint_bytes, shadow_fits, shadow_overhead_us, units_of
         from schedc.repartition import _S_PER_OP, Shape, _planned_ops, plan_layout
@@ -350,7 +356,7 @@ class RecoveryPolicy:
                 continue
             shape = Shape(layout.dp, layout.pp, layout.microbatches, layout.slices, 0)
             predicted += _S_PER_OP["greedy"] * _planned_ops(shape, "greedy")
-            if options and predicted > LAYOUT_SHARE * self.deadline_s:
+            if options and predicted > share * self.deadline_s:
                 break
             try:
                 new = plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
@@ -415,80 +421,122 @@ class RecoveryPolicy:
                        because: str = "") -> Change:
         """A stage lost every GPU: the survivors laid out anew (the layout that trains the horizon's
         work soonest: `laid_out`), no replacement process: in place (`decide`'s `in_place`), or
-        every process restarted on that plan from the latest checkpoint (re-sharded). `because`:
-        why no replacement is started, when the policy is not `repartition` itself."""
-        from schedc.layout import received_bytes, units_of
+        every process restarted on that plan from the latest checkpoint (re-sharded). The job's
+        spare GPUs (healthy ones an earlier re-partition left unused: `Controller.spares`) are
+        weighed too: a layout over the survivors and them starts fresh processes on the spare
+        ones, which receive their layers as the others do (a move) or restore the checkpoint.
+        `because`: why no replacement is started, when the policy is not `repartition` itself."""
+        from schedc.layout import units_of
 
         spec = plan.spec
         survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in lost)
         found = self.latest_checkpoint()
         units = units_of(spec)
         keep = self._keep if self._in_place else ()
-        before_s, bandwidth = plan.metrics.iteration_time / 1e6, spec.cluster.link.bandwidth
-        if self._in_place == "move":  # the layers each GPU lacks move to it (a lost stage's from its shadows)
-            held = holding(spec, keep)
-
-            def price(layout):
-                moved = max(received_bytes(units, layout, held).values(), default=0)
-                return transition_s(self.costs, lost_gpus=True, moved_bytes=moved, bandwidth=bandwidth,
-                                    previous_iteration_s=before_s), moved
-        else:  # a restore: the same for every layout
-            cost = transition_s(self.costs, lost_gpus=True, moved_bytes=0, bandwidth=bandwidth,
-                                previous_iteration_s=before_s, restore=True)
-
-            def price(layout):
-                return cost, 0
+        move = self._in_place == "move"  # (the layers each GPU lacks move to it, a lost stage's from its shadows)
+        held = holding(spec, keep) if move else None
         fault_free_s = (plan.metrics.fault_free_iteration_time or plan.metrics.iteration_time) / 1e6
-        chosen = self.laid_out(spec, survivors, keep, cover=self._in_place == "move", price=price,
-                               work_iterations=self.horizon.seconds / fault_free_s)
-        laid = None if chosen is None else chosen[0].plan
-        if chosen is not None and len(chosen[1]) > 1:
-            best, options = chosen
-            others = "; ".join(o.describe().replace("repartition: ", f"{o.detail}: ")
-                               for o in options if o is not best)
-            self.ctl.note("decision", f"re-partition: {best.detail} ({best.iteration_s * 1e3:.2f} ms per iteration"
-                                      f"{f', restore risk {best.risk_s:.1f} s' if best.risk_s >= 0.05 else ''}), "
-                                      f"not {others}; horizon {self.horizon.seconds:.0f} s to the next event",
-                          chosen=best.detail, horizon_s=round(self.horizon.seconds, 3),
-                          options=[{"layout": o.detail, "iteration_s": o.iteration_s,
-                                    "transition_s": round(o.transition_s, 4), "moved_bytes": o.moved_bytes,
-                                    "risk_s": round(o.risk_s, 4)} for o in options])
+        work = self.horizon.seconds / fault_free_s
+        spares = sorted(self.ctl.spares())
+        share = LAYOUT_SHARE / 2 if spares else LAYOUT_SHARE  # (two sets of layouts share the deadline)
+        chosen = self.laid_out(spec, survivors, keep, cover=move, price=self._price(plan, held), work_iterations=work,
+                               share=share)
+        options = [] if chosen is None else list(chosen[1])
+        wide: list[Option] = []
+        if spares:  # the same over the survivors and the spare GPUs, named as the job names them
+            physical = self.ctl.physical()
+            job = self.initial_plan.spec
+            up = sorted({physical[r] for r in survivors} | set(spares))
+            more = self.laid_out(job, up, [[physical[r] for r in group] for group in keep], cover=move,
+                                 price=self._price(plan, None if held is None else
+                                                   {physical[r]: u for r, u in held.items() if r in physical}),
+                                 work_iterations=work, share=share)
+            for o in [] if more is None else more[1]:
+                taken = len(set(o.plan[0].gpus) & set(spares))
+                if taken:  # (one on survivors alone is weighed above, in their own numbering)
+                    wide.append(dataclasses.replace(o, detail=f"{o.detail} (+{taken} spare)"))
+        if options or wide:
+            best = choose(options + wide, work)
+            if len(options) + len(wide) > 1:
+                others = "; ".join(o.describe().replace("repartition: ", f"{o.detail}: ")
+                                   for o in options + wide if o is not best)
+                self.ctl.note("decision", f"re-partition: {best.detail} ({best.iteration_s * 1e3:.2f} ms per iteration"
+                                          f"{f', restore risk {best.risk_s:.1f} s' if best.risk_s >= 0.05 else ''}), "
+                                          f"not {others}; horizon {self.horizon.seconds:.0f} s to the next event",
+                              chosen=best.detail, horizon_s=round(self.horizon.seconds, 3),
+                              options=[{"layout": o.detail, "iteration_s": o.iteration_s,
+                                        "transition_s": round(o.transition_s, 4), "moved_bytes": o.moved_bytes,
+                                        "risk_s": round(o.risk_s, 4)} for o in options + wide])
+        laid = best.plan if options or wide else None
         if (self.restarts >= self.max_restarts and not self._in_place) or laid is None:
             why = (f"no restart is left (--max-restarts {self.max_restarts})" if laid is not None else
-                   "no GPU of the running layout survives" if not survivors else
-                   f"the {len(survivors)} surviving GPU(s) cannot hold one pipeline of the model (its memory)")
+                   "no GPU of the running layout survives, and no spare GPU is left" if not survivors and not spares
+                   else f"the {len(survivors)} surviving GPU(s)" + (f" and {len(spares)} spare one(s)" if spares else "")
+                   + " cannot hold one pipeline of the model (its memory)")
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
                      f"need be, docs/live.md) with {self._resume(found)}" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
             raise RunError([error("E553", f"a stage lost every GPU and the survivors cannot be re-partitioned: "
                                           f"{why}", hint=where)] + list(exc.diagnostics))
         layout, new = laid
+        on_spares = any(best is o for o in wide)
         slices, ranks = layout.slices, layout.ranks
         shape = {"dp": layout.dp, "pp": layout.pp, "slices": [list(s) for s in slices],
                  "gpus": [list(row) for row in ranks]}
+        placed, taken = None, []
+        if on_spares:  # (`ranks` name the job's GPUs: the new plan's ranks run on them)
+            placed = tuple((d * layout.pp + s, r) for d, row in enumerate(ranks) for s, r in enumerate(row)
+                           if r is not None)
+            taken = sorted(set(layout.gpus) & set(spares))
+            shape["spare"] = taken
+            ranks = None
+        layout_ranks = None if ranks is None else tuple(tuple(row) for row in ranks)
+        who, started = _in_place_words(self.initial_plan.spec, len(survivors), taken)
         if self._in_place == "move":
-            self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} "
-                                         f"survivors as {layout.describe(units.kind)}; they keep their processes and "
-                                         "move the layers among themselves (a lost stage's from its shadows)",
+            how = (f"{started}, and the layers move among them" if taken else
+                   "they keep their processes and move the layers among themselves")
+            self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning {who} as "
+                                         f"{layout.describe(units.kind)}; {how} (a lost stage's from its shadows)",
                           layout=shape)
-            return Change(new, tuple(describe(events)), "repartition", restart_all=True,
-                          ranks=tuple(tuple(row) for row in ranks))
+            return Change(new, tuple(describe(events)), "repartition", restart_all=True, ranks=layout_ranks,
+                          physical=placed)
         restore = str(found.path) if found else "initial"
         if self._in_place == "restore":
-            self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} "
-                                         f"survivors as {layout.describe(units.kind)}; they keep their processes and "
-                                         f"restore {found.path.name if found else 'the initial weights'}, re-sharded "
+            how = (f"{started}, and all restore" if taken and survivors else f"{started} and restore" if taken else
+                   "they keep their processes and restore")
+            self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning {who} as "
+                                         f"{layout.describe(units.kind)}; {how} "
+                                         f"{found.path.name if found else 'the initial weights'}, re-sharded "
                                          "(no shadow holds the lost stage)", restore=restore, layout=shape)
             return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True,
-                          ranks=tuple(tuple(row) for row in ranks))
+                          ranks=layout_ranks, physical=placed)
         self.restarts += 1
-        self.ctl.note("restart", f"a stage lost every GPU{because}: re-partitioning the {len(survivors)} survivors as "
+        self.ctl.note("restart", f"a stage lost every GPU{because}: re-partitioning {who} as "
                                  f"{layout.describe(units.kind)} and restarting every process from "
                                  f"{found.path.name if found else 'the initial weights'}, re-sharded "
                                  f"(restart {self.restarts} of {self.max_restarts})", restore=restore,
                       layout=shape)
         return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True,
-                      ranks=tuple(tuple(row) for row in ranks))
+                      ranks=layout_ranks, physical=placed)
+
+    def _price(self, plan: "Plan", held: dict[int, frozenset[int]] | None) -> Callable:
+        """``price(layout) -> (transition seconds, largest share one GPU receives)`` of a
+        re-partition from `plan`: with `held` (each GPU the layouts name -> the units it holds),
+        an in-place move, whose GPUs receive the layers they lack (a GPU not in `held`, a spare
+        one, receives all of its stage's); without, a restore, the same for every layout."""
+        from schedc.layout import received_bytes, units_of
+
+        units = units_of(plan.spec)
+        before_s, bandwidth = plan.metrics.iteration_time / 1e6, plan.spec.cluster.link.bandwidth
+        if held is not None:
+            def price(layout):
+                moved = max(received_bytes(units, layout, held).values(), default=0)
+                return transition_s(self.costs, lost_gpus=True, moved_bytes=moved, bandwidth=bandwidth,
+                                    previous_iteration_s=before_s), moved
+            return price
+        cost = transition_s(self.costs, lost_gpus=True, moved_bytes=0, bandwidth=bandwidth,
+                            previous_iteration_s=before_s, restore=True)
+        return lambda layout: (cost, 0)
 
     def _from_checkpoint(self, plan: "Plan", events: list[Failure], lost: set[int], exc: SchedcError) -> Change:
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""
@@ -525,6 +573,19 @@ class RecoveryPolicy:
                       restore=restore)
         return Change(new, tuple(describe(events + recover)), "checkpoint", restore=restore,
                       replacements=tuple(replacements))
+
+
+def _in_place_words(job, survivors: int, spares: Sequence[int]) -> tuple[str, str]:
+    """(who, started) of the note of an in-place re-partition that keeps `survivors` GPUs and takes
+    the job's `spares` (`job`'s ranks): the GPUs it lays out, and how processes start on the spare
+    ones ("" without)."""
+    if not spares:
+        return f"the {survivors} survivors", ""
+    named = ", ".join(f"GPU (dp={job.gpus[p].dp}, pp={job.gpus[p].pp})" for p in spares)
+    if not survivors:
+        return f"{len(spares)} spare GPU(s) of the job ({named})", "fresh processes start on them"
+    return (f"the {survivors} survivors and {len(spares)} spare GPU(s) of the job ({named})",
+            "the survivors keep their processes and fresh ones start on the spare GPUs")
 
 
 def restored_name(restore: str | None) -> str:

@@ -71,8 +71,14 @@ class Relayout:
             self._fail(list(exc.diagnostics))
             return True
         spec = change.plan.spec
-        renamed = {r: d * spec.pp + s for d, row in enumerate(change.ranks) for s, r in enumerate(row)
-                   if r is not None}
+        if change.physical is not None:  # (also on spare GPUs of the job: fresh processes start there)
+            by_gpu = {self.physical[r]: r for r in survivors}
+            renamed = {by_gpu[p]: r for r, p in change.physical if p in by_gpu}
+            started = sorted(r for r, p in change.physical if p not in by_gpu)
+        else:
+            renamed = {r: d * spec.pp + s for d, row in enumerate(change.ranks) for s, r in enumerate(row)
+                       if r is not None}
+            started = []
         moved = self._moved(renamed) if held else None
         # Processes without a place in the new layout end first: a GPU being taken back (it
         # counts as lost, as in a restart), one on standby, a survivor the layout leaves spare.
@@ -81,7 +87,8 @@ class Relayout:
         self._kill_and_wait(sorted(((self.alive - self.dead) | set(pending)) & (self.alive - set(renamed))))
         self.dead.update(pending)  # (the lost ones were fenced already: no wait for exits a gone host never sends)
         gone = {self.physical[r] for r in self.dead if r in self.physical}
-        physical = {renamed[r]: self.physical[r] for r in renamed}
+        physical = (dict(change.physical) if change.physical is not None else
+                    {renamed[r]: self.physical[r] for r in renamed})
         self._rename(renamed)
         self._relabel(physical, lost=gone)
         self.repartitioned = (f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} "
@@ -95,6 +102,7 @@ class Relayout:
                                                           " (the survivors restore in place)"))
         rec.to_generation = self.gen.number
         rec.t_announce = self._now()
+        self._start_workers(started)
         self.phase = Phase.RECOVERING
         return True
 

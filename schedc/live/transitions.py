@@ -332,7 +332,8 @@ class Transitions:
                 self.dead.update(pending)
                 spec = change.plan.spec
                 gone = {self.physical[r] for r in self.dead if r in self.physical}
-                self._relabel({d * spec.pp + s: self.physical[r] for d, row in enumerate(change.ranks)
+                self._relabel(dict(change.physical) if change.physical is not None else
+                              {d * spec.pp + s: self.physical[r] for d, row in enumerate(change.ranks)
                                for s, r in enumerate(row) if r is not None}, lost=gone)
                 self.repartitioned = (f"{len([g for g in spec.gpus if g.live])} GPUs as {spec.dp} x {spec.pp} after "
                                       f"{self.completed} iterations")

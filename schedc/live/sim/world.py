@@ -199,6 +199,9 @@ class SimFleet:
     def place(self, physical: dict[int, int]) -> None:
         pass  # (one host: every rank's process is on it)
 
+    def host_of_gpu(self, gpu: int) -> int:
+        return 0
+
     def rename(self, epoch: int, renamed: dict[int, int]) -> None:
         self.world.rename(epoch, renamed)
 
