@@ -246,3 +246,30 @@ def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tm
     sizes = [len(g.members) for g in result.generations]
     assert sizes[0] == 8 and sizes[-3:] == [chosen["dp"] * chosen["pp"], 6, 8], (sizes, story)
     assert [r.method for r in result.recoveries][-3:] == ["repartition", "grow-back", "grow-back"], story
+
+
+# A 3 x 3 job loses stage 1 and GPU (dp=0, pp=2): its 5 survivors run as 2 x 2 (the cost model's
+# choice), which leaves GPU (dp=2, pp=2) spare. Then ranks 0 and 2 of the 2 x 2, its stage 0, fail.
+LOSE_STAGE_THEN_THE_NEW_LAYOUTS = [f"at iteration 2 during B: fail gpu(dp={d}, pp={s})"
+                                   for d, s in ((0, 1), (1, 1), (2, 1), (0, 2))] + \
+    ["at iteration 5 during B: fail rank 0", "at iteration 5 during B: fail rank 2"]
+
+
+@pytest.mark.parametrize("shadow", [False, True], ids=["restore", "move"])
+def test_a_lost_stage_of_the_re_partitioned_layout_takes_the_jobs_spare_gpu_exactly(tmp_path, shadow):
+    # The two survivors alone would run 2 x 1 at 1.5 times the iteration time: with the spare GPU
+    # they run 3 x 1. They keep their processes, a fresh one starts on the spare GPU, and the
+    # layers move among them (with shadows) or all restore the latest checkpoint, re-sharded.
+    out = compiled(tmp_path, dp=3, pp=3, microbatches=2, optimizer="adam")
+    result = train(out, iterations=8, want_weights=True, recovery="repartition", checkpoint_every=1, shadow=shadow,
+                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_THEN_THE_NEW_LAYOUTS)
+    check_exact(out, result, 8)
+    first, second = [e for e in result.events if e["kind"] == "repartition"]
+    assert "re-partitioning the 5 survivors as 2 x 2" in first["message"], first
+    assert ("re-partitioning the 2 survivors and 1 spare GPU(s) of the job (GPU (dp=2, pp=2)) as 3 x 1"
+            in second["message"]), second
+    assert second["layout"]["spare"] == [8]
+    assert ("the layers move among them" if shadow else "all restore iter-") in second["message"], second
+    assert len(result.generations[-1].members) == 3
+    at = result.events.index(second)  # (only the spare GPU's process started: the survivors kept theirs)
+    assert [e["rank"] for e in result.events[at:] if e["kind"] == "started"] == [2], result.events[at:]

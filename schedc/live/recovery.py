@@ -439,18 +439,21 @@ class RecoveryPolicy:
         work = self.horizon.seconds / fault_free_s
         spares = sorted(self.ctl.spares())
         share = LAYOUT_SHARE / 2 if spares else LAYOUT_SHARE  # (two sets of layouts share the deadline)
-        chosen = self.laid_out(spec, survivors, keep, cover=move, price=self._price(plan, held), work_iterations=work,
-                               share=share)
+        chosen = self.laid_out(spec, survivors, keep, cover=move, price=self._price(plan, units, held),
+                               work_iterations=work, share=share)
         options = [] if chosen is None else list(chosen[1])
         wide: list[Option] = []
         if spares:  # the same over the survivors and the spare GPUs, named as the job names them
             physical = self.ctl.physical()
             job = self.initial_plan.spec
             up = sorted({physical[r] for r in survivors} | set(spares))
+            job_units = units_of(job)
+            held_p = held
+            if held is not None:  # (in the job's units: a re-partitioned spec's stages are not the job's)
+                same = units.kind == job_units.kind == "layer"
+                held_p = {physical[r]: u for r, u in held.items() if r in physical} if same else {}
             more = self.laid_out(job, up, [[physical[r] for r in group] for group in keep], cover=move,
-                                 price=self._price(plan, None if held is None else
-                                                   {physical[r]: u for r, u in held.items() if r in physical}),
-                                 work_iterations=work, share=share)
+                                 price=self._price(plan, job_units, held_p), work_iterations=work, share=share)
             for o in [] if more is None else more[1]:
                 taken = len(set(o.plan[0].gpus) & set(spares))
                 if taken:  # (one on survivors alone is weighed above, in their own numbering)
@@ -519,14 +522,15 @@ class RecoveryPolicy:
         return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True,
                       ranks=layout_ranks, physical=placed)
 
-    def _price(self, plan: "Plan", held: dict[int, frozenset[int]] | None) -> Callable:
+    def _price(self, plan: "Plan", units, held: dict[int, frozenset[int]] | None) -> Callable:
         """``price(layout) -> (transition seconds, largest share one GPU receives)`` of a
-        re-partition from `plan`: with `held` (each GPU the layouts name -> the units it holds),
-        an in-place move, whose GPUs receive the layers they lack (a GPU not in `held`, a spare
-        one, receives all of its stage's); without, a restore, the same for every layout."""
-        from schedc.layout import received_bytes, units_of
+        re-partition from `plan` into layouts of `units`: with `held` (each GPU the layouts name
+        -> the units it holds), an in-place move, whose GPUs receive the units they lack (a GPU not
+        in `held`, a spare one, receives all of its stage's: with the layouts' stages not matched
+        unit by unit to what runs, `held` is empty, an upper bound); without, a restore, the same
+        for every layout."""
+        from schedc.layout import received_bytes
 
-        units = units_of(plan.spec)
         before_s, bandwidth = plan.metrics.iteration_time / 1e6, plan.spec.cluster.link.bandwidth
         if held is not None:
             def price(layout):
