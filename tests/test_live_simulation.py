@@ -332,6 +332,35 @@ def test_without_shadows_a_lost_stage_is_restored_in_the_survivors_processes_re_
     assert out.result == "finished"
 
 
+def test_a_move_whose_layouts_all_fail_to_plan_saves_the_survivors_state_first(monkeypatch):
+    # Every layout that keeps a holder of each stage passes the estimate but not the planner (here:
+    # the planner refuses until the survivors' dump begins). The run does not stop with E553: the
+    # survivors save what they hold (the lost stage from its shadows), then it re-partitions.
+    import schedc.repartition as repartition
+    from schedc.diagnostics import SchedcError, error
+
+    _repartition(monkeypatch)
+    real, refusing = repartition.plan_layout, [True]
+
+    def plan_layout(spec, layout, *args, **kwargs):
+        if refusing[0]:
+            raise SchedcError([error("E330", f"{layout.dp} x {layout.pp} does not fit")])
+        return real(spec, layout, *args, **kwargs)
+
+    def stop_refusing_at_the_dump(sup, world):
+        if sup.gen is not None and sup.gen.dump:
+            refusing[0] = False
+
+    monkeypatch.setattr(repartition, "plan_layout", plan_layout)
+    out = simulate(214, faults=STAGE_LOST, hook=stop_refusing_at_the_dump)
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "keeps a holder of every stage could be planned: they save what they hold" in story, story
+    assert "survivors save the state they hold (stage 2 from its shadow on rank(s) [0, 3, 6])" in story, story
+    assert "re-partitioning the 6 survivors as" in story and "E553" not in story, story
+    assert out.result == "finished"
+
+
 # Five survivors of four deaths run as 1 x 3 (the cost model's choice), leaving two GPUs of the
 # job spare: GPU (dp=2, pp=0) and GPU (dp=2, pp=2).
 SPARES_LEFT = [Fault("training", 0.53, "kill", (1, 4, 7, 2))]

@@ -68,6 +68,13 @@ class Relayout:
             change = self.recovery.decide(self.plan, failed, self.dead, in_place="move" if held else "restore",
                                           keep=keep)
         except RunError as exc:
+            if held and self._lost_held() is not None:
+                # No layout that runs a holder of every stage could be planned (the estimate passed
+                # them, the planner did not): the survivors save what they hold, and the choice is
+                # made again from that checkpoint, free of the holders (`_dump_first`).
+                self._note("warning", "warning: no layout of the survivors that keeps a holder of every stage could "
+                                      "be planned: they save what they hold, to re-partition from it")
+                return False
             self._fail(list(exc.diagnostics))
             return True
         spec = change.plan.spec
