@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from schedc.diagnostics import InfeasibleError
 from schedc.load import load_text
 from schedc.printer import print_spec
-from schedc.recovery_cost import Costs, Horizon, Option, choose, grow_delay_s, transition_s
+from schedc.recovery_cost import Costs, Horizon, LossRate, Option, choose, grow_delay_s, transition_s
 from schedc.layout import held_units, in_flight, layout_spec, received_bytes, units_of
 from schedc.repartition import candidate_shapes, partition_units, place, repartition, shapes
 from schedc.verify import verify_schedule
@@ -235,6 +235,22 @@ def test_failures_of_one_burst_are_one_event_for_the_horizon():
     h.event(330.0)  # (the second burst's)
     h.event(600.0)
     assert h.seconds == pytest.approx(300.0)
+
+
+def test_a_burst_found_in_several_decisions_is_one_loss_for_the_loss_rate():
+    loss = LossRate(burst_s=60.0)
+    loss.event(3, 12, 0.0)  # a reclaim: 3 of 12 GPUs found first ...
+    loss.event(3, 12, 0.1)  # ... decided again on the same plan (a dump first): the same 3
+    loss.event(1, 9, 0.5)  # ... and one more found after a plan of the 9 left
+    assert loss.fraction == pytest.approx(4 / 12)
+    loss.event(0, 8)  # a GPU back: an event that is no loss
+    loss.event(2, 9, 400.0)  # another burst
+    assert loss.fraction == pytest.approx((4 / 12 + 2 / 9) / 2) and loss.share == pytest.approx(2 / 3)
+    # Without times (the replay's events are whole already) every call is an event.
+    plain = LossRate(burst_s=60.0)
+    plain.event(3, 12)
+    plain.event(1, 9)
+    assert plain.fraction == pytest.approx((3 / 12 + 1 / 9) / 2)
 
 
 # -- the spec's `recovery` block ---------------------------------------------------------------------

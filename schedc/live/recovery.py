@@ -254,7 +254,7 @@ class RecoveryPolicy:
         self.ctl = ctl
         self.costs = costs or Costs()
         self.horizon = Horizon(self.costs.horizon_s, burst_s=BURST_S)
-        self.loss = LossRate()  # how hard losses hit so far: the restore a layout risks (`laid_out`)
+        self.loss = LossRate(burst_s=BURST_S)  # how hard losses hit so far: the restore a layout risks (`laid_out`)
         self.shadow = shadow  # --shadow: a layout with room for them keeps each stage on the next one's GPUs
         self.deadline_s = deadline_s  # what planning a decision's layouts may take (`laid_out`)
         self.clock = clock
@@ -311,7 +311,7 @@ class RecoveryPolicy:
                 keep: Sequence[Sequence[int]]) -> Change:
         self._in_place, self._keep = in_place, keep
         live_before = sum(1 for g in plan.spec.gpus if g.live and (g.rank not in lost or g.rank in failed))
-        self.loss.event(len(failed), live_before)
+        self.loss.event(len(failed), live_before, self.clock())
         if self.method == "restart":
             found = self.latest_checkpoint()
             restore = str(found.path) if found else "initial"
