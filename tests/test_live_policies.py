@@ -729,3 +729,38 @@ def test_a_re_partition_plans_the_layouts_its_deadline_predicts_room_for_and_alw
     best, every = weighed(0.5)
     assert every == ["2 x 2", "3 x 1", "1 x 3"] and best.detail == "3 x 1"
     assert weighed(1e-9)[1] == ["2 x 2"]
+
+
+def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
+    """`Controller.spares` (what a re-partition may start fresh processes on) asks the spare GPUs'
+    hosts as `unreachable` asks: a GPU on a host found gone is no spare, and the host is said
+    gone once."""
+    from schedc.live.control import SupervisorControl
+    from schedc.live.transitions import Transitions
+
+    class Fleet:
+        asked: list[list[int]] = []
+
+        def host_of_gpu(self, gpu):
+            return {6: 1, 7: 2, 8: 2}[gpu]
+
+        def answers(self, hosts, within, note):
+            self.asked.append(list(hosts))
+            for h in hosts:
+                if h == 2:
+                    note(h)
+            return {h for h in hosts if h != 2}
+
+    class Sup(Transitions):
+        def __init__(self):
+            self.spare, self.hosts_gone, self.fleet, self.notes = {6, 7, 8}, set(), Fleet(), []
+
+        def _note(self, kind, message, **details):
+            self.notes.append((kind, message))
+
+    sup = Sup()
+    ctl = SupervisorControl(sup)
+    assert ctl.spares() == [6] and sup.hosts_gone == {2}
+    assert ctl.spares() == [6]  # (a host found gone is not asked again)
+    assert sup.fleet.asked == [[1, 2], [1]]
+    assert [kind for kind, _ in sup.notes] == ["host"]

@@ -60,7 +60,8 @@ class Controller(Protocol):
 
     def spares(self) -> list[int]:
         """The job's GPUs (named as its spec names them) that are healthy and unused: left out of
-        the running layout by a re-partition, or back since, and not on a host found gone."""
+        the running layout by a re-partition, or back since, and on a host whose agent answers
+        (asked as `unreachable` asks: may wait up to a second)."""
 
     # -- what it asks -----------------------------------------------------------------------
 
@@ -133,6 +134,8 @@ class SupervisorControl:
 
     def spares(self) -> list[int]:
         sup = self._sup
+        if sup.spare:
+            sup._ask_hosts(sup.fleet.host_of_gpu(p) for p in sup.spare)
         return sorted(p for p in sup.spare if sup.fleet.host_of_gpu(p) not in sup.hosts_gone)
 
     def note(self, kind: str, message: str, **details) -> None:

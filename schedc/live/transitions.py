@@ -372,14 +372,18 @@ class Transitions:
         until its agent registers again; any other asks its agent for two more beats
         (`Fleet.answers`, AGENT_ANSWER seconds at most)."""
         by_host = self.fleet.by_host(ranks)
+        self._ask_hosts(by_host)
+        return {h: rs for h, rs in by_host.items() if h in self.hosts_gone}
 
+    def _ask_hosts(self, hosts) -> None:
+        """Ask the agents of `hosts` not known gone for two more beats; those that do not beat
+        within AGENT_ANSWER seconds join `hosts_gone` (said once each)."""
         def gone(host: int) -> None:
             self.hosts_gone.add(host)
             self._note("host", f"host {host} is gone: its agent has not answered for {AGENT_ANSWER:g} s, so no "
                                "process can be started on its GPUs", host=host)
 
-        self.fleet.answers([h for h in by_host if h not in self.hosts_gone], AGENT_ANSWER, gone)
-        return {h: rs for h, rs in by_host.items() if h in self.hosts_gone}
+        self.fleet.answers([h for h in sorted(set(hosts)) if h not in self.hosts_gone], AGENT_ANSWER, gone)
 
     def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
         plan, s = change.plan, change.plan.schedule.solver
