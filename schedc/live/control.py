@@ -56,7 +56,8 @@ class Controller(Protocol):
 
     def physical(self) -> dict[int, int]:
         """Each rank of the newest plan -> the job's GPU that runs it, named as the job's spec
-        names its GPUs (the identity until a re-partition renumbers them)."""
+        names its GPUs (the identity until a re-partition renumbers them; a hole of a
+        re-partitioned layout, a slot no GPU runs, has none)."""
 
     def spares(self) -> list[int]:
         """The job's GPUs (named as its spec names them) that are healthy and unused: left out of
@@ -130,7 +131,7 @@ class SupervisorControl:
 
     def physical(self) -> dict[int, int]:
         sup = self._sup
-        return {g.rank: sup.physical.get(g.rank, g.rank) for g in sup.plan.spec.gpus}
+        return {g.rank: sup.physical[g.rank] for g in sup.plan.spec.gpus if g.rank in sup.physical}
 
     def spares(self) -> list[int]:
         sup = self._sup

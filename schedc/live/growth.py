@@ -31,7 +31,7 @@ moment in hindsight would.
 from __future__ import annotations
 
 from schedc.live.protocol import Phase, RejoinAsked
-from schedc.live.recovery import covers, growth_option
+from schedc.live.recovery import covers, growth_option, layout_words
 from schedc.live.result import Recovery
 from schedc.plan import Plan
 from schedc.recovery_cost import Option, grow_delay_s
@@ -111,9 +111,8 @@ class Growth:
         if plan is not self.recovery.initial_plan and self.options.recovery == "auto":
             price = self._growth_price(plan, physical, keep)
             delay = grow_delay_s(self.plan.metrics.iteration_time / 1e6, price) or 0.0
-            spec = plan.spec
-            self._note("decision", f"{name} is back ({reason}): {back}; growing onto {spec.dp * spec.pp} GPUs as "
-                                   f"{spec.dp} x {spec.pp} ({plan.metrics.iteration_time / 1e3:.2f} ms per iteration, "
+            self._note("decision", f"{name} is back ({reason}): {back}; growing onto {layout_words(plan)} "
+                                   f"({plan.metrics.iteration_time / 1e3:.2f} ms per iteration, "
                                    f"against {self.plan.metrics.iteration_time / 1e3:.2f} now) costs "
                                    f"{price.transition_s:.2f} s ({price.detail}): it grows at the first complete "
                                    f"checkpoint {delay:.1f} s from now, when the time lost by not growing has paid "
@@ -124,9 +123,8 @@ class Growth:
             self._note("rejoin", f"{name} is back ({reason}): every GPU the job lost is back; it grows back onto "
                                  "the spec's stages at the next complete checkpoint", rank=rank)
         else:
-            spec = plan.spec
             self._note("rejoin", f"{name} is back ({reason}): {back}; at the next complete checkpoint it grows onto "
-                                 f"{spec.dp * spec.pp} GPUs as {spec.dp} x {spec.pp} "
+                                 f"{layout_words(plan)} "
                                  f"({plan.metrics.iteration_time / 1e3:.2f} ms per iteration, against "
                                  f"{self.plan.metrics.iteration_time / 1e3:.2f} now)", rank=rank)
 
@@ -173,8 +171,7 @@ class Growth:
         now = self._now()
         spec = plan.spec
         full = plan is self.recovery.initial_plan
-        onto = (f"the spec's {spec.dp} x {spec.pp}" if full else
-                f"{len(physical)} GPUs as {spec.dp} x {spec.pp}")
+        onto = f"the spec's {spec.dp} x {spec.pp}" if full else layout_words(plan)
         in_place = covers(physical.values(), keep)
         if not full and self.options.recovery == "auto":  # ski rental (the module docstring)
             price = self._growth_price(plan, physical, keep)
@@ -207,7 +204,7 @@ class Growth:
         self.recoveries.append(rec)
         self._recovery = rec
         self.checkpoints.relayout(spec.pp, self.gen.number + 1)
-        self.repartitioned = None if full else f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} iterations"
+        self.repartitioned = None if full else f"{layout_words(plan)} after {self.completed} iterations"
         if in_place:
             self._grow_in_place(plan, physical, "grow back (in place)")
         else:

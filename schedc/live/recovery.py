@@ -94,36 +94,39 @@ def survivor_layout(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = (
 def layout_candidates(spec, gpus: Sequence[int], keep: Sequence[Sequence[int]] = ()) -> list:
     """The layouts a re-partition of `gpus` weighs (`RecoveryPolicy.laid_out`), as `schedc replay`
     does: the job's pipelines of fewer stages (`survivor_layout`), and the best
-    `repartition.PLANNED_SHAPES` shapes without holes by the planner's estimate that keep the
-    global batch (`repartition.candidate_shapes`), each on GPUs chosen as `survivor_layout`
-    chooses them; one layout per shape."""
+    `repartition.PLANNED_SHAPES` shapes by the planner's estimate that keep the global batch
+    (`repartition.candidate_shapes`; with holes too: the first stages one GPU short, their other
+    GPUs re-routing its work, for GPU counts equal pipelines cannot use), each on GPUs chosen as
+    `survivor_layout` chooses them; one layout per shape."""
     from schedc.repartition import PLANNED_SHAPES, candidate_shapes
 
     out = []
     rule = survivor_layout(spec, gpus, keep)
     if rule is not None:
         out.append(rule)
-    for shape in [sh for sh in candidate_shapes(spec, len(gpus)) if not sh.holes][:PLANNED_SHAPES]:
-        if all((lay.dp, lay.pp) != (shape.dp, shape.pp) for lay in out):
-            out.append(_on_gpus(spec, shape.dp, shape.pp, shape.microbatches, shape.slices, gpus, keep))
+    for shape in candidate_shapes(spec, len(gpus))[:PLANNED_SHAPES]:
+        if all((lay.dp, lay.pp, lay.holes) != (shape.dp, shape.pp, shape.holes) for lay in out):
+            out.append(_on_gpus(spec, shape.dp, shape.pp, shape.microbatches, shape.slices, gpus, keep,
+                                holes=shape.holes))
     return out
 
 
 def _on_gpus(spec, dp: int, stages: int, microbatches: int, slices, gpus: Sequence[int],
-             keep: Sequence[Sequence[int]]):
+             keep: Sequence[Sequence[int]], holes: int = 0):
     """A shape on `gpus`: one of each group of `keep` first (where they fit), then the lowest
-    ranks, dealt to stages by `assign_gpus`."""
+    ranks, dealt to stages by `assign_gpus` (`holes`: the first stages have one GPU fewer)."""
     from schedc.layout import Layout, units_of
     from schedc.repartition import assign_gpus
 
-    need = dp * stages
+    need = dp * stages - holes
     chosen: list[int] = []
     for group in keep:
         if not set(group) & set(chosen):
             chosen.append(min(group))
     chosen = chosen[:need] + [r for r in sorted(gpus) if r not in chosen][:max(0, need - len(chosen))]
     held = {g.rank: frozenset() for g in spec.gpus}
-    return Layout(dp, stages, microbatches, slices, assign_gpus(units_of(spec), slices, dp, sorted(chosen), held))
+    return Layout(dp, stages, microbatches, slices, assign_gpus(units_of(spec), slices, dp, sorted(chosen), held,
+                                                                holes=holes))
 
 
 def growth_option(costs: Costs, job, now: "Plan", running: dict[int, int], target: "Plan",
@@ -279,8 +282,15 @@ class RecoveryPolicy:
             return False
         if self.method == "repartition":
             return True
-        return bool(self._unreachable([g.rank for g in spec.gpus if g.pp in stages
-                                       and (g.rank in lost or not g.live)]))
+        return bool(self._unreachable(self._replacements(spec, stages, lost)))
+
+    def _replacements(self, spec, stages: Sequence[int], lost: set[int]) -> list[int]:
+        """The ranks of `stages` a restore with replacement processes starts: those lost, and those
+        the plan leaves without a process that have a GPU of the job (not the holes of a
+        re-partitioned layout: `Controller.physical` has no GPU for them)."""
+        physical = self.ctl.physical()
+        return [g.rank for g in spec.gpus if g.pp in stages and g.rank in physical
+                and (g.rank in lost or not g.live)]
 
     def _unreachable(self, ranks: Sequence[int]) -> dict[int, list[int]]:
         """`Controller.unreachable`, asked once per recovery: asking a live host's agent waits for
@@ -354,7 +364,7 @@ class RecoveryPolicy:
         for layout in layout_candidates(spec, gpus, keep):
             if cover and not covers(layout.gpus, keep):
                 continue
-            shape = Shape(layout.dp, layout.pp, layout.microbatches, layout.slices, 0)
+            shape = Shape(layout.dp, layout.pp, layout.microbatches, layout.slices, 0, layout.holes)
             predicted += _S_PER_OP["greedy"] * _planned_ops(shape, "greedy")
             if options and predicted > share * self.deadline_s:
                 break
@@ -371,8 +381,10 @@ class RecoveryPolicy:
             iteration_us = new.metrics.iteration_time
             if shadows:  # (what they add to every iteration, as the replay prices them)
                 iteration_us += shadow_overhead_us(units, layout, spec.cluster.link, iteration_us=iteration_us)
+            holes = f" with {layout.holes} slot(s) re-routed" if layout.holes else ""
             options.append(Option("repartition", iteration_us / 1e6, transition, moved,
-                                  f"{layout.dp} x {layout.pp}", risk_s=risk, shadows=shadows, plan=(layout, new)))
+                                  f"{layout.dp} x {layout.pp}{holes}", risk_s=risk, shadows=shadows,
+                                  plan=(layout, new)))
         if not options:
             return None
         return choose(options, work_iterations), options
@@ -546,7 +558,7 @@ class RecoveryPolicy:
         """A stage lost every GPU: restore the latest checkpoint with replacements for that stage."""
         spec = plan.spec
         stages = lost_stages(spec, lost)
-        replacements = [g.rank for g in spec.gpus if g.pp in stages and (g.rank in lost or not g.live)]
+        replacements = self._replacements(spec, stages, lost)
         gone = self._unreachable(replacements)
         if gone:  # (a spot instance taken back with its GPUs: nothing can be started there)
             hosts = ", ".join(f"host {h} (rank(s) {rs})" for h, rs in sorted(gone.items()))
@@ -590,6 +602,14 @@ def _in_place_words(job, survivors: int, spares: Sequence[int]) -> tuple[str, st
         return f"{len(spares)} spare GPU(s) of the job ({named})", "fresh processes start on them"
     return (f"the {survivors} survivors and {len(spares)} spare GPU(s) of the job ({named})",
             "the survivors keep their processes and fresh ones start on the spare GPUs")
+
+
+def layout_words(plan: "Plan") -> str:
+    """"6 GPUs as 3 x 2", "5 GPUs as 3 x 2 with 1 slot(s) re-routed": a layout a job runs on."""
+    spec = plan.spec
+    live = sum(1 for g in spec.gpus if g.live)
+    holes = spec.dp * spec.pp - live
+    return f"{live} GPUs as {spec.dp} x {spec.pp}" + (f" with {holes} slot(s) re-routed" if holes else "")
 
 
 def restored_name(restore: str | None) -> str:

@@ -40,7 +40,7 @@ from typing import Sequence
 from schedc.diagnostics import RunError
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
-from schedc.live.recovery import covers, layout_candidates
+from schedc.live.recovery import covers, layout_candidates, layout_words
 from schedc.live.result import GenerationRecord
 
 
@@ -98,7 +98,7 @@ class Relayout:
                     {renamed[r]: self.physical[r] for r in renamed})
         self._rename(renamed)
         self._relabel(physical, lost=gone)
-        self.repartitioned = (f"{len(physical)} GPUs as {spec.dp} x {spec.pp} after {self.completed} "
+        self.repartitioned = (f"{layout_words(change.plan)} after {self.completed} "
                               "iterations")
         self.checkpoints.relayout(spec.pp, self.gen.number + 1)
         rec.method = "repartition"

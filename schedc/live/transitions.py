@@ -21,7 +21,7 @@ from schedc.diagnostics import RunError, error
 from schedc.live.detect import Beat
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
-from schedc.live.recovery import Change, describe, failure_events, restored_name
+from schedc.live.recovery import Change, describe, failure_events, layout_words, restored_name
 from schedc.printer import human_bytes
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
@@ -335,7 +335,7 @@ class Transitions:
                 self._relabel(dict(change.physical) if change.physical is not None else
                               {d * spec.pp + s: self.physical[r] for d, row in enumerate(change.ranks)
                                for s, r in enumerate(row) if r is not None}, lost=gone)
-                self.repartitioned = (f"{len([g for g in spec.gpus if g.live])} GPUs as {spec.dp} x {spec.pp} after "
+                self.repartitioned = (f"{layout_words(change.plan)} after "
                                       f"{self.completed} iterations")
             self.dead.clear()
             if change.plan.spec.pp != self.checkpoints.stages or self.repartitioned:  # (a re-partitioned plan)
