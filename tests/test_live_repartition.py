@@ -201,7 +201,8 @@ def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tm
     assert "GPU (dp=0, pp=0) of the job did not leave it" in rejoins[0], rejoins
     assert "1 of the 2 GPU(s) the job lost" in rejoins[1] and "every GPU the job lost is back" in rejoins[2], rejoins
     methods = [r.method for r in result.recoveries]
-    assert methods[0] == "repartition" and methods.count("grow-back") == 1, methods
+    # (one GPU back already makes 2 x 3 with a slot re-routed, faster: the job may grow onto that first)
+    assert methods[0] == "repartition" and 1 <= methods.count("grow-back") <= 2, methods
     assert len(result.generations[-1].members) == 6 and len(result.iterations) == RUN_ITERATIONS
 
 
@@ -248,28 +249,24 @@ def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tm
     assert [r.method for r in result.recoveries][-3:] == ["repartition", "grow-back", "grow-back"], story
 
 
-# A 3 x 3 job loses stage 1 and GPU (dp=0, pp=2): its 5 survivors run as 2 x 2 (the cost model's
-# choice), which leaves GPU (dp=2, pp=2) spare. Then ranks 0 and 2 of the 2 x 2, its stage 0, fail.
-LOSE_STAGE_THEN_THE_NEW_LAYOUTS = [f"at iteration 2 during B: fail gpu(dp={d}, pp={s})"
-                                   for d, s in ((0, 1), (1, 1), (2, 1), (0, 2))] + \
-    ["at iteration 5 during B: fail rank 0", "at iteration 5 during B: fail rank 2"]
+# Without checkpoints a restore would lose the whole run so far: the 4 survivors of a lost stage
+# run as 3 x 1 (3 replicas, the least restore risk; the cost model's choice), which leaves one GPU
+# spare. Then all 3 GPUs of that layout fail.
+LOSE_STAGE_THEN_EVERY_GPU_OF_THE_NEW_LAYOUT = LOSE_STAGE_1 + [f"at iteration 5 during B: fail rank {r}" for r in range(3)]
 
 
-@pytest.mark.parametrize("shadow", [False, True], ids=["restore", "move"])
-def test_a_lost_stage_of_the_re_partitioned_layout_takes_the_jobs_spare_gpu_exactly(tmp_path, shadow):
-    # The two survivors alone would run 2 x 1 at 1.5 times the iteration time: with the spare GPU
-    # they run 3 x 1. They keep their processes, a fresh one starts on the spare GPU, and the
-    # layers move among them (with shadows) or all restore the latest checkpoint, re-sharded.
-    out = compiled(tmp_path, dp=3, pp=3, microbatches=2, optimizer="adam")
-    result = train(out, iterations=8, want_weights=True, recovery="repartition", checkpoint_every=1, shadow=shadow,
-                   checkpoint_dir=str(tmp_path / "ckpt"), inject=LOSE_STAGE_THEN_THE_NEW_LAYOUTS)
+def test_a_layout_lost_on_every_gpu_goes_on_on_the_jobs_spare_gpu_exactly(tmp_path):
+    # No survivor, but the spare GPU: it runs 1 x 1 in a fresh process from the initial weights
+    # (no checkpoint), the same global batch, exactly. (Before spares were weighed: E553.)
+    out = compiled(tmp_path, dp=2, pp=3, optimizer="adam")
+    result = train(out, iterations=8, want_weights=True, recovery="repartition",
+                   inject=LOSE_STAGE_THEN_EVERY_GPU_OF_THE_NEW_LAYOUT)
     check_exact(out, result, 8)
     first, second = [e for e in result.events if e["kind"] == "repartition"]
-    assert "re-partitioning the 5 survivors as 2 x 2" in first["message"], first
-    assert ("re-partitioning the 2 survivors and 1 spare GPU(s) of the job (GPU (dp=2, pp=2)) as 3 x 1"
+    assert "re-partitioning the 4 survivors as 3 x 1" in first["message"], first
+    assert ("re-partitioning 1 spare GPU(s) of the job (GPU (dp=1, pp=2)) as 1 x 1 (6 microbatches each"
             in second["message"]), second
-    assert second["layout"]["spare"] == [8]
-    assert ("the layers move among them" if shadow else "all restore iter-") in second["message"], second
-    assert len(result.generations[-1].members) == 3
-    at = result.events.index(second)  # (only the spare GPU's process started: the survivors kept theirs)
-    assert [e["rank"] for e in result.events[at:] if e["kind"] == "started"] == [2], result.events[at:]
+    assert "fresh processes start on them and restore the initial weights" in second["message"], second
+    assert second["layout"]["spare"] == [5] and result.generations[-1].members == [0]
+    at = result.events.index(second)
+    assert [e["rank"] for e in result.events[at:] if e["kind"] == "started"] == [0], result.events[at:]
