@@ -188,31 +188,35 @@ class LossRate:
     GPUs one loss event takes (default 0.1), and `share`, the share of events that are losses
     (default 0.5). `burst_s`: a loss less than that after the start of the last one (both given
     their time) is part of it, as in `Horizon`: a burst found in several ticks, or decided twice
-    (a dump first), is one event that took all of its GPUs."""
+    (a dump first), is one event that took all of its GPUs. `plan` names the plan a loss was
+    counted on: one of the same plan counts the GPUs lost since that plan, those counted already
+    among them; one of a plan made since counts only new ones."""
 
     def __init__(self, fraction: float = 0.1, share: float = 0.5, burst_s: float = 0.0):
         self._default = (fraction, share)
         self.burst_s = burst_s
         self._fractions: list[float] = []
         self._events = 0
-        self._burst: tuple[float, int, int] | None = None  # the last loss: (its time, GPUs live before, lost)
+        # The last loss: (its time, GPUs live before it, GPUs lost, the plan it was counted on,
+        # those of it lost before that plan).
+        self._burst: tuple[float, int, int, object, int] | None = None
 
-    def event(self, lost: int, live_before: int, t: float | None = None) -> None:
+    def event(self, lost: int, live_before: int, t: float | None = None, plan: object = None) -> None:
         burst = self._burst
         if burst is not None and t is not None and lost and t - burst[0] < self.burst_s:
-            start, first_live, counted = burst
-            # A decision of the same plan names the GPUs counted already again (as many live
-            # before); one of a plan made since names only the new ones (fewer live before).
-            total = min(first_live, max(counted, lost) if live_before >= first_live else counted + lost)
+            start, first_live, counted, on, before = burst
+            if plan is None or plan != on:  # (a plan made since: its losses are new)
+                before = counted
+            total = min(first_live, before + lost)
             self._fractions[-1] = total / first_live
-            self._burst = (start, first_live, total)
+            self._burst = (start, first_live, max(counted, total), plan, before)
             return
         self._events += 1
         self._burst = None
         if lost and live_before:
             self._fractions.append(lost / live_before)
             if t is not None:
-                self._burst = (t, live_before, lost)
+                self._burst = (t, live_before, lost, plan, 0)
 
     @property
     def fraction(self) -> float:

@@ -36,6 +36,7 @@ class FakeController:
         self.gone_hosts: dict[int, int] = {}  # rank -> its host, for ranks on hosts that are gone
         self.asked_unreachable: list[list[int]] = []
         self.placed: dict[int, int] = {}  # rank -> the job's GPU, where it is not the rank itself
+        self.holes: set[int] = set()  # ranks no GPU runs (a re-partitioned layout's holes)
         self.spare: list[int] = []  # the job's healthy GPUs outside the plan
 
     def now(self):
@@ -57,7 +58,7 @@ class FakeController:
         return out
 
     def physical(self):
-        return {g.rank: self.placed.get(g.rank, g.rank) for g in self.plan.spec.gpus}
+        return {g.rank: self.placed.get(g.rank, g.rank) for g in self.plan.spec.gpus if g.rank not in self.holes}
 
     def spares(self):
         return list(self.spare)
@@ -139,6 +140,23 @@ def test_recovery_auto_restores_a_lost_stage_from_the_checkpoint(plan):
     policy = RecoveryPolicy(ctl, method="auto", max_restarts=1, initial_plan=plan, latest_checkpoint=lambda: None)
     change = policy.decide(plan, [0, 2], {0, 2})
     assert change.method == "checkpoint" and change.replacements == (0, 2)
+
+
+def test_a_lost_stage_starts_no_replacement_for_a_hole_of_the_layout():
+    # A re-partitioned layout with a hole: rank 2's slot of stage 0 has no GPU (its peer re-routes
+    # its work). Stage 0 lost: a replacement process starts for rank 0, never for the hole.
+    plan = schedc.compile(load_text(spec_text(dp=2, pp=2) + "\nfailures { fail gpu(dp=1, pp=0) }\n"))
+    ctl = FakeController(plan)
+    ctl.holes = {2}
+    policy = RecoveryPolicy(ctl, method="auto", max_restarts=1, initial_plan=plan, latest_checkpoint=lambda: None)
+    change = policy.decide(plan, [0], {0})
+    assert change.method == "checkpoint" and change.replacements == (0,)
+    assert ctl.asked_unreachable == [[0]]
+    # (a GPU failed when the job started is one of the job's: it is replaced)
+    ctl.holes = set()
+    change = RecoveryPolicy(ctl, method="auto", max_restarts=1, initial_plan=plan,
+                            latest_checkpoint=lambda: None).decide(plan, [0], {0})
+    assert change.replacements == (0, 2)
 
 
 def test_auto_re_partitions_a_lost_stage_whose_host_is_gone(plan):
@@ -631,7 +649,7 @@ def test_a_probe_is_judged_against_the_hosts_speed(plan):
 
 
 def test_survivors_keep_the_jobs_pipelines_while_they_can_hold_them():
-    from schedc.live.recovery import survivor_layout
+    from schedc.live.layouts import survivor_layout
 
     spec = load_text(spec_text(dp=3, pp=3))
     layout = survivor_layout(spec, [0, 2, 3, 5, 6, 8])  # stage 1 lost
@@ -639,7 +657,7 @@ def test_survivors_keep_the_jobs_pipelines_while_they_can_hold_them():
 
 
 def test_survivors_too_few_for_the_jobs_pipelines_keep_its_global_batch_on_fewer():
-    from schedc.live.recovery import survivor_layout
+    from schedc.live.layouts import survivor_layout
 
     spec = load_text(spec_text(dp=3, pp=3))
     layout = survivor_layout(spec, [2, 8])  # 2 GPUs: 3 pipelines do not fit
@@ -648,7 +666,7 @@ def test_survivors_too_few_for_the_jobs_pipelines_keep_its_global_batch_on_fewer
 
 
 def test_the_gpus_an_in_place_move_needs_are_kept_in_the_layout():
-    from schedc.live.recovery import covers, survivor_layout
+    from schedc.live.layouts import covers, survivor_layout
 
     spec = load_text(spec_text(dp=3, pp=3))
     survivors = [0, 2, 3, 5, 8]  # stage 1 lost; 3 x 1 runs on 3 of the 5
@@ -673,7 +691,7 @@ def test_a_growth_in_place_is_priced_by_the_layers_one_gpu_lacks_at_most():
     """`growth_option` (what `auto`'s ski rental weighs a growth by): reconfiguring, and the largest
     share of state one GPU receives: the layers of its new stage it does not hold now."""
     from schedc.layout import bytes_of, units_of
-    from schedc.live.recovery import growth_option
+    from schedc.live.layouts import growth_option
     from schedc.recovery_cost import Costs
 
     plan = schedc.compile(TINY_GPT)
@@ -700,7 +718,7 @@ def test_a_growth_in_place_is_priced_by_the_layers_one_gpu_lacks_at_most():
 def test_a_growth_of_a_stages_block_is_priced_by_its_whole_new_stage():
     # With a `stages` block the merged stages are not matched unit by unit: each GPU is priced as
     # receiving its whole new stage (an upper bound).
-    from schedc.live.recovery import growth_option
+    from schedc.live.layouts import growth_option
     from schedc.recovery_cost import Costs
 
     plan = schedc.compile(spec_text(dp=2, pp=2))

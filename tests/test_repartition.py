@@ -239,13 +239,18 @@ def test_failures_of_one_burst_are_one_event_for_the_horizon():
 
 def test_a_burst_found_in_several_decisions_is_one_loss_for_the_loss_rate():
     loss = LossRate(burst_s=60.0)
-    loss.event(3, 12, 0.0)  # a reclaim: 3 of 12 GPUs found first ...
-    loss.event(3, 12, 0.1)  # ... decided again on the same plan (a dump first): the same 3
-    loss.event(1, 9, 0.5)  # ... and one more found after a plan of the 9 left
-    assert loss.fraction == pytest.approx(4 / 12)
+    loss.event(3, 12, 0.0, plan="a")  # a reclaim: 3 of 12 GPUs found first ...
+    loss.event(3, 12, 0.1, plan="a")  # ... decided again on the same plan (a dump first): the same 3
+    loss.event(1, 9, 0.5, plan="b")  # ... one more found after a plan of the 9 left ...
+    loss.event(2, 9, 0.6, plan="b")  # ... and another, on that plan (it names both since it began)
+    assert loss.fraction == pytest.approx(5 / 12)
+    grown = LossRate(burst_s=60.0)
+    grown.event(3, 12, 0.0, plan="a")
+    grown.event(2, 12, 0.3, plan="c")  # a plan as large (replacements): its losses are new ones
+    assert grown.fraction == pytest.approx(5 / 12)
     loss.event(0, 8)  # a GPU back: an event that is no loss
     loss.event(2, 9, 400.0)  # another burst
-    assert loss.fraction == pytest.approx((4 / 12 + 2 / 9) / 2) and loss.share == pytest.approx(2 / 3)
+    assert loss.fraction == pytest.approx((5 / 12 + 2 / 9) / 2) and loss.share == pytest.approx(2 / 3)
     # Without times (the replay's events are whole already) every call is an event.
     plain = LossRate(burst_s=60.0)
     plain.event(3, 12)

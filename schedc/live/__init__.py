@@ -20,7 +20,9 @@ The modules, from the job down to a rank (docs/live.md):
   workers (and `schedc run`'s ranks), the `Phase` enum, their encoding.
 - `schedc.live.control`: the `Controller` seam the policies see the run through.
 - `schedc.live.recovery`: the recovery policy (re-route, drop the pipeline,
-  restore a checkpoint when a stage is lost, restart everything).
+  restore a checkpoint when a stage is lost, re-partition, restart everything).
+- `schedc.live.layouts`: which layouts a re-partition weighs (holes included),
+  and what growing onto one costs; pure functions of a spec.
 - `schedc.live.slowness`: the fail-slow policy (measure, detect, price, switch).
 - `schedc.live.rejoin`: the rejoin policy (catch-up, then a switch).
 - `schedc.live.changepoint`: each GPU's speed and its change points; pure logic.

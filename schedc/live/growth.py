@@ -31,7 +31,7 @@ moment in hindsight would.
 from __future__ import annotations
 
 from schedc.live.protocol import Phase, RejoinAsked
-from schedc.live.recovery import covers, growth_option, layout_words
+from schedc.live.layouts import covers, growth_option, layout_words
 from schedc.live.result import Recovery
 from schedc.plan import Plan
 from schedc.recovery_cost import Option, grow_delay_s

@@ -40,7 +40,7 @@ from typing import Sequence
 from schedc.diagnostics import RunError
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
-from schedc.live.recovery import covers, layout_candidates, layout_words
+from schedc.live.layouts import layout_words
 from schedc.live.result import GenerationRecord
 
 
@@ -54,29 +54,36 @@ class Relayout:
         if not self.recovery.repartitions(self.plan, self.dead):
             return False
         held = self._lost_held()
+        if held and self.gen.dump and self.generation_records[-1].t_ready is not None:
+            held = None  # (the survivors just saved what they hold: they restore it in place, free of holders)
         spec = self.plan.spec
         survivors = sorted(g.rank for g in spec.gpus if g.live and g.rank not in self.dead)
-        keep: list[list[int]] = []
-        if held:
-            # Who holds each stage of the running plan: its survivors, or (lost) its shadows' holders.
-            # The new layout must run one of each, or the state of a stage would be left behind.
-            keep = [held.get(s) or [g.rank for g in spec.gpus if g.pp == s and g.rank in survivors]
-                    for s in range(spec.pp)]
-            if not any(covers(layout.gpus, keep) for layout in layout_candidates(spec, survivors, keep)):
-                return False  # (the survivors save what they hold first: `_dump_first`)
+        # Who holds each stage of the running plan: its survivors, or (lost) its shadows' holders.
+        # A move's layout must run one of each, or the state of a stage would be left behind.
+        keep = ([held.get(s) or [g.rank for g in spec.gpus if g.pp == s and g.rank in survivors]
+                 for s in range(spec.pp)] if held else [])
         try:
             change = self.recovery.decide(self.plan, failed, self.dead, in_place="move" if held else "restore",
                                           keep=keep)
         except RunError as exc:
-            if held and self._lost_held() is not None:
-                # No layout that runs a holder of every stage could be planned (the estimate passed
-                # them, the planner did not): the survivors save what they hold, and the choice is
-                # made again from that checkpoint, free of the holders (`_dump_first`).
-                self._note("warning", "warning: no layout of the survivors that keeps a holder of every stage could "
-                                      "be planned: they save what they hold, to re-partition from it")
-                return False
-            self._fail(list(exc.diagnostics))
-            return True
+            if not held:
+                self._fail(list(exc.diagnostics))
+                return True
+            # No layout that runs a holder of every stage (of the survivors, and of the job's spare
+            # GPUs) fits or could be planned: the survivors save what they hold, then restore it in
+            # place, free of the holders (`_after_dump`); with nothing trained since the latest
+            # checkpoint, they restore that at once.
+            self._note("warning", "warning: no layout that keeps a holder of every stage could be laid out and "
+                                  "planned: the survivors restore in place instead (after saving what they hold, "
+                                  "if they trained past the latest checkpoint)")
+            if self._dump_first():
+                return True
+            held, keep = None, []
+            try:
+                change = self.recovery.decide(self.plan, failed, self.dead, in_place="restore")
+            except RunError as again:
+                self._fail(list(again.diagnostics))
+                return True
         spec = change.plan.spec
         if change.physical is not None:  # (also on spare GPUs of the job: fresh processes start there)
             by_gpu = {self.physical[r]: r for r in survivors}
@@ -245,6 +252,7 @@ class Relayout:
                                  "nothing trained since the last checkpoint is lost", generation=self.gen.number,
                        iteration=start, path=str(found.path))
         else:
+            self._dump_refused = True  # (this recovery restores without another dump: it would fail alike)
             self._note("warning", f"warning: generation {self.gen.number} could not save every stage after {start} "
                                   "steps: restoring the latest complete checkpoint instead")
         self._decide(self._recovery, self._failed_since_plan(), {})

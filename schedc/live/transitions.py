@@ -21,7 +21,8 @@ from schedc.diagnostics import RunError, error
 from schedc.live.detect import Beat
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
-from schedc.live.recovery import Change, describe, failure_events, layout_words, restored_name
+from schedc.live.layouts import layout_words
+from schedc.live.recovery import Change, describe, failure_events, restored_name
 from schedc.printer import human_bytes
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
@@ -315,7 +316,7 @@ class Transitions:
                 rec.events += describe(failure_events(self.plan.spec, failed))
             self._fail(list(exc.diagnostics))
             return
-        old = self.gen
+        old, gpu_of = self.gen, dict(self.physical)  # (the ranks of the plan that failed -> the job's GPUs)
         if change.restart_all:
             self._stop_survivors()
         rec.method = change.method
@@ -356,6 +357,14 @@ class Transitions:
             self._start_workers(change.replacements)
         self.phase = Phase.RECOVERING
         for r, s in sorted(suspects.items()):
+            if s.silent and change.method == "repartition":
+                # (the ranks are the new layout's now: the GPU, named as the job named it, is taken
+                # back by growing onto it, once, like any GPU the job lost)
+                gpu = gpu_of.get(r)
+                if gpu is not None and ("gpu", gpu) not in self._taken_back:
+                    self._taken_back.add(("gpu", gpu))
+                    self._user_rejoin(gpu, "declared failed by its silence; the GPU may be healthy")
+                continue
             if s.silent and r not in self.gen.members and r not in self._taken_back:
                 # Silence is what load looks like too: the GPU may be healthy. It gets one fresh
                 # process through the rejoin path (catch-up, then a switch); silent again, it stays out.
