@@ -335,30 +335,32 @@ def test_without_shadows_a_lost_stage_is_restored_in_the_survivors_processes_re_
 
 def test_a_move_whose_layouts_all_fail_to_plan_saves_the_survivors_state_first(monkeypatch):
     # Every layout that keeps a holder of each stage passes the estimate but not the planner (here:
-    # the planner refuses until the survivors' dump begins). The run does not stop with E553: the
-    # survivors save what they hold (the lost stage from its shadows), then it re-partitions.
+    # the planner refuses every layout of a move). The run does not stop with E553: the survivors
+    # save what they hold (the lost stage from its shadows), then restore that in place on a
+    # re-partition free of holders; the move is not tried again (the planner would refuse it again).
     import schedc.repartition as repartition
     from schedc.diagnostics import SchedcError, error
 
     _repartition(monkeypatch)
-    real, refusing = repartition.plan_layout, [True]
+    real, run = repartition.plan_layout, []
 
     def plan_layout(spec, layout, *args, **kwargs):
-        if refusing[0]:
+        if run and run[0].recovery._in_place == "move":
             raise SchedcError([error("E330", f"{layout.dp} x {layout.pp} does not fit")])
         return real(spec, layout, *args, **kwargs)
 
-    def stop_refusing_at_the_dump(sup, world):
-        if sup.gen is not None and sup.gen.dump:
-            refusing[0] = False
+    def keep_the_run(sup, world):
+        run[:] = [sup]
 
     monkeypatch.setattr(repartition, "plan_layout", plan_layout)
-    out = simulate(214, faults=STAGE_LOST, hook=stop_refusing_at_the_dump)
+    out = simulate(214, faults=STAGE_LOST, hook=keep_the_run)
     assert not out.violations, out.describe()
     story = "\n".join(out.events)
-    assert "keeps a holder of every stage could be planned: they save what they hold" in story, story
+    assert "keeps a holder of every stage could be laid out and planned: the survivors restore in place" in story, story
     assert "survivors save the state they hold (stage 2 from its shadow on rank(s) [0, 3, 6])" in story, story
-    assert "re-partitioning the 6 survivors as" in story and "E553" not in story, story
+    after = story.split("nothing trained since the last checkpoint is lost")[1]
+    assert "re-partitioning the 6 survivors as" in after and "keep their processes and restore iter-" in after, story
+    assert "E553" not in story and story.count("could be laid out and planned") == 1, story
     assert out.result == "finished"
 
 
