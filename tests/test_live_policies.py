@@ -782,3 +782,23 @@ def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
     assert ctl.spares() == [6]  # (a host found gone is not asked again)
     assert sup.fleet.asked == [[1, 2], [1]]
     assert [kind for kind, _ in sup.notes] == ["host"]
+
+
+def test_e553_says_the_planner_refused_every_layout_and_why(monkeypatch):
+    # Every layout of the survivors passes the estimate and is refused by the planner: E553 says so
+    # (not "cannot hold one pipeline") and shows the planner's own diagnostic after it.
+    import schedc.repartition as repartition
+    from schedc.diagnostics import RunError, SchedcError, error
+
+    def refuse(spec, layout, *args, **kwargs):
+        raise SchedcError([error("E330", f"{layout.dp} x {layout.pp} does not fit")])
+
+    monkeypatch.setattr(repartition, "plan_layout", refuse)
+    plan = schedc.compile(spec_text(dp=2, pp=3))
+    policy = RecoveryPolicy(FakeController(plan), method="repartition", max_restarts=3, initial_plan=plan,
+                            latest_checkpoint=lambda: None)
+    with pytest.raises(RunError) as info:
+        policy.decide(plan, [1, 4], {1, 4}, in_place="restore")
+    first = info.value.diagnostics[0]
+    assert first.code == "E553" and "the planner refused every layout of the 4 surviving GPU(s) (below)" in first.message
+    assert "E330" in info.value.codes and "cannot hold one pipeline" not in first.message

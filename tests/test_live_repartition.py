@@ -269,4 +269,5 @@ def test_a_layout_lost_on_every_gpu_goes_on_on_the_jobs_spare_gpu_exactly(tmp_pa
     assert "fresh processes start on them and restore the initial weights" in second["message"], second
     assert second["layout"]["spare"] == [5] and result.generations[-1].members == [0]
     at = result.events.index(second)
-    assert [e["rank"] for e in result.events[at:] if e["kind"] == "started"] == [0], result.events[at:]
+    # (rank 0 of the new layout, on the spare GPU: the job's rank 5)
+    assert [(e["rank"], e["gpu"]) for e in result.events[at:] if e["kind"] == "started"] == [(0, 5)], result.events[at:]

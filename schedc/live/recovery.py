@@ -153,6 +153,7 @@ class RecoveryPolicy:
         # The last answer to "whose hosts are gone" (`_unreachable`): (when, the ranks asked, the answer).
         self._asked: tuple[float, frozenset[int], dict[int, list[int]]] | None = None
         self.iterations = iterations  # the run's total (E553's resume command); None: not known here
+        self.refused: list[SchedcError] = []  # why the planner refused layouts of the last re-partition
 
     def repartitions(self, plan: "Plan", lost: set[int]) -> bool:
         """Whether `decide` lays the survivors out anew: a stage of `plan` lost every GPU, and the
@@ -251,7 +252,8 @@ class RecoveryPolicy:
                 break
             try:
                 new = plan_layout(spec.without_failures(), layout, "greedy", time_limit=0.05)
-            except SchedcError:  # (the estimate's memory model passed, the planner's did not)
+            except SchedcError as exc:  # (the estimate's memory model passed, the planner's did not)
+                self.refused.append(exc)
                 continue
             transition, moved = price(layout)
             replicas = [sum(1 for row in layout.ranks if row[st] is not None) for st in range(layout.pp)]
@@ -331,6 +333,7 @@ class RecoveryPolicy:
         fault_free_s = (plan.metrics.fault_free_iteration_time or plan.metrics.iteration_time) / 1e6
         work = self.horizon.seconds / fault_free_s
         spares = sorted(self.ctl.spares())
+        self.refused = []
         share = LAYOUT_SHARE / 2 if spares else LAYOUT_SHARE  # (two sets of layouts share the deadline)
         chosen = self.laid_out(spec, survivors, keep, cover=move, price=self._price(plan, units, held),
                                work_iterations=work, share=share)
@@ -367,16 +370,23 @@ class RecoveryPolicy:
         if (self.restarts >= self.max_restarts and not self._in_place) or laid is None:
             why = (f"no restart is left (--max-restarts {self.max_restarts})" if laid is not None else
                    "no GPU of the running layout survives, and no spare GPU is left" if not survivors and not spares
-                   else f"the {len(survivors)} surviving GPU(s)" + (f" and {len(spares)} spare one(s)" if spares else "")
-                   + " cannot hold one pipeline of the model (its memory)")
+                   else f"the planner refused every layout of the {len(survivors)} surviving GPU(s)"
+                   + (f" and {len(spares)} spare one(s)" if spares else "")
+                   + (" that keeps a holder of every stage" if self._in_place == "move" else "") + " (below)"
+                   if self.refused else
+                   f"the {len(survivors)} surviving GPU(s)" + (f" and {len(spares)} spare one(s)" if spares else "")
+                   + (" have no layout that keeps a holder of every stage" if self._in_place == "move" else
+                      " cannot hold one pipeline of the model (its memory)"))
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
                      f"need be, docs/live.md) with {self._resume(found)}" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
             raise RunError([error("E553", f"a stage lost every GPU and the survivors cannot be re-partitioned: "
-                                          f"{why}", hint=where)] + list(exc.diagnostics))
+                                          f"{why}", hint=where)] + list(exc.diagnostics)
+                           + [d for refused in self.refused[:1] for d in refused.diagnostics])
         layout, new = laid
         on_spares = any(best is o for o in wide)
         slices, ranks = layout.slices, layout.ranks
+        # (`gpus`: ranks of the plan that ran, or with `spare`, the job's GPUs as its spec names them)
         shape = {"dp": layout.dp, "pp": layout.pp, "slices": [list(s) for s in slices],
                  "gpus": [list(row) for row in ranks]}
         placed, taken = None, []
@@ -387,7 +397,8 @@ class RecoveryPolicy:
             shape["spare"] = taken
             ranks = None
         layout_ranks = None if ranks is None else tuple(tuple(row) for row in ranks)
-        who, started = _in_place_words(self.initial_plan.spec, len(survivors), taken)
+        kept = len(layout.gpus) - len(taken) if on_spares else len(survivors)
+        who, started = _in_place_words(self.initial_plan.spec, len(survivors), kept, taken)
         if self._in_place == "move":
             how = (f"{started}, and the layers move among them" if taken else
                    "they keep their processes and move the layers among themselves")
@@ -398,7 +409,7 @@ class RecoveryPolicy:
                           physical=placed)
         restore = str(found.path) if found else "initial"
         if self._in_place == "restore":
-            how = (f"{started}, and all restore" if taken and survivors else f"{started} and restore" if taken else
+            how = (f"{started}, and all restore" if taken and kept else f"{started} and restore" if taken else
                    "they keep their processes and restore")
             self.ctl.note("repartition", f"a stage lost every GPU{because}: re-partitioning {who} as "
                                          f"{layout.describe(units.kind)}; {how} "
@@ -472,16 +483,17 @@ class RecoveryPolicy:
                       replacements=tuple(replacements))
 
 
-def _in_place_words(job, survivors: int, spares: Sequence[int]) -> tuple[str, str]:
-    """(who, started) of the note of an in-place re-partition that keeps `survivors` GPUs and takes
-    the job's `spares` (`job`'s ranks): the GPUs it lays out, and how processes start on the spare
-    ones ("" without)."""
+def _in_place_words(job, survivors: int, kept: int, spares: Sequence[int]) -> tuple[str, str]:
+    """(who, started) of the note of an in-place re-partition of `survivors` GPUs that runs `kept`
+    of them and the job's `spares` (`job`'s ranks): the GPUs it lays out, and how processes start
+    on the spare ones ("" without)."""
     if not spares:
         return f"the {survivors} survivors", ""
     named = ", ".join(f"GPU (dp={job.gpus[p].dp}, pp={job.gpus[p].pp})" for p in spares)
-    if not survivors:
+    if not kept:
         return f"{len(spares)} spare GPU(s) of the job ({named})", "fresh processes start on them"
-    return (f"the {survivors} survivors and {len(spares)} spare GPU(s) of the job ({named})",
+    some = f"{kept} of the {survivors} survivors" if kept < survivors else f"the {survivors} survivors"
+    return (f"{some} and {len(spares)} spare GPU(s) of the job ({named})",
             "the survivors keep their processes and fresh ones start on the spare GPUs")
 
 
