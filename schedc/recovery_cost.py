@@ -188,9 +188,9 @@ class LossRate:
     GPUs one loss event takes (default 0.1), and `share`, the share of events that are losses
     (default 0.5). `burst_s`: a loss less than that after the start of the last one (both given
     their time) is part of it, as in `Horizon`: a burst found in several ticks, or decided twice
-    (a dump first), is one event that took all of its GPUs. `plan` names the plan a loss was
-    counted on: one of the same plan counts the GPUs lost since that plan, those counted already
-    among them; one of a plan made since counts only new ones."""
+    (a dump first), is one event that took all of its GPUs. `plan` is the plan a loss was counted
+    on (compared by identity): one of the same plan counts the GPUs lost since that plan, those
+    counted already among them; one of a plan made since counts only new ones."""
 
     def __init__(self, fraction: float = 0.1, share: float = 0.5, burst_s: float = 0.0):
         self._default = (fraction, share)
@@ -205,7 +205,7 @@ class LossRate:
         burst = self._burst
         if burst is not None and t is not None and lost and t - burst[0] < self.burst_s:
             start, first_live, counted, on, before = burst
-            if plan is None or plan != on:  # (a plan made since: its losses are new)
+            if plan is None or plan is not on:  # (a plan made since: its losses are new)
                 before = counted
             total = min(first_live, before + lost)
             self._fractions[-1] = total / first_live

@@ -203,7 +203,7 @@ class RecoveryPolicy:
                 keep: Sequence[Sequence[int]]) -> Change:
         self._in_place, self._keep = in_place, keep
         live_before = sum(1 for g in plan.spec.gpus if g.live and (g.rank not in lost or g.rank in failed))
-        self.loss.event(len(failed), live_before, self.clock(), plan=id(plan))
+        self.loss.event(len(failed), live_before, self.clock(), plan=plan)
         if self.method == "restart":
             found = self.latest_checkpoint()
             restore = str(found.path) if found else "initial"
@@ -338,22 +338,7 @@ class RecoveryPolicy:
         chosen = self.laid_out(spec, survivors, keep, cover=move, price=self._price(plan, units, held),
                                work_iterations=work, share=share)
         options = [] if chosen is None else list(chosen[1])
-        wide: list[Option] = []
-        if spares:  # the same over the survivors and the spare GPUs, named as the job names them
-            physical = self.ctl.physical()
-            job = self.initial_plan.spec
-            up = sorted({physical[r] for r in survivors} | set(spares))
-            job_units = units_of(job)
-            held_p = held
-            if held is not None:  # (in the job's units: a re-partitioned spec's stages are not the job's)
-                same = units.kind == job_units.kind == "layer"
-                held_p = {physical[r]: u for r, u in held.items() if r in physical} if same else {}
-            more = self.laid_out(job, up, [[physical[r] for r in group] for group in keep], cover=move,
-                                 price=self._price(plan, job_units, held_p), work_iterations=work, share=share)
-            for o in [] if more is None else more[1]:
-                taken = len(set(o.plan[0].gpus) & set(spares))
-                if taken:  # (one on survivors alone is weighed above, in their own numbering)
-                    wide.append(dataclasses.replace(o, detail=f"{o.detail} (+{taken} spare)"))
+        wide = self._with_spares(plan, survivors, spares, keep, held, work, share) if spares else []
         if options or wide:
             best = choose(options + wide, work)
             if len(options) + len(wide) > 1:
@@ -368,15 +353,7 @@ class RecoveryPolicy:
                                         "risk_s": round(o.risk_s, 4)} for o in options + wide])
         laid = best.plan if options or wide else None
         if (self.restarts >= self.max_restarts and not self._in_place) or laid is None:
-            why = (f"no restart is left (--max-restarts {self.max_restarts})" if laid is not None else
-                   "no GPU of the running layout survives, and no spare GPU is left" if not survivors and not spares
-                   else f"the planner refused every layout of the {len(survivors)} surviving GPU(s)"
-                   + (f" and {len(spares)} spare one(s)" if spares else "")
-                   + (" that keeps a holder of every stage" if self._in_place == "move" else "") + " (below)"
-                   if self.refused else
-                   f"the {len(survivors)} surviving GPU(s)" + (f" and {len(spares)} spare one(s)" if spares else "")
-                   + (" have no layout that keeps a holder of every stage" if self._in_place == "move" else
-                      " cannot hold one pipeline of the model (its memory)"))
+            why = self._why_not(laid, survivors, spares)
             where = (f"the latest complete checkpoint is `{found.path}`; resume from it (onto fewer stages if "
                      f"need be, docs/live.md) with {self._resume(found)}" if found else
                      "no checkpoint was written (train with --checkpoint-every K)")
@@ -425,6 +402,46 @@ class RecoveryPolicy:
                       layout=shape)
         return Change(new, tuple(describe(events)), "repartition", restore=restore, restart_all=True,
                       ranks=layout_ranks, physical=placed)
+
+    def _with_spares(self, plan: "Plan", survivors: Sequence[int], spares: Sequence[int],
+                     keep: Sequence[Sequence[int]], held: dict[int, frozenset[int]] | None, work: float,
+                     share: float) -> list[Option]:
+        """`_repartitioned`'s options over the `survivors` (ranks of `plan`) and the job's `spares`,
+        named as the job's spec names its GPUs: those that take at least one spare GPU (a layout
+        of the survivors alone is weighed in their own numbering). `held`: a move's units held by
+        each rank of `plan`, translated to the job's GPUs (with the job's units not matched to the
+        running plan's unit by unit, none: each GPU receives its whole stage, an upper bound)."""
+        from schedc.layout import units_of
+
+        physical = self.ctl.physical()
+        job = self.initial_plan.spec
+        units = units_of(job)
+        if held is not None:
+            same = units_of(plan.spec).kind == units.kind == "layer"
+            held = {physical[r]: u for r, u in held.items() if r in physical} if same else {}
+        laid = self.laid_out(job, sorted({physical[r] for r in survivors} | set(spares)),
+                             [[physical[r] for r in group] for group in keep], cover=held is not None,
+                             price=self._price(plan, units, held), work_iterations=work, share=share)
+        out = []
+        for o in [] if laid is None else laid[1]:
+            taken = len(o.plan[0].gpus & set(spares))
+            if taken:
+                out.append(dataclasses.replace(o, detail=f"{o.detail} (+{taken} spare)"))
+        return out
+
+    def _why_not(self, laid, survivors: Sequence[int], spares: Sequence[int]) -> str:
+        """Why `_repartitioned` cannot go on (E553's message): no restart left, or no layout."""
+        if laid is not None:
+            return f"no restart is left (--max-restarts {self.max_restarts})"
+        if not survivors and not spares:
+            return "no GPU of the running layout survives, and no spare GPU is left"
+        gpus = f"{len(survivors)} surviving GPU(s)" + (f" and {len(spares)} spare one(s)" if spares else "")
+        holders = self._in_place == "move"
+        if self.refused:
+            return (f"the planner refused every layout of the {gpus}"
+                    + (" that keeps a holder of every stage" if holders else "") + " (below)")
+        return f"the {gpus}" + (" have no layout that keeps a holder of every stage" if holders else
+                                " cannot hold one pipeline of the model (its memory)")
 
     def _price(self, plan: "Plan", units, held: dict[int, frozenset[int]] | None) -> Callable:
         """``price(layout) -> (transition seconds, largest share one GPU receives)`` of a
