@@ -118,7 +118,7 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
     if scenario == "stage":  # a burst takes a whole stage: a checkpoint restore, then another fault
         stage = rng.randrange(pp)
         burst = set(range(stage, world, pp))
-        if rng.random() < 0.3:  # and a GPU more: a re-partition may leave survivors spare (a later loss takes them)
+        if rng.random() < 0.3:  # and a GPU more: survivors that equal pipelines cannot all use (holes, spares)
             burst.add(rank())
         out = [Fault("training", round(rng.uniform(0, 1.0), 3), "kill", tuple(sorted(burst))),
                Fault("recovering", phase_delay(), rng.choice(["kill", "stop", "pause", "forkserver"]), (rank(),),
