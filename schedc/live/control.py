@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from schedc.live.protocol import Phase
     from schedc.plan import Plan
-    from schedc.spec import Failure
+    from schedc.spec import Failure, Gpu
 
 
 class Controller(Protocol):
@@ -58,6 +58,9 @@ class Controller(Protocol):
         """Each rank of the newest plan -> the job's GPU that runs it, named as the job's spec
         names its GPUs (the identity until a re-partition renumbers them; a hole of a
         re-partitioned layout, a slot no GPU runs, has none)."""
+
+    def job_gpu(self, gpu: int) -> "Gpu":
+        """The job's GPU `gpu` as the job's spec names it (its dp and pp there)."""
 
     def spares(self) -> list[int]:
         """The job's GPUs (named as its spec names them) that are healthy and unused: left out of
@@ -132,6 +135,9 @@ class SupervisorControl:
     def physical(self) -> dict[int, int]:
         sup = self._sup
         return {g.rank: sup.physical[g.rank] for g in sup.plan.spec.gpus if g.rank in sup.physical}
+
+    def job_gpu(self, gpu: int) -> "Gpu":
+        return self._sup.recovery.initial_plan.spec.gpus[gpu]
 
     def spares(self) -> list[int]:
         sup = self._sup

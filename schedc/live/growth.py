@@ -79,7 +79,7 @@ class Growth:
         current = next((r for r, p in self.physical.items() if p == rank), None)
         if current is not None:
             if current in self.dead:  # lost since the re-partition: back into the layout that runs
-                self.rejoins.request(current, f"{reason} (rank {current} of the re-partitioned layout)")
+                self.rejoins.request(current, reason)  # (its note names the job's GPU and the layout's slot)
             else:
                 self._note("rejoin", f"{name} did not leave it (it runs in the re-partitioned layout as rank "
                                      f"{current}): nothing to take back ({reason})", rank=rank)

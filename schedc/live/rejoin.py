@@ -41,8 +41,14 @@ class Rejoins:
         if rank in self.wanted:
             return
         self.wanted[rank] = reason
-        ctl.note("rejoin", f"taking GPU (dp={g.dp}, pp={g.pp}) (rank {rank}) back: {reason}", rank=rank,
-                 reason=reason)
+        physical = ctl.physical().get(rank, rank)
+        if physical == rank:
+            what = f"GPU (dp={g.dp}, pp={g.pp}) (rank {rank})"
+        else:  # a re-partitioned layout: its slot is not the job's GPU of the same name
+            job = ctl.job_gpu(physical)
+            what = (f"GPU (dp={job.dp}, pp={job.pp}) of the job as rank {rank} of the re-partitioned layout "
+                    f"(its slot dp={g.dp}, pp={g.pp})")
+        ctl.note("rejoin", f"taking {what} back: {reason}", rank=rank, reason=reason)
         ctl.revive(rank)
         if ctl.phase == Phase.RUNNING:
             self._start_session(rank)
