@@ -17,7 +17,7 @@ from live_support import spec_text, wait_until
 from schedc.diagnostics import SpecError
 from schedc.live import checkpoint
 from schedc.live.detect import Beat, Detector, exit_cause
-from schedc.live.inject import Injection, Moment, Trigger, parse_injections
+from schedc.live.inject import Injection, Injections, Moment, Trigger, parse_injections
 from schedc.live.membership import Generation, Heartbeat, JobStore
 from schedc.live.protocol import IterationDone, StartRanks
 from schedc.live.rollback import RollbackError, StepSnapshot, roll_back, rollback_target
@@ -113,6 +113,24 @@ def test_a_trigger_fires_each_injection_once_at_its_op(spec):
     assert t.at_iteration_start(1).index == 2 and t.at_iteration_start(1) is None
     assert t.at_recovery(2) is None and t.at_recovery(1).index == 3
     assert not Trigger(())
+
+
+def test_after_a_re_partition_a_gpu_or_node_target_hits_the_ranks_that_run_its_gpus(spec):
+    # The job's GPUs 0, 1, 3 and 4 run as ranks 0-3 of a re-partitioned layout (1 -> rank 2, ...):
+    # a GPU or a node names the job's GPUs, so it hits the ranks running them now; `rank R` names a
+    # rank of the layout that runs, and a rejoin the job's GPU, as written. A target whose GPUs left
+    # the layout signals nobody and is said never to have fired, with why.
+    texts = ["at iteration 3: fail gpu(dp=0, pp=1)", "at iteration 3: fail node 1", "at iteration 3: fail rank 1",
+             "at iteration 3: slow gpu(dp=0, pp=0) speed = 0.5", "at iteration 2: recover gpu(dp=0, pp=2)",
+             "at 1s: hang gpu(dp=0, pp=2)", "at 1s: hang gpu(dp=1, pp=1)"]
+    injections = Injections(parse_injections(texts, spec, iterations=5))
+    assert [tuple(j["ranks"]) for j in injections.armed()] == [(1,), (3, 4), (1,), (0,), (2,), (2,), (4,)]
+    injections.place({0: 0, 1: 3, 2: 1, 3: 4})
+    assert [tuple(j["ranks"]) for j in injections.armed()] == [(2,), (1, 3), (1,), (0,), (2,), (), (3,)]
+    assert [(i.index, i.ranks) for i in injections.due_at(1.5)] == [(6, (3,))]  # GPU 4 as rank 3; GPU 2 is gone
+    assert injections.due_at(2.0) == []  # each once
+    (why,) = [line for inj, line in injections.never_fired_lines(3.0, 1) if inj.index == 5]
+    assert "never fired: no rank of the layout that ran then held its GPU(s) (the job's GPU(s) [2]" in why, why
 
 
 # -- detection -------------------------------------------------------------------------

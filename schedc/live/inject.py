@@ -38,8 +38,8 @@ the plan (the GPU exists and runs, the moment is reached) and raises a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Literal, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, Mapping, Sequence
 
 from schedc.diagnostics import Diagnostic, Span, SpecError, error
 from schedc.failures import describe_failure, failure_ranks
@@ -81,6 +81,16 @@ class Injection:
         if self.until is not None:
             text += f" until iteration {self.until}"
         return text
+
+    def on_layout(self, physical: Mapping[int, int]) -> "Injection":
+        """This injection as the layout that runs carries it, `physical` mapping its ranks to the
+        job's GPUs (the identity until a re-partition renumbers them). A GPU or node target names
+        the job's GPUs, so it hits the layout's ranks that run them (none, when none is in the
+        layout); a `rank R` target names a rank of the layout that runs, and a rejoin the job's
+        GPU (the supervisor carries it out by that name): both as written."""
+        if self.action == "rejoin" or self.target.startswith("rank ") or all(r == p for r, p in physical.items()):
+            return self
+        return replace(self, ranks=tuple(r for r, p in sorted(physical.items()) if p in self.ranks))
 
     def to_json(self) -> dict:
         m = self.moment
@@ -254,10 +264,16 @@ class Injections:
         self.all = tuple(injections)
         self.fired: dict[int, tuple[float, tuple[int, ...]]] = {}  # index -> (when, ranks)
         self.begun: set[int] = set()  # slowdowns whose window the run has reached (each worker applies its own)
+        self._physical: dict[int, int] = {}  # the running layout's rank -> the job's GPU (empty: the identity)
+        self.unplaced: set[int] = set()  # due when no rank of the layout ran their GPU(s): never fired
+
+    def place(self, physical: Mapping[int, int]) -> None:
+        """The layout that runs from now on (a re-partition, a growth): its rank -> the job's GPU."""
+        self._physical = dict(physical)
 
     def armed(self) -> list[dict]:
-        """Those not fired yet, as a generation carries them to its members."""
-        return [i.to_json() for i in self.all if i.index not in self.fired]
+        """Those not fired yet, as a generation of the layout that runs carries them to its members."""
+        return [i.on_layout(self._physical).to_json() for i in self.all if i.index not in self.fired]
 
     def fired_by_agent(self, index: int, t: float, ranks) -> Injection:
         """An agent carried injection `index` out at `t` on `ranks`."""
@@ -265,7 +281,8 @@ class Injections:
         return next(i for i in self.all if i.index == index)
 
     def due_at(self, elapsed: float) -> list[Injection]:
-        """Injections at a time that `elapsed` seconds of training reached: fired now."""
+        """Injections at a time that `elapsed` seconds of training reached: fired now, on the
+        ranks of the layout that runs (`Injection.on_layout`)."""
         return self._fire([i for i in self.all if i.moment.kind == "time" and elapsed >= i.moment.seconds])
 
     def due_rejoins(self, done: int) -> list[Injection]:
@@ -302,12 +319,18 @@ class Injections:
         out = []
         for inj in self.never_fired():
             m = inj.moment
-            if m.kind == "time":
+            unplaced = (f"no rank of the layout that ran then held its GPU(s) (the job's GPU(s) {list(inj.ranks)} "
+                        "had left it)")
+            if inj.index in self.unplaced:
+                why = unplaced
+            elif m.kind == "time":
                 why = f"training ended {trained_s:.2f} s after it started, before {m.seconds:g} s"
             elif m.kind == "recovery":
                 why = (f"there was no generation {m.generation} (the run had {generations} replan(s))"
                        if generations < m.generation else
                        f"rank(s) {list(inj.ranks)} did not run in generation {m.generation}")
+            elif not inj.on_layout(self._physical).ranks:
+                why = unplaced
             else:
                 why = (f"rank(s) {list(inj.ranks)} never reached that moment (they had left the run, or "
                        "their plan no longer had that op)")
@@ -320,7 +343,9 @@ class Injections:
         return min(times) if times else None
 
     def _fire(self, due: list[Injection]) -> list[Injection]:
-        due = [i for i in due if i.index not in self.fired]
+        due = [i.on_layout(self._physical) for i in due if i.index not in self.fired and i.index not in self.unplaced]
+        self.unplaced.update(i.index for i in due if not i.ranks)  # (its GPUs left the layout: nothing to signal)
+        due = [i for i in due if i.ranks]
         for i in due:
             self.fired[i.index] = (time.time(), tuple(i.ranks))
         return due

@@ -67,6 +67,7 @@ class Transitions:
         self._returned = set()
         self.physical = physical
         self.fleet.place(physical)
+        self.injections.place(physical)  # (a GPU or node an injection names: the ranks that run it now)
 
     def _announce(self, plan: Plan, *, restore: str | None, reason: str, start_at: int | None = None,
                   moved: dict | None = None) -> None:
