@@ -122,7 +122,7 @@ class Agent:
         if inj is None:
             return
         self._fired.add(cmd.id)
-        done = self.signal(inj.ranks, inj.action)
+        done = self.signal(inj.ranks if cmd.ranks is None else cmd.ranks, inj.action)
         self.job.event(Injected(id=cmd.id, ranks=tuple(done), signal=inj.signal_name, host=self.host, t=time.time(),
                                 by=cmd.rank, iteration=cmd.iteration))
 
@@ -267,7 +267,7 @@ class Fleet:
     def fire(self, injection: int, ranks) -> None:
         """Carry out injection `injection` now, on the hosts of `ranks`."""
         for host in self.by_host(ranks):
-            self.job.command(host, FireInjection(injection))
+            self.job.command(host, FireInjection(injection, ranks=tuple(ranks)))
 
     def stop(self, grace: float) -> None:
         """Every other host's agent is told to stop; host 0's workers end (killed after `grace`)."""

@@ -544,7 +544,7 @@ class LiveWorker(StageFiles, SpeedProbe):
         if inj is None:
             return
         self.job.command(self.host, FireInjection(id=inj.index, rank=self.rank, iteration=self.iteration,
-                                                  t=time.time()))
+                                                  t=time.time(), ranks=inj.ranks))
         deadline = time.monotonic() + INJECT_WAIT
         while time.monotonic() < deadline:
             time.sleep(0.01)

@@ -287,6 +287,9 @@ class FireInjection:
     rank: int | None = None
     iteration: int | None = None
     t: float | None = None
+    # Its targets as the layout that runs numbers them (`Injection.on_layout`: after a re-partition
+    # a GPU's rank is not the one the first plan gave it); None: the injection's own.
+    ranks: tuple[int, ...] | None = None
 
 
 @message("stop")
