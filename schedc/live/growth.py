@@ -99,6 +99,13 @@ class Growth:
         self.spare.add(rank)
         back = f"{len(self._returned)} of the {len(self._returned) + len(self.lost_to_repartition)} GPU(s) the job lost"
         keep = self._grow_keep()  # (as it will grow: keeping a running GPU of each stage where it can)
+        if not all(keep):  # a stage no running process holds: its loss is being recovered first
+            self._grow_at_checkpoint = True
+            self._grow_since = self._now()
+            self._note("rejoin", f"{name} is back ({reason}): {back}; a stage lost meanwhile is recovered first, "
+                                 "and whether the job grows onto the GPUs back is weighed at a complete checkpoint "
+                                 "after that", rank=rank)
+            return
         target = self._growth_target(keep)
         if target is None:
             self._grow_at_checkpoint = False
@@ -135,7 +142,9 @@ class Growth:
         of GPUs of which the layout runs one where it can (`_grow_keep`: for a growth in place)."""
         initial = self.recovery.initial_plan
         everyone = {g.rank for g in initial.spec.gpus if g.live}
-        up = {self.physical[r] for r in self.gen.members if r not in self.dead} | self.spare
+        # (a spare GPU on a host found gone cannot start a process: not up)
+        up = ({self.physical[r] for r in self.gen.members if r not in self.dead}
+              | {p for p in self.spare if self.fleet.host_of_gpu(p) not in self.hosts_gone})
         if up >= everyone:
             return initial, {r: r for r in everyone}
         key = (frozenset(up), self.gen.number, tuple(tuple(group) for group in keep))
@@ -164,6 +173,9 @@ class Growth:
         re-sharded onto its stages (the iterations run since it are run again: a few)."""
         self._grow_at_checkpoint = False
         keep = self._grow_keep()
+        if not all(keep):  # a stage no running process holds: its recovery comes first; ask again later
+            self._grow_at_checkpoint = True
+            return
         target = self._growth_target(keep)
         if target is None:
             return

@@ -68,7 +68,7 @@ def _on_gpus(spec, dp: int, stages: int, microbatches: int, slices, gpus: Sequen
     need = dp * stages - holes
     chosen: list[int] = []
     for group in keep:
-        if not set(group) & set(chosen):
+        if group and not set(group) & set(chosen):  # (a stage no running process holds: nothing to keep)
             chosen.append(min(group))
     chosen = chosen[:need] + [r for r in sorted(gpus) if r not in chosen][:max(0, need - len(chosen))]
     held = {g.rank: frozenset() for g in spec.gpus}
