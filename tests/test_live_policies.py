@@ -695,6 +695,17 @@ def test_the_gpus_an_in_place_move_needs_are_kept_in_the_layout():
     assert covers(kept.gpus, keep) and (kept.dp, kept.pp) == (3, 1)
 
 
+def test_a_stage_no_running_process_holds_is_nothing_to_keep_and_no_move_in_place():
+    # (asked while that stage's loss is being recovered: min() of its empty group ended the supervisor)
+    from schedc.live.layouts import covers, layout_candidates
+
+    spec = load_text(spec_text(dp=2, pp=3))
+    keep = [[0], []]
+    layouts = layout_candidates(spec, [0, 2, 3, 5], keep)
+    assert layouts and all(0 in layout.gpus for layout in layouts)
+    assert not any(covers(layout.gpus, keep) for layout in layouts)
+
+
 TINY_GPT = """
 model "g" { layers = 8  hidden = 256  heads = 4  seq_len = 128  vocab = 1000  microbatch_size = 1  precision = bf16 }
 cluster { dp = 2  pp = 2  gpus_per_node = 1  gpu { memory = 40GiB  flops = 312TFLOPS  efficiency = 0.45 }
