@@ -298,6 +298,23 @@ def _repartition(monkeypatch, shadow: bool = True) -> None:
     monkeypatch.setattr(sim, "OPTIONS", dict(sim.OPTIONS, shadow=shadow, recovery="repartition"))
 
 
+@pytest.mark.parametrize("shadow", [False, True])
+def test_a_gpu_declared_failed_by_its_silence_in_a_lost_stage_is_taken_back_by_growing(monkeypatch, shadow):
+    # Stage 2 lost: two GPUs killed, the third stopped (its silence declares it failed, though the
+    # GPU may be healthy: load looks the same). The survivors re-partition in place; the silent
+    # GPU is then taken back once, by growing onto it. (The in-place path returned before the
+    # take-back, so a GPU found by its silence stayed out for good.)
+    _repartition(monkeypatch, shadow=shadow)
+    out = simulate(214, faults=[Fault("training", 0.53, "stop", (8,), duration=30.0),
+                                Fault("training", 0.0, "kill", (2, 5))])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "rank 8 GPU (dp=2, pp=2) failed: no heartbeat" in story and "they keep their processes" in story, story
+    assert ("GPU (dp=2, pp=2) of the job is back (declared failed by its silence; the GPU may be healthy)"
+            in story), story
+    assert "growing back onto 7 GPUs" in story and out.result == "finished", story
+
+
 def test_a_lost_stage_is_re_partitioned_in_place_from_its_shadows(monkeypatch):
     _repartition(monkeypatch)
     out = simulate(214, faults=STAGE_LOST)

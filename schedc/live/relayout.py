@@ -255,4 +255,5 @@ class Relayout:
             self._dump_refused = True  # (this recovery restores without another dump: it would fail alike)
             self._note("warning", f"warning: generation {self.gen.number} could not save every stage after {start} "
                                   "steps: restoring the latest complete checkpoint instead")
-        self._decide(self._recovery, self._failed_since_plan(), {})
+        suspects, self._silent_after_dump = self._silent_after_dump, {}
+        self._decide(self._recovery, self._failed_since_plan(), suspects)

@@ -147,7 +147,9 @@ class Supervisor(Transitions, Relayout, Growth):
         self.shadows_held: set[int] = set()  # --shadow: ranks whose shadow was exact when they were last ready
         self.shadows_on = True  # --shadow: whether the newest plan has room for them (`_shadows_fit`)
         self._dump_refused = False  # a dump generation missed its deadline: this recovery restores without one
-        self._taken_back: set = set()  # ranks declared failed by silence and taken back once (("gpu", G): by growing)
+        # Ranks declared failed by silence: taken back once (("gpu", G): by growing); those of a recovery
+        # whose survivors save their state first (a dump), for the decision after it.
+        self._taken_back, self._silent_after_dump = set(), {}
         control = SupervisorControl(self)
         self.rejoins = Rejoins(control)
         self.slowness = Slowness(control, mode=options.fail_slow)

@@ -307,8 +307,14 @@ class Transitions:
         self._decide(rec, self._failed_since_plan(), suspects)
 
     def _decide(self, rec: Recovery, failed: Sequence[int], suspects: dict) -> None:
-        """Choose and announce how to go on after `failed` failed (of `self.plan`)."""
+        """Choose and announce how to go on after `failed` failed (of `self.plan`); a GPU of
+        `suspects` declared failed by its silence is then taken back once (`_take_back_silent`)."""
+        gpu_of = dict(self.physical)  # (the ranks of the plan that failed -> the job's GPUs)
         if self._move_first(rec, failed) or self._dump_first():
+            if self.gen.dump and self.generation_records[-1].t_ready is None:
+                self._silent_after_dump = dict(suspects)  # (the survivors save first: decided after that)
+            elif self._failure is None:
+                self._take_back_silent(suspects, gpu_of, "repartition")  # (re-partitioned in place)
             return
         try:
             change = self.recovery.decide(self.plan, failed, self.dead)
@@ -317,7 +323,7 @@ class Transitions:
                 rec.events += describe(failure_events(self.plan.spec, failed))
             self._fail(list(exc.diagnostics))
             return
-        old, gpu_of = self.gen, dict(self.physical)  # (the ranks of the plan that failed -> the job's GPUs)
+        old = self.gen
         if change.restart_all:
             self._stop_survivors()
         rec.method = change.method
@@ -357,8 +363,14 @@ class Transitions:
         elif change.replacements:
             self._start_workers(change.replacements)
         self.phase = Phase.RECOVERING
+        self._take_back_silent(suspects, gpu_of, change.method)
+
+    def _take_back_silent(self, suspects: dict, gpu_of: dict[int, int], method: str) -> None:
+        """Each of `suspects` declared failed by its silence (what load looks like too) gets one
+        more chance: after a re-partition by growing onto its GPU (`gpu_of`: the failed plan's
+        ranks -> the job's GPUs), else by a fresh process through the rejoin path."""
         for r, s in sorted(suspects.items()):
-            if s.silent and change.method == "repartition":
+            if s.silent and method == "repartition":
                 # (the ranks are the new layout's now: the GPU, named as the job named it, is taken
                 # back by growing onto it, once, like any GPU the job lost)
                 gpu = gpu_of.get(r)
