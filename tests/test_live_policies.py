@@ -39,6 +39,7 @@ class FakeController:
         self.holes: set[int] = set()  # ranks no GPU runs (a re-partitioned layout's holes)
         self.spare: list[int] = []  # the job's healthy GPUs outside the plan
         self.job = plan.spec  # the job's spec, as it names its GPUs
+        self.relaid = False  # whether the plan is a re-partitioned layout (its GPUs named as the job names them)
 
     def now(self):
         return self.clock
@@ -61,8 +62,12 @@ class FakeController:
     def physical(self):
         return {g.rank: self.placed.get(g.rank, g.rank) for g in self.plan.spec.gpus if g.rank not in self.holes}
 
-    def job_gpu(self, gpu):
-        return self.job.gpus[gpu]
+    def gpu_name(self, rank):
+        if not self.relaid:
+            g = self.plan.spec.gpus[rank]
+            return f"GPU (dp={g.dp}, pp={g.pp})"
+        g = self.job.gpus[self.placed.get(rank, rank)]
+        return f"GPU (dp={g.dp}, pp={g.pp}) of the job"
 
     def spares(self):
         return list(self.spare)
@@ -283,17 +288,16 @@ def test_rejoin_revives_catches_up_then_switches(plan):
     assert rejoins.wanted == {} and ctl.directives[0] is None and ctl.directives[2] is None
 
 
-def test_a_rejoin_into_a_re_partitioned_layout_names_the_jobs_gpu_and_the_layouts_slot(plan):
+def test_a_rejoin_into_a_re_partitioned_layout_names_the_gpu_as_the_job_does(plan):
     # A 2 x 2 layout over GPUs of a 2 x 3 job: rank 2 of the layout (its slot dp=1, pp=0) is the
     # job's GPU 4, (dp=1, pp=1). Naming the slot "GPU (dp=1, pp=0)" would name another GPU of the job.
     job = schedc.compile(spec_text(dp=2, pp=3))
     gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
     ctl = FakeController(gone)
-    ctl.job, ctl.placed = job.spec, {0: 0, 1: 2, 2: 4, 3: 5}
+    ctl.job, ctl.placed, ctl.relaid = job.spec, {0: 0, 1: 2, 2: 4, 3: 5}, True
     ctl.running.discard(2)
     Rejoins(ctl).request(2, "asked for")
-    assert ("rejoin", "taking GPU (dp=1, pp=1) of the job as rank 2 of the re-partitioned layout (its slot dp=1, "
-                      "pp=0) back: asked for") in ctl.notes, ctl.notes
+    assert ("rejoin", "taking GPU (dp=1, pp=1) of the job (rank 2) back: asked for") in ctl.notes, ctl.notes
 
 
 def test_a_refused_rejoin_switch_gives_up_and_says_why(plan):

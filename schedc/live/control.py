@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from schedc.live.protocol import Phase
     from schedc.plan import Plan
-    from schedc.spec import Failure, Gpu
+    from schedc.spec import Failure
 
 
 class Controller(Protocol):
@@ -59,8 +59,10 @@ class Controller(Protocol):
         names its GPUs (the identity until a re-partition renumbers them; a hole of a
         re-partitioned layout, a slot no GPU runs, has none)."""
 
-    def job_gpu(self, gpu: int) -> "Gpu":
-        """The job's GPU `gpu` as the job's spec names it (its dp and pp there)."""
+    def gpu_name(self, rank: int) -> str:
+        """How a message names the GPU that runs `rank` of the newest plan: "GPU (dp=D, pp=S)", its
+        place there; after a re-partition "GPU (dp=D, pp=S) of the job", as the job named it (the
+        layout's own dp and pp would name another of the job's GPUs)."""
 
     def spares(self) -> list[int]:
         """The job's GPUs (named as its spec names them) that are healthy and unused: left out of
@@ -136,8 +138,8 @@ class SupervisorControl:
         sup = self._sup
         return {g.rank: sup.physical[g.rank] for g in sup.plan.spec.gpus if g.rank in sup.physical}
 
-    def job_gpu(self, gpu: int) -> "Gpu":
-        return self._sup.recovery.initial_plan.spec.gpus[gpu]
+    def gpu_name(self, rank: int) -> str:
+        return self._sup._gpu_name(rank)
 
     def spares(self) -> list[int]:
         sup = self._sup

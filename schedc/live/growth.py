@@ -63,6 +63,14 @@ class Growth:
             return
         self._user_rejoin(cluster.rank_of(ev.dp, ev.pp), "asked for with schedc rejoin")
 
+    def _gpu_name(self, rank: int) -> str:
+        """`Controller.gpu_name`."""
+        if self.repartitioned is None or rank not in self.physical:
+            g = self.plan.spec.gpus[rank]
+            return f"GPU (dp={g.dp}, pp={g.pp})"
+        g = self.recovery.initial_plan.spec.gpus[self.physical[rank]]
+        return f"GPU (dp={g.dp}, pp={g.pp}) of the job"
+
     def _user_rejoin(self, rank: int, reason: str) -> None:
         """A rejoin a user asked for (`schedc rejoin`, an injected `recover gpu(...)`), of a GPU named
         as the job named it at its start (`rank` of the initial plan). After a re-partition the

@@ -34,21 +34,13 @@ class Rejoins:
 
     def request(self, rank: int, reason: str) -> None:
         ctl = self.ctl
-        g = ctl.plan.spec.gpus[rank]
         if rank in ctl.members:
-            ctl.note("rejoin", f"GPU (dp={g.dp}, pp={g.pp}) runs already: nothing to take back", rank=rank)
+            ctl.note("rejoin", f"{ctl.gpu_name(rank)} runs already: nothing to take back", rank=rank)
             return
         if rank in self.wanted:
             return
         self.wanted[rank] = reason
-        physical = ctl.physical().get(rank, rank)
-        if physical == rank:
-            what = f"GPU (dp={g.dp}, pp={g.pp}) (rank {rank})"
-        else:  # a re-partitioned layout: its slot is not the job's GPU of the same name
-            job = ctl.job_gpu(physical)
-            what = (f"GPU (dp={job.dp}, pp={job.pp}) of the job as rank {rank} of the re-partitioned layout "
-                    f"(its slot dp={g.dp}, pp={g.pp})")
-        ctl.note("rejoin", f"taking {what} back: {reason}", rank=rank, reason=reason)
+        ctl.note("rejoin", f"taking {ctl.gpu_name(rank)} (rank {rank}) back: {reason}", rank=rank, reason=reason)
         ctl.revive(rank)
         if ctl.phase == Phase.RUNNING:
             self._start_session(rank)

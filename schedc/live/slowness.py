@@ -250,8 +250,7 @@ class Slowness:
             return net
         if self._load_noted.get(rank) != since:
             self._load_noted[rank] = since
-            g = self.ctl.plan.spec.gpus[rank]
-            self.ctl.note("load", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) computes at {raw:.2f} of its peers' "
+            self.ctl.note("load", f"rank {rank} {self.ctl.gpu_name(rank)} computes at {raw:.2f} of its peers' "
                                   f"speed since iteration {since} (seen at {it}), but its thread waited for a CPU "
                                   f"as much longer: host load, not a slow GPU ({net:.2f} net of it)",
                           rank=rank, speed=round(raw, 3), net=round(net, 3), since=since, seen=it)
@@ -421,8 +420,7 @@ class Slowness:
         """A GPU's speed changed, as `signal` (compute, heartbeat or probe: in the event, for
         telling false alarms apart) says."""
         ctl = self.ctl
-        g = ctl.plan.spec.gpus[rank]
-        where = f"rank {rank} GPU (dp={g.dp}, pp={g.pp})"
+        where = f"rank {rank} {ctl.gpu_name(rank)}"
         if speed >= 1 - SpeedTracker.min_change:
             ctl.note("slow", f"{where} is back to full speed since iteration {since} (seen at {iteration})",
                       rank=rank, speed=round(speed, 3), since=since, seen=iteration, signal=signal)
@@ -476,7 +474,7 @@ class Slowness:
             return
         options = [Option("keep", ctl.base_plan.metrics.iteration_time), Option("restore", plan.metrics.iteration_time,
                                                                                  plan)]
-        ctl.note("slow", f"rank {rank} GPU (dp={g.dp}, pp={g.pp}) probes healthy again (speed "
+        ctl.note("slow", f"rank {rank} {ctl.gpu_name(rank)} probes healthy again (speed "
                          f"{max(v for _, v in self.probes[rank]):.2f})", rank=rank)
         d = self.ladder.open(rank, 1.0, ctl.completed, options, ctl.completed)
         if d.verdict == "switch":

@@ -197,14 +197,13 @@ class Supervisor(Transitions, Relayout, Growth):
 
     def result(self) -> TrainResult:
         opts = dict(self.options.__dict__, iterations=self.iterations)
-        return TrainResult(
-            ok=self.phase == Phase.DONE and not self._failure, out=str(self.out),
-            iterations=[self.ledger.records[i] for i in sorted(self.ledger.records)],
-            events=self.events, recoveries=self.recoveries, generations=self.generation_records,
-            wall_s=self.world.time() - self.t0, options=opts, state_dict=self.state_dict,
-            error=[d.to_json() for d in self._failure] if self._failure else None,
-            checkpoints=list(self.checkpoints.paths), history=list(self.ledger.history), switches=self.switches,
-            decisions=self.slowness.decisions)
+        return TrainResult(ok=self.phase == Phase.DONE and not self._failure, out=str(self.out),
+                           iterations=[self.ledger.records[i] for i in sorted(self.ledger.records)],
+                           events=self.events, recoveries=self.recoveries, generations=self.generation_records,
+                           wall_s=self.world.time() - self.t0, options=opts, state_dict=self.state_dict,
+                           error=[d.to_json() for d in self._failure] if self._failure else None,
+                           checkpoints=list(self.checkpoints.paths), history=list(self.ledger.history),
+                           switches=self.switches, decisions=self.slowness.decisions)
 
     @property
     def completed(self) -> int:
@@ -427,9 +426,8 @@ class Supervisor(Transitions, Relayout, Growth):
         if s.rank in self._suspects or s.rank in self.dead:
             return
         self._suspects[s.rank] = s
-        g = self.plan.spec.gpus[s.rank]
-        self._note("failure", f"rank {s.rank} GPU (dp={g.dp}, pp={g.pp}) failed: {s.cause}", t=s.at,
-                   rank=s.rank, cause=s.cause)
+        self._note("failure", f"rank {s.rank} {self._gpu_name(s.rank)} failed: {s.cause}", t=s.at, rank=s.rank,
+                   cause=s.cause)
         if s.fence:
             self._signal([s.rank], "kill")
 
