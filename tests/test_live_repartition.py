@@ -264,7 +264,7 @@ def test_a_layout_lost_on_every_gpu_goes_on_on_the_jobs_spare_gpu_exactly(tmp_pa
                    inject=LOSE_STAGE_THEN_EVERY_GPU_OF_THE_NEW_LAYOUT)
     check_exact(out, result, 8)
     first, second = [e for e in result.events if e["kind"] == "repartition"]
-    assert "re-partitioning the 4 survivors as 3 x 1" in first["message"], first
+    assert "re-partitioning 3 of the 4 survivors as 3 x 1" in first["message"], first  # (one waits, spare)
     assert ("re-partitioning 1 spare GPU(s) of the job (GPU (dp=1, pp=2)) as 1 x 1 (6 microbatches each"
             in second["message"]), second
     assert "fresh processes start on them and restore the initial weights" in second["message"], second

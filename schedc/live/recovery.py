@@ -374,7 +374,7 @@ class RecoveryPolicy:
             shape["spare"] = taken
             ranks = None
         layout_ranks = None if ranks is None else tuple(tuple(row) for row in ranks)
-        kept = len(layout.gpus) - len(taken) if on_spares else len(survivors)
+        kept = len(layout.gpus) - len(taken)  # (the survivors it runs: the others wait, spare)
         who, started = _in_place_words(self.initial_plan.spec, len(survivors), kept, taken)
         if self._in_place == "move":
             how = (f"{started}, and the layers move among them" if taken else
@@ -504,12 +504,12 @@ def _in_place_words(job, survivors: int, kept: int, spares: Sequence[int]) -> tu
     """(who, started) of the note of an in-place re-partition of `survivors` GPUs that runs `kept`
     of them and the job's `spares` (`job`'s ranks): the GPUs it lays out, and how processes start
     on the spare ones ("" without)."""
+    some = f"{kept} of the {survivors} survivors" if kept < survivors else f"the {survivors} survivors"
     if not spares:
-        return f"the {survivors} survivors", ""
+        return some, ""
     named = ", ".join(f"GPU (dp={job.gpus[p].dp}, pp={job.gpus[p].pp})" for p in spares)
     if not kept:
         return f"{len(spares)} spare GPU(s) of the job ({named})", "fresh processes start on them"
-    some = f"{kept} of the {survivors} survivors" if kept < survivors else f"the {survivors} survivors"
     return (f"{some} and {len(spares)} spare GPU(s) of the job ({named})",
             "the survivors keep their processes and fresh ones start on the spare GPUs")
 
