@@ -834,3 +834,25 @@ def test_e553_says_the_planner_refused_every_layout_and_why(monkeypatch):
     first = info.value.diagnostics[0]
     assert first.code == "E553" and "the planner refused every layout of the 4 surviving GPU(s) (below)" in first.message
     assert "E330" in info.value.codes and "cannot hold one pipeline" not in first.message
+
+
+def test_a_spare_gpu_on_a_host_found_gone_does_not_count_toward_growing_back():
+    # The job (2 x 2) runs re-partitioned on GPUs 0 and 1; GPUs 2 and 3 are spare, 3 on host 1,
+    # found gone. With 3 counted as up, every GPU of the job would be up and the job would grow
+    # onto its spec, starting a process on a host whose agent does not answer.
+    from types import SimpleNamespace
+
+    from schedc.live.growth import Growth
+
+    initial = schedc.compile(spec_text(dp=2, pp=2))
+    asked = []
+    sup = SimpleNamespace(
+        recovery=SimpleNamespace(initial_plan=initial, horizon=SimpleNamespace(seconds=900.0),
+                                 laid_out=lambda spec, up, *a, **k: asked.append(up)),
+        physical={0: 0, 1: 1}, gen=SimpleNamespace(members=(0, 1), number=3), dead=set(), spare={2, 3},
+        fleet=SimpleNamespace(host_of_gpu=lambda gpu: 1 if gpu == 3 else 0), hosts_gone={1},
+        _growth_cache=None, plan=initial)
+    assert Growth._growth_target(sup) is None
+    assert asked == [[0, 1, 2]]  # weighed without GPU 3
+    sup.hosts_gone, sup._growth_cache = set(), None
+    assert Growth._growth_target(sup)[0] is initial  # (its host back: every GPU of the job is up)
