@@ -238,16 +238,18 @@ def test_the_job_grows_onto_part_of_the_returned_gpus_then_back_onto_the_spec(tm
     check_exact(out, result, 16)
     story = [(e["kind"], e["message"]) for e in result.events]
     grows = [m for k, m in story if m.startswith("growing back")]
-    # (how many run before it is the cost model's choice for the survivors, which depends on how
-    # the four deaths reached the supervisor: one loss of 4 GPUs, or a re-route, then a loss)
-    chosen = [e["layout"] for e in result.events if e["kind"] == "repartition" and "layout" in e][-1]
-    assert grows[0].startswith(f"growing back onto 6 GPUs as 6 x 1: the {chosen['dp'] * chosen['pp']} running "
-                               "processes keep theirs"), story
-    assert grows[-1].startswith("growing back onto the spec's 2 x 4: the 6 running processes keep theirs"), story
-    # (Under load the four deaths may reach the supervisor in two ticks: a re-route first.)
+    # The path depends on the load: how the four deaths reached the supervisor (one loss of 4 GPUs,
+    # or a re-route, then a loss) decides the survivors' layout (the cost model's choice), and so
+    # which layout the GPUs back make first (6 x 1 on 6 GPUs when all 4 survivors run; seen under two
+    # busy loops: 3 of them as 3 x 1, then 2 x 2 on 4). It grows in place onto a part of the GPUs
+    # first, and onto the spec once all are back.
+    assert len(grows) >= 2 and not grows[0].startswith("growing back onto the spec's"), story
+    assert all("running processes keep theirs" in m for m in grows), story
+    assert grows[-1].startswith("growing back onto the spec's 2 x 4: the ") and len(grows) < 4, story
     sizes = [len(g.members) for g in result.generations]
-    assert sizes[0] == 8 and sizes[-3:] == [chosen["dp"] * chosen["pp"], 6, 8], (sizes, story)
-    assert [r.method for r in result.recoveries][-3:] == ["repartition", "grow-back", "grow-back"], story
+    assert sizes[0] == 8 and sizes[-1] == 8 and 8 not in sizes[1:-1], (sizes, story)
+    methods = [r.method for r in result.recoveries]
+    assert "repartition" in methods and methods[-1] == "grow-back" and methods.count("grow-back") == len(grows), story
 
 
 # Without checkpoints a restore would lose the whole run so far: the 4 survivors of a lost stage
