@@ -211,7 +211,8 @@ class LiveWorker(StageFiles, SpeedProbe):
             if held is None and self.rank in gen.moved["stage"] and self.rt is not None:
                 held = Held(self.rt, self.snapshot, self.shadow)  # (it never began the aborted move)
             self.rt = self.shadow = None
-        elif self.rt is not None and (gen.moved is not None or self._reshaped(manifest)):
+        elif self.rt is not None and (gen.moved is not None or self._reshaped(manifest)
+                                      or (gen.restore is not None and self._other_shadow(manifest))):
             # Other layers (a re-partition): a new stage, whose state comes from the others
             # (`schedc.live.move`) or from the generation's restore. The old one sends from here.
             held = Held(self.rt, self.snapshot, self.shadow)
@@ -250,8 +251,11 @@ class LiveWorker(StageFiles, SpeedProbe):
             for it in range(start, self.config.iterations):
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
-                if self._held is not None and self.heartbeat.progress >= self._held_until:
-                    self._held = None  # the move's first iteration is done everywhere: no move again
+                if (self._held is not None and self.heartbeat.progress_generation == gen.number
+                        and self.heartbeat.progress >= self._held_until):
+                    # The move's first iteration is done everywhere: no move again. (In this generation:
+                    # after a restore of an older checkpoint, the run's newest iteration is an older one's.)
+                    self._held = None
                 if self._switch_at(gen, it):  # a planned switch: leave in order, nothing to undo
                     if self.shadow is not None:
                         self.shadow.settle(transport, wait=True)
@@ -450,6 +454,21 @@ class LiveWorker(StageFiles, SpeedProbe):
             return (stage, manifest.pp) != (rt.stage, rt.manifest.pp)
         return tuple(manifest.partition[stage]) != tuple(rt.partition[rt.stage])
 
+    def _other_shadow(self, manifest: Manifest) -> bool:
+        """Whether the shadow this rank holds copies another stage, or other layers, than the one
+        `manifest` gives it (a re-partition that kept this rank's own layers and number)."""
+        copy = self.shadow
+        if copy is None or not self.config.shadow:
+            return False
+        held = assignment(manifest).get(self.rank)
+        if held is None or held[0] != copy.stage:
+            return True
+        if copy.partition is None:  # (emulated: no layers)
+            return False
+        if manifest.partition is None:
+            return len(copy.partition) != manifest.pp
+        return tuple(manifest.partition[held[0]]) != tuple(copy.layers)
+
     def _resume(self, gen: Generation, transport, manifest: Manifest, held: Held | None) -> tuple[int, bool]:
         """(iteration to start from, whether this rank undid its last step)."""
         import torch
@@ -508,10 +527,10 @@ class LiveWorker(StageFiles, SpeedProbe):
             self.rt.shadow_to, self.rt.shadow_from = (), None
             return
         link = ShadowLink.of(manifest, self.rank)
-        held = assignment(manifest).get(self.rank)
-        fits = self.shadow is not None and held is not None and held[0] == self.shadow.stage
+        if self._other_shadow(manifest):  # (a copy of a stage this plan does not give it: never exact again)
+            self.shadow = self.rt.shadow = None
         self.rt.shadow_to = link.sends_to
-        self.rt.shadow_from = link.source if fits else None
+        self.rt.shadow_from = link.source if self.shadow is not None else None
 
     def _shadow_valid(self) -> bool:
         """Whether this rank's shadow holds its stage exactly, at this rank's own step count."""

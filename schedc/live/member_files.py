@@ -74,14 +74,14 @@ class StageFiles:
         if not every or steps % every or not self._stage_writer(gen):
             return
         state = self.rt.stage_state()  # copies: training goes on while a thread saves them
-        root = Path(self.config.checkpoint_dir)
-        where = dict(rank=self.rank, stage=self.rt.stage, iteration=steps, gen=gen.number)
+        root, stage = Path(self.config.checkpoint_dir), self.rt.stage  # (as now: a move may replace `rt` first)
+        where = dict(rank=self.rank, stage=stage, iteration=steps, gen=gen.number)
         split = dict(layers=None if self.rt.partition is None else self.rt.partition[self.rt.stage],
                      model_layers=self.rt.model_layers)
 
         def save() -> None:
             try:
-                checkpoint.write_stage(root, steps, self.rt.stage, state)
+                checkpoint.write_stage(root, steps, stage, state)
             except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
                 self._side_job.report(CheckpointFailed(reason=_reason(exc), **where))
                 return

@@ -183,12 +183,22 @@ class JobStore:
         self.store.set(f"gen/{n}", _dumps(gen.to_json()))
         self.store.set("gen", str(n))
 
-    def set_progress(self, iteration: int) -> None:
-        """The newest iteration done (standby ranks follow slowdown windows by it)."""
-        self.store.set("progress", str(iteration))
+    def set_progress(self, iteration: int, generation: int) -> None:
+        """The newest iteration done, and the generation that did it (standby ranks follow slowdown
+        windows by it; a member whose move began at an iteration knows when it ran everywhere)."""
+        self.store.set("progress", f"{iteration} {generation}")
 
     def progress(self) -> int:
-        return int(self.store.get("progress")) if self.store.check(["progress"]) else -1
+        return self.progress_of()[0]
+
+    def progress_of(self) -> tuple[int, int]:
+        """(the newest iteration done, the generation that did it); (-1, -1) before any. The iteration
+        alone can be stale for a new generation: one restored from an older checkpoint runs again
+        iterations the run had done."""
+        if not self.store.check(["progress"]):
+            return -1, -1
+        iteration, generation = bytes(self.store.get("progress")).decode().split()
+        return int(iteration), int(generation)
 
     def latest_generation(self) -> int:
         return int(self.store.get("gen"))
@@ -339,6 +349,7 @@ class Heartbeat:
     latest: int = -1  # the newest announced generation
     directive: dict | None = None  # this rank's catch-up role
     progress: int = -1  # the newest iteration the run completed
+    progress_generation: int = -1  # ... and the generation that completed it
 
     def __post_init__(self) -> None:
         self._halt = threading.Event()
@@ -369,7 +380,7 @@ class Heartbeat:
                 self.aborted = self.job.aborted()
                 self.stopped = self.stopped or self.job.stopped()
                 self.latest = self.job.latest_generation()
-                self.progress = self.job.progress()
+                self.progress, self.progress_generation = self.job.progress_of()
                 last_ok = time.monotonic()
             except Exception:  # the store is unreachable: the supervisor died or the network broke
                 if time.monotonic() - last_ok > ORPHAN_TIMEOUT:

@@ -462,7 +462,7 @@ class Supervisor(Transitions, Relayout, Growth):
                     self.slowness.ladder.measured(max(sw.stall_s, 0.1))
         if gen != self.gen.number:
             return
-        self.job.set_progress(it)
+        self.job.set_progress(it, gen)
         for inj in self.injections.due_rejoins(it):  # `at iteration I: recover gpu(...)` as iteration I starts
             self._user_rejoin(inj.ranks[0], f"injected `{inj}`")
         self._note_slowdowns(it + 1)

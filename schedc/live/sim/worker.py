@@ -293,7 +293,8 @@ class SimWorker:
             for it in range(start, self.config.iterations):
                 if self.aborted():
                     raise Interrupted("aborted between iterations")
-                if self.held is not None and self.job.progress() >= self.held_until:
+                done, by = self.job.progress_of()
+                if self.held is not None and by == n and done >= self.held_until:
                     self.held = None
                 if self._switch_at(gen, it):
                     self.job.report(Left(rank=self.rank, gen=n, steps=self.steps, t=self.world.time()))
