@@ -186,6 +186,28 @@ def test_every_gpu_of_the_next_stage_holds_a_stage_and_sources_take_turns():
     assert ShadowLink.of(m, 0) == ShadowLink(sends_to=(4,), source=2)
 
 
+def test_a_shadow_of_a_stage_the_new_plan_does_not_give_the_rank_is_another_one():
+    # Rank 0 of a 2 x 3 job (stage 0, its own layers 0-1) holds stage 2's shadow (layers 2-3). The
+    # survivors restore in place as 2 x 2, stages 0 | 1-2: rank 0 keeps its number and layers, so
+    # nothing rebuilt it, and its old shadow stood for the new stage 1 (layers 1-3): a restore of
+    # the initial weights crashed on it, and its copy was reported exact though it copied nothing
+    # the new plan has. `_other_shadow` says so, and the rank rebuilds (or drops) it.
+    from types import SimpleNamespace
+
+    from schedc.live.member import LiveWorker
+
+    old = SimpleNamespace(pp=3, partition=[[0, 1], [1, 2], [2, 3]], stage_groups=[[0, 3], [1, 4], [2, 5]])
+    new = SimpleNamespace(pp=2, partition=[[0, 1], [1, 3]], stage_groups=[[0, 2], [1, 3]])
+    copy = SimpleNamespace(stage=2, layers=(2, 3), partition=((0, 1), (1, 2), (2, 3)))
+    worker = SimpleNamespace(shadow=copy, rank=0, config=SimpleNamespace(shadow=True))
+    assert not LiveWorker._other_shadow(worker, old)
+    assert LiveWorker._other_shadow(worker, new)  # it holds stage 1 there
+    same_stage_other_layers = SimpleNamespace(pp=3, partition=[[0, 1], [1, 3], [3, 4]], stage_groups=old.stage_groups)
+    assert LiveWorker._other_shadow(worker, same_stage_other_layers)
+    emulated = SimpleNamespace(stage=2, layers=None, partition=None)
+    assert not LiveWorker._other_shadow(SimpleNamespace(shadow=emulated, rank=0, config=worker.config), old)
+
+
 def test_a_single_stage_has_no_shadows():
     assert shadowed_stage(0, 1) is None and shadowed_stage(0, 3) == 2 and shadowed_stage(2, 3) == 1
     m = _manifest([(0, 1)], {0: (0, 0), 1: (1, 0)})

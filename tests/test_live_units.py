@@ -540,6 +540,8 @@ def test_generations_queues_and_heartbeats_over_a_real_store():
     # A store `set` is not acknowledged: another connection sees it a moment later, not at once.
     wait_until(lambda: job.all_joined(3, (0, 2)), "rank 2's join in the store")
     assert job.aborted() == -1 and not worker.stopped()
+    assert worker.progress_of() == (-1, -1)
+    job.set_progress(20, 2)  # (iteration 20, done by generation 2: a later one may run older iterations again)
     beats = []
     hb = Heartbeat(worker.clone(), 2, 0.01, lambda: f"{len(beats)} 3 0 0 run").start()
     wait_until(lambda: 2 in job.heartbeats([0, 2]), "rank 2's first heartbeat in the store")
@@ -549,6 +551,7 @@ def test_generations_queues_and_heartbeats_over_a_real_store():
     try:
         wait_until(lambda: hb.aborted == 3 and hb.stopped, "the heartbeat thread to read abort 3 and stop",
                    state=lambda: (hb.aborted, hb.stopped))
+        assert (hb.progress, hb.progress_generation) == (20, 2) and worker.progress() == 20
     finally:
         hb.halt()
 
