@@ -193,7 +193,7 @@ def _ask_back_while_running(tmp_path, inject: list[str], after: tuple[str, str],
 def test_schedc_rejoin_after_a_re_partition_counts_only_the_gpus_the_job_lost(tmp_path):
     # GPUs are named as the job started: (dp=0, pp=0) never left (asking for it counts for nothing),
     # the two of stage 1 did; once both are asked back the job grows back onto 2 x 3.
-    result = _ask_back_while_running(tmp_path, LOSE_STAGE_1, ("re-partitioning the", "reconfigured"),
+    result = _ask_back_while_running(tmp_path, LOSE_STAGE_1, ("re-partitioning ", "reconfigured"),
                                      ("dp=0, pp=0", "dp=0, pp=1", "dp=1, pp=1"), "GPU ({gpu}) of the job")
     # (Only the answers to these asks: under two busy loops a rank was once declared failed by its
     # silence and taken back, a rejoin and a recovery of its own between them.)
