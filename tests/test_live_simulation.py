@@ -315,6 +315,28 @@ def test_a_gpu_declared_failed_by_its_silence_in_a_lost_stage_is_taken_back_by_g
     assert "growing back onto 7 GPUs" in story and out.result == "finished", story
 
 
+def test_a_checkpoint_that_cannot_be_sealed_is_a_warning_and_training_goes_on(monkeypatch):
+    # (a full disk, a folder removed under the run: an OSError escaped the supervisor's loop and
+    # ended a run that could go on with "internal error")
+    from schedc.live import checkpoint
+
+    real, failed = checkpoint.complete, []
+
+    def full_disk(root, iteration, *a, **k):
+        if not failed:
+            failed.append(iteration)
+            raise OSError(28, "No space left on device")
+        return real(root, iteration, *a, **k)
+
+    monkeypatch.setattr(checkpoint, "complete", full_disk)
+    out = simulate(214, faults=[])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert (f"warning: the checkpoint after {failed[0]} steps was not sealed: OSError: [Errno 28] No space left "
+            "on device") in story, story
+    assert out.result == "finished" and "checkpoint iter-" in story, story
+
+
 def test_a_lost_stage_is_re_partitioned_in_place_from_its_shadows(monkeypatch):
     _repartition(monkeypatch)
     out = simulate(214, faults=STAGE_LOST)

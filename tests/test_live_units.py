@@ -466,6 +466,38 @@ def test_a_checkpoint_appears_whole_or_not_at_all(tmp_path):
     assert checkpoint.read(done.path).iteration == 4
 
 
+def test_a_run_killed_while_it_seals_a_step_again_keeps_that_step(tmp_path, monkeypatch):
+    # Step 4 sealed, rolled back, written and sealed again: killed between moving the old iter-4
+    # aside and renaming the new one into place, the run leaves both copies and no iter-4. The next
+    # start puts the newer back (it removed both: the newest checkpoint was gone).
+    root = tmp_path / "ckpt"
+    for steps in (2, 4, 4):
+        for stage in (0, 1):
+            checkpoint.write_stage(root, steps, stage, {"steps": steps, "model": {"w": torch.full((2,), steps)},
+                                                        "optimizer": None})
+        if (root / "iter-000004").exists():
+            real = os.replace
+            calls = []
+
+            def killed_after_the_first(src, dst):
+                calls.append(dst)
+                if len(calls) == 3:  # (meta.json, then iter-4 aside, then the new one into place)
+                    raise KeyboardInterrupt("killed")
+                real(src, dst)
+
+            monkeypatch.setattr(checkpoint.os, "replace", killed_after_the_first)
+            with pytest.raises(KeyboardInterrupt):
+                checkpoint.complete(root, steps, 2, {})
+            monkeypatch.setattr(checkpoint.os, "replace", real)
+        else:
+            checkpoint.complete(root, steps, 2, {})
+    left = sorted(p.name for p in root.iterdir() if p.is_dir())
+    assert left == [".partial-000004", ".replaced-000004", "iter-000002"], left
+    checkpoint.clean_partials(root)
+    assert [c.iteration for c in checkpoint.complete_checkpoints(root)] == [2, 4]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["iter-000002", "iter-000004"]
+
+
 def test_older_checkpoints_are_pruned_and_leftovers_cleaned(tmp_path):
     root = tmp_path / "ckpt"
     for k in (2, 4, 6):

@@ -178,7 +178,8 @@ def load_stage(checkpoint: Checkpoint, stage: int) -> dict:
     except Exception as exc:  # a missing, truncated or foreign file (torch raises many kinds)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RunError([error("E570", f"cannot read stage {stage} of checkpoint `{checkpoint.path}`: {reason}",
-                              hint="resume from an older checkpoint: pass its directory, or remove this one")])
+                              hint="move this checkpoint's folder out of the checkpoint directory: --resume "
+                                   "takes the newest complete one left")])
     if not isinstance(state, dict):
         raise RunError([error("E570", f"`{path}` is not stage {stage} of a {FORMAT} checkpoint")])
     if state.get("format") != FORMAT or state.get("stage") != stage:
@@ -187,12 +188,18 @@ def load_stage(checkpoint: Checkpoint, stage: int) -> dict:
 
 
 def clean_partials(root: Path) -> list[Path]:
-    """Remove staging directories a killed run left behind; returns what was removed."""
+    """Remove staging directories a killed run left behind; returns what was removed. A run
+    killed while it sealed a step again (between moving the old `iter-K` aside and renaming the
+    new one into place) leaves two complete copies and no `iter-K`: the newer goes back in place."""
     root = Path(root)
     if not root.is_dir():
         return []
     gone = []
-    for p in root.iterdir():
+    for p in sorted(root.iterdir()):  # (".partial-" before ".replaced-": the newer copy first)
+        m = re.match(r"^\.(?:partial|replaced)-(\d{6,})$", p.name)
+        if m and (p / "meta.json").is_file() and not (root / _name(int(m.group(1)))).exists():
+            os.replace(p, root / _name(int(m.group(1))))
+            continue
         if p.name.startswith((".partial-", ".replaced-")) or (p.name.startswith(".") and p.name.endswith(".tmp")):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             gone.append(p)

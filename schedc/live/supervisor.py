@@ -84,9 +84,7 @@ class Supervisor(Transitions, Relayout, Growth):
             from schedc.live.shadow import check_memory
 
             check_memory(self.plan)
-        # Before anything starts: a machine without the GPUs asked for hears it now (E580/E581).
-        from schedc.runtime.placement import place_live
-
+        from schedc.runtime.placement import place_live  # (first: a machine without the GPUs asked for hears it)
         place_live(options.device, options.backend, -(-len(spec.gpus) // options.hosts))
         self.iterations = options.iterations or spec.train.iterations
         self.injections = Injections(parse_injections(options.inject, spec, iterations=self.iterations))
@@ -358,14 +356,16 @@ class Supervisor(Transitions, Relayout, Growth):
             self._done.add(msg.rank)
 
     def _on_checkpoint(self, msg: CheckpointWritten, now: float) -> None:
-        spec = self.plan.spec
-        job = self.recovery.initial_plan.spec  # (the data's shape: a layout of other pipelines trains the same)
-        meta = {"spec": spec.source_name, "optimizer": spec.train.optimizer,
-                "emulate": self.options.emulate, "model": self.gen.manifest["source"] if self.gen else None,
-                "dp": job.dp, "microbatches": job.microbatches,
-                "generation": self.gen.number, "time": self.world.time()}
-        done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta, layers=msg.layers,
-                                              model_layers=msg.model_layers)
+        spec, job = self.plan.spec, self.recovery.initial_plan.spec  # (job: the data's shape, whatever the layout)
+        meta = {"spec": spec.source_name, "optimizer": spec.train.optimizer, "emulate": self.options.emulate,
+                "model": self.gen.manifest["source"] if self.gen else None, "dp": job.dp,
+                "microbatches": job.microbatches, "generation": self.gen.number, "time": self.world.time()}
+        try:
+            done = self.checkpoints.stage_written(msg.gen, msg.iteration, msg.stage, meta, layers=msg.layers,
+                                                  model_layers=msg.model_layers)
+        except (OSError, RunError) as exc:  # a full disk, a folder gone: training goes on, as when a stage fails
+            why = exc.diagnostics[0].message if isinstance(exc, RunError) else f"{type(exc).__name__}: {exc}"
+            return self._note("warning", f"warning: the checkpoint after {msg.iteration} steps was not sealed: {why}")
         if done is not None:
             self._note("checkpoint", f"checkpoint {done.path.name} complete (the state after {done.iteration} steps)",
                        path=str(done.path), iteration=done.iteration)
