@@ -337,6 +337,17 @@ def test_a_checkpoint_that_cannot_be_sealed_is_a_warning_and_training_goes_on(mo
     assert out.result == "finished" and "checkpoint iter-" in story, story
 
 
+def test_a_recovery_that_re_partitioned_then_re_routed_during_it_is_a_re_partition(monkeypatch):
+    # (its record said `reroute`, the last decision, though the run re-partitioned: found by the
+    # live suites under load, where the four deaths of a test came in two ticks)
+    _repartition(monkeypatch, shadow=False)
+    out = simulate(214, faults=[Fault("training", 0.53, "kill", (1, 4, 7)), Fault("recovering", 0.0, "kill", (2,))])
+    assert not out.violations, out.describe()
+    story = "\n".join(out.events)
+    assert "re-partitioning the 6 survivors" in story and "recovery: reroute" in story, story
+    assert [r.method for r in out.recoveries] == ["repartition"], [(r.method, r.failed) for r in out.recoveries]
+
+
 def test_a_lost_stage_is_re_partitioned_in_place_from_its_shadows(monkeypatch):
     _repartition(monkeypatch)
     out = simulate(214, faults=STAGE_LOST)
