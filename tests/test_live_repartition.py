@@ -6,6 +6,8 @@ tests/test_live_shadow.py), and training ends exactly where single-process train
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from live_support import check_exact, compiled
@@ -69,8 +71,9 @@ def test_a_failure_after_the_re_partition_is_routed_around_in_the_new_plan(tmp_p
                    checkpoint_dir=str(tmp_path / "ckpt"),
                    inject=LOSE_STAGE_1 + ["at iteration 4 during B: fail rank 3"])
     check_exact(out, result, 6)
-    first, second = result.recoveries
-    assert first.method == "repartition" and second.method in ("reroute", "drop-pipeline")
+    # (under load the two deaths of stage 1 may come as two recoveries: a re-route, then the loss)
+    methods = [r.method for r in result.recoveries]
+    assert "repartition" in methods and methods[-1] in ("reroute", "drop-pipeline"), methods
     assert len(result.generations[-1].members) == 3  # 2 x 2 with one GPU routed around
 
 
@@ -84,8 +87,8 @@ def test_a_failure_while_the_survivors_restart_is_survived_exactly(tmp_path):
     # started, so rank 2 was killed while that generation formed and the restart came after it,
     # with 3 survivors. Either way a failure hit a recovery and the run re-partitioned exactly.
     notes = [e["message"] for e in result.events if e["kind"] in ("restart", "repartition")]
-    assert any("re-partitioning the 4 survivors" in m or "re-partitioning the 3 survivors" in m
-               for m in notes), [(e["kind"], e["message"]) for e in result.events]
+    assert any(re.search(r"re-partitioning (the|\d of the) [34] survivors", m) for m in notes), \
+        [(e["kind"], e["message"]) for e in result.events]
     assert any(e["kind"] == "injected" and "recovery 1" in e["message"] for e in result.events)
     assert len(result.generations[-1].members) == 3, [(e["kind"], e["message"]) for e in result.events]
 

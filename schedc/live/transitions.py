@@ -308,7 +308,7 @@ class Transitions:
 
     def _decide(self, rec: Recovery, failed: Sequence[int], suspects: dict) -> None:
         """Choose and announce how to go on after `failed` failed (of `self.plan`), then take back once a GPU
-        of `suspects` declared failed by its silence. (1): re-partitioned, then re-routed during it: re-partitioned."""
+        of `suspects` declared failed by its silence. A recovery that re-partitioned, then re-routed: re-partitioned."""
         gpu_of = dict(self.physical)  # (the ranks of the plan that failed -> the job's GPUs)
         if self._move_first(rec, failed) or self._dump_first():
             if self.gen.dump and self.generation_records[-1].t_ready is None:
@@ -326,7 +326,7 @@ class Transitions:
         old = self.gen
         if change.restart_all:
             self._stop_survivors()
-        rec.method = "repartition" if rec.method == "repartition" and not change.restart_all else change.method  # (1)
+        rec.method = "repartition" if rec.method == "repartition" and rec.to_generation is not None else change.method
         rec.events += list(change.events)
         rec.t_plan = self._now()
         if change.restart_all:
