@@ -477,15 +477,13 @@ def test_a_run_killed_while_it_seals_a_step_again_keeps_that_step(tmp_path, monk
                                                         "optimizer": None})
         if (root / "iter-000004").exists():
             real = os.replace
-            calls = []
 
-            def killed_after_the_first(src, dst):
-                calls.append(dst)
-                if len(calls) == 3:  # (meta.json, then iter-4 aside, then the new one into place)
-                    raise KeyboardInterrupt("killed")
+            def killed_as_it_moves_the_new_one_in(src, dst):
+                if Path(dst).name == "iter-000004" and (root / ".replaced-000004").exists():
+                    raise KeyboardInterrupt("killed")  # (the old iter-4 is aside, the new one not yet in)
                 real(src, dst)
 
-            monkeypatch.setattr(checkpoint.os, "replace", killed_after_the_first)
+            monkeypatch.setattr(checkpoint.os, "replace", killed_as_it_moves_the_new_one_in)
             with pytest.raises(KeyboardInterrupt):
                 checkpoint.complete(root, steps, 2, {})
             monkeypatch.setattr(checkpoint.os, "replace", real)
@@ -679,9 +677,11 @@ def test_checkpoint_reports_of_a_generation_rolled_back_past_them_do_not_count(t
     asm.resumed(0, 0)
     asm.resumed(1, 3)  # generation 1 resumed at 3: steps 4 and later were undone
     for stage in (0, 1):
-        checkpoint.write_stage(tmp_path, 4, stage, {"steps": 4, "model": {}, "optimizer": None})
+        checkpoint.write_stage(tmp_path, 4, stage, {"steps": 4, "model": {}, "optimizer": None}, 0)
         assert asm.stage_written(0, 4, stage, {}) is None  # written by generation 0, then undone
     assert asm.written == {}
+    for stage in (0, 1):
+        checkpoint.write_stage(tmp_path, 4, stage, {"steps": 4, "model": {}, "optimizer": None}, 1)
     assert asm.stage_written(1, 4, 0, {}) is None  # one stage of two
     done = asm.stage_written(1, 4, 1, {"generation": 1})
     assert done is not None and done.path.name == "iter-000004" and done.iteration == 4
@@ -694,16 +694,57 @@ def test_checkpoint_reports_of_the_layout_before_a_re_partition_do_not_count(tmp
     asm = checkpoint.RunCheckpoints(tmp_path, stages=3, keep=2)
     asm.resumed(0, 0)
     for stage in (0, 1):
-        checkpoint.write_stage(tmp_path, 8, stage, {"steps": 8, "model": {}, "optimizer": None})
+        checkpoint.write_stage(tmp_path, 8, stage, {"steps": 8, "model": {}, "optimizer": None}, 0)
         assert asm.stage_written(0, 8, stage, {}) is None
     asm.relayout(2, 1)
     assert asm.stages == 2 and asm.written == {}
-    checkpoint.write_stage(tmp_path, 8, 2, {"steps": 8, "model": {}, "optimizer": None})
+    checkpoint.write_stage(tmp_path, 8, 2, {"steps": 8, "model": {}, "optimizer": None}, 0)
     assert asm.stage_written(0, 8, 2, {}) is None and asm.written == {}
     asm.resumed(1, 7)
+    for stage in (0, 1):
+        checkpoint.write_stage(tmp_path, 8, stage, {"steps": 8, "model": {}, "optimizer": None}, 1)
     assert asm.stage_written(1, 8, 0, {}) is None  # the new layout writes step 8 again
     done = asm.stage_written(1, 8, 1, {"generation": 1})
     assert done is not None and done.meta["stages"] == 2
+
+
+def test_a_late_stage_file_of_the_layout_before_never_replaces_the_new_layouts(tmp_path):
+    # Generation 0 (3 stages) queued its stage 1 of step 8 on its side thread; the job is
+    # re-partitioned into 2 stages from generation 1, which writes its stage 1 of step 8 first.
+    # The old writer's file lands after it: the sealed checkpoint holds the new layout's file.
+    asm = checkpoint.RunCheckpoints(tmp_path, stages=3, keep=2)
+    asm.resumed(0, 0)
+    asm.relayout(2, 1)
+    asm.resumed(1, 7)
+    for stage in (0, 1):
+        checkpoint.write_stage(tmp_path, 8, stage, {"steps": 8, "model": {"w": torch.full((1,), 1.0)},
+                                                    "optimizer": None}, 1)
+    checkpoint.write_stage(tmp_path, 8, 1, {"steps": 8, "model": {"w": torch.full((1,), 0.0)}, "optimizer": None}, 0)
+    assert asm.stage_written(0, 8, 1, {}) is None
+    assert asm.stage_written(1, 8, 0, {}) is None
+    done = asm.stage_written(1, 8, 1, {})
+    assert [float(checkpoint.load_stage(done, s)["model"]["w"]) for s in (0, 1)] == [1.0, 1.0]
+    assert sorted(p.name for p in done.path.iterdir()) == ["meta.json", "stage-0.pt", "stage-1.pt"]
+
+
+def test_a_late_seal_neither_prunes_nor_replaces_the_checkpoint_a_generation_restores(tmp_path):
+    # keep 1: generation 2 restores iter-4 (a stage lost, the job restarts from it) while the
+    # stage files generation 0 queued before the failure still come in, for steps 4 and 6.
+    asm = checkpoint.RunCheckpoints(tmp_path, stages=1, keep=1)
+    asm.resumed(0, 0)
+    checkpoint.write_stage(tmp_path, 4, 0, {"steps": 4, "model": {}, "optimizer": None}, 0)
+    four = asm.stage_written(0, 4, 0, {})
+    asm.announced(2, str(four.path))
+    checkpoint.write_stage(tmp_path, 4, 0, {"steps": 4, "model": {}, "optimizer": None}, 1)
+    assert asm.stage_written(1, 4, 0, {}) is None  # not sealed again while it is read
+    checkpoint.write_stage(tmp_path, 6, 0, {"steps": 6, "model": {}, "optimizer": None}, 0)
+    six = asm.stage_written(0, 6, 0, {})
+    assert [c.iteration for c in checkpoint.complete_checkpoints(tmp_path)] == [4, 6]  # iter-4 kept
+    assert checkpoint.load_stage(four, 0)["steps"] == 4
+    asm.resumed(2, 4)  # generation 2 is ready: iter-4 is an older checkpoint like any other
+    checkpoint.write_stage(tmp_path, 8, 0, {"steps": 8, "model": {}, "optimizer": None}, 2)
+    asm.stage_written(2, 8, 0, {})
+    assert [c.iteration for c in checkpoint.complete_checkpoints(tmp_path)] == [8] and six is not None
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])

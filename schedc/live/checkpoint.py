@@ -10,9 +10,12 @@ Layout under the checkpoint directory (default ``OUT/checkpoints``)::
 
 How a checkpoint stays whole: after its optimizer step that completes K
 steps, one GPU of each stage (the lowest live rank) saves its stage into
-``.partial-K/stage-S.pt`` (a temporary name, then a rename). When every
-stage has reported its file, the supervisor writes ``meta.json`` into the
-staging directory and renames the directory to ``iter-K``: one atomic step,
+``.partial-K/stage-S.gG.pt``, G its generation (a temporary name, then a
+rename). When every stage has reported its file, the supervisor renames the
+files it was told of to ``stage-S.pt`` (a late writer of an earlier generation,
+of another layout or from before a rollback, writes a file of its own name and
+never replaces one of them), writes ``meta.json`` into the staging directory
+and renames the directory to ``iter-K``: one atomic step,
 so a reader sees either the whole checkpoint or none of it. ``latest`` is
 then replaced the same way. A run killed at any moment leaves the previous
 complete checkpoint as it was. On several hosts the directory must be on a
@@ -65,26 +68,34 @@ def staging_dir(root: Path, iteration: int) -> Path:
     return Path(root) / f".partial-{iteration:06d}"
 
 
-def write_stage(root: Path, iteration: int, stage: int, state: dict) -> Path:
-    """Save one stage's state for the checkpoint after `iteration` steps (a worker calls this)."""
+def _staged_name(stage: int, generation: int | None) -> str:
+    """A stage's file in a staging directory: tagged with the generation that wrote it."""
+    return f"stage-{stage}.pt" if generation is None else f"stage-{stage}.g{generation}.pt"
+
+
+def write_stage(root: Path, iteration: int, stage: int, state: dict, generation: int | None = None) -> Path:
+    """Save one stage's state for the checkpoint after `iteration` steps (a worker of generation
+    `generation` calls this; the file is `complete`'s to seal once the supervisor counts it)."""
     import torch
 
     folder = staging_dir(root, iteration)
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"stage-{stage}.pt"
+    final = folder / _staged_name(stage, generation)
     tmp = folder / f".stage-{stage}.pt.{os.getpid()}.tmp"
     torch.save({"format": FORMAT, "stage": stage, "iteration": iteration, **state}, tmp)
     os.replace(tmp, final)
     return final
 
 
-def complete(root: Path, iteration: int, stages: int, meta: dict, keep: int = 2) -> Checkpoint:
-    """Seal the staged checkpoint after `iteration` steps (every stage file present), make it
-    `latest`, and keep the newest `keep` complete checkpoints. Ctrl-C (or SIGTERM) waits until
-    this is done (`_interrupts_deferred`), so it never leaves a checkpoint half sealed or half
-    pruned."""
+def complete(root: Path, iteration: int, stages: int, meta: dict, keep: int = 2, *,
+             generations: dict[int, int] | None = None, protect: frozenset[str] = frozenset()) -> Checkpoint:
+    """Seal the staged checkpoint after `iteration` steps (every stage file present: stage S's
+    is the one generation `generations[S]` wrote, or an untagged one), make it `latest`, and
+    keep the newest `keep` complete checkpoints, and those named in `protect` (one a generation
+    is restoring). Ctrl-C (or SIGTERM) waits until this is done (`_interrupts_deferred`), so it
+    never leaves a checkpoint half sealed or half pruned."""
     with _interrupts_deferred():
-        return _complete(Path(root), iteration, stages, meta, keep)
+        return _complete(Path(root), iteration, stages, meta, keep, generations or {}, protect)
 
 
 @contextlib.contextmanager
@@ -102,11 +113,17 @@ def _interrupts_deferred():
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def _complete(root: Path, iteration: int, stages: int, meta: dict, keep: int) -> Checkpoint:
+def _complete(root: Path, iteration: int, stages: int, meta: dict, keep: int, generations: dict[int, int],
+              protect: frozenset[str]) -> Checkpoint:
     folder = staging_dir(root, iteration)
-    missing = [s for s in range(stages) if not (folder / f"stage-{s}.pt").exists()]
+    files = {s: folder / _staged_name(s, generations.get(s)) for s in range(stages)}
+    missing = [s for s, f in files.items() if not f.exists()]
     if missing:
         raise RunError([error("E571", f"checkpoint after {iteration} steps lacks stages {missing}")])
+    for s, f in files.items():
+        os.replace(f, folder / f"stage-{s}.pt")
+    for stray in folder.glob("stage-*.g*.pt"):  # late files of other generations: never part of it
+        stray.unlink(missing_ok=True)
     meta = {"format": FORMAT, "iteration": iteration, "stages": stages, **meta}
     tmp = folder / ".meta.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
@@ -121,7 +138,7 @@ def _complete(root: Path, iteration: int, stages: int, meta: dict, keep: int) ->
     tmp = root / f".{LATEST}.tmp"
     tmp.write_text(final.name + "\n")
     os.replace(tmp, root / LATEST)
-    for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
+    for old in [c for c in complete_checkpoints(root)[:-keep] if c.path.name not in protect] if keep > 0 else []:
         # Renamed first (one atomic step), then removed: a run killed meanwhile leaves a
         # `.replaced-` folder the next start removes, never an `iter-` folder without its meta.json.
         gone = root / f".replaced-{old.iteration:06d}"
@@ -214,7 +231,8 @@ class RunCheckpoints:
     A stage file of step k written by generation g is void when a later generation resumed
     from fewer than k steps (a rollback undid step k): it will be written again. One written
     before the layout changed (`relayout`) is never part of a checkpoint of the new layout: its
-    stage numbers and layers are the old layout's.
+    stage numbers and layers are the old layout's. A checkpoint a generation restores stays as
+    it is until that generation is ready (`announced`): never pruned, nor sealed again.
     """
 
     def __init__(self, root: Path, stages: int, keep: int):
@@ -222,8 +240,9 @@ class RunCheckpoints:
         self.stages = stages
         self.keep = keep
         self.paths: list[str] = []  # this run's complete checkpoints (and the one it resumed from)
-        self.written: dict[int, dict[int, tuple]] = {}  # steps -> stage -> (its layers [a, b), model layers)
+        self.written: dict[int, dict[int, tuple]] = {}  # steps -> stage -> (layers [a, b), model layers, generation)
         self.starts: dict[int, int] = {}  # generation -> the steps it resumed from
+        self.restoring: dict[int, str] = {}  # generation, not yet ready -> the checkpoint folder it restores
         self.layout_from = 0  # the first generation of the current layout (`relayout`)
 
     def relayout(self, stages: int, generation: int) -> None:
@@ -255,10 +274,18 @@ class RunCheckpoints:
             check_writable(self.root)
         return found, clean_partials(self.root)
 
+    def announced(self, generation: int, restore: str | None) -> None:
+        """Generation `generation` is announced, restoring `restore` (a checkpoint folder, or
+        "initial" or None): until it is ready (`resumed`), a late seal (a stage file of an earlier
+        generation) neither prunes that checkpoint nor replaces it while its workers read it."""
+        if restore not in (None, "initial"):
+            self.restoring[generation] = Path(restore).name
+
     def resumed(self, generation: int, steps: int) -> None:
         """Generation `generation` resumed from `steps` steps: files of later steps are void."""
         self.starts[generation] = steps
         self.written = {k: v for k, v in self.written.items() if k <= steps}
+        self.restoring = {g: name for g, name in self.restoring.items() if g > generation}
 
     def stage_written(self, generation: int, steps: int, stage: int, meta: dict, *,
                       layers: tuple[int, int] | None = None, model_layers: int | None = None) -> Checkpoint | None:
@@ -270,8 +297,11 @@ class RunCheckpoints:
             return None  # the layout before's: its stages are not this layout's
         if any(start < steps for g, start in self.starts.items() if g > generation):
             return None  # written before a rollback undid step `steps`: it is written again
+        protect = frozenset(self.restoring.values())
+        if _name(steps) in protect:
+            return None  # the checkpoint being restored: it holds these steps already
         stages = self.written.setdefault(steps, {})
-        stages[stage] = (layers, model_layers)
+        stages[stage] = (layers, model_layers, generation)
         if len(stages) < self.stages:
             return None
         del self.written[steps]
@@ -279,7 +309,8 @@ class RunCheckpoints:
         counts = {stages[s][1] for s in range(self.stages)}
         split = {"partition": [list(r) for r in ranges] if None not in ranges else None,
                  "model_layers": counts.pop() if len(counts) == 1 else None}
-        done = complete(self.root, steps, self.stages, {**meta, **split}, keep=self.keep)
+        done = complete(self.root, steps, self.stages, {**meta, **split}, keep=self.keep,
+                        generations={s: stages[s][2] for s in range(self.stages)}, protect=protect)
         self.paths.append(str(done.path))
         return done
 

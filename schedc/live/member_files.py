@@ -41,7 +41,7 @@ class StageFiles:
         steps = int(state["steps"])
         where = dict(rank=self.rank, stage=stage, iteration=steps, gen=gen.number)
         try:
-            checkpoint.write_stage(Path(self.config.checkpoint_dir), steps, stage, state)
+            checkpoint.write_stage(Path(self.config.checkpoint_dir), steps, stage, state, gen.number)
         except Exception as exc:  # a full or read-only disk: the supervisor says so and restores an older one
             self.job.report(CheckpointFailed(reason=_reason(exc), **where))
             return
@@ -81,7 +81,7 @@ class StageFiles:
 
         def save() -> None:
             try:
-                checkpoint.write_stage(root, steps, stage, state)
+                checkpoint.write_stage(root, steps, stage, state, gen.number)
             except Exception as exc:  # a full or read-only disk: the supervisor says so; training goes on
                 self._side_job.report(CheckpointFailed(reason=_reason(exc), **where))
                 return

@@ -26,6 +26,7 @@ from schedc.live.recovery import Change, describe, failure_events, restored_name
 from schedc.printer import human_bytes
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
+from schedc.runtime.manifest import MANIFEST_NAME
 from schedc.schedule import status_text
 from schedc.solvers.sandbox import failure_of
 from schedc.spec import Failure
@@ -80,8 +81,6 @@ class Transitions:
         armed = self.injections.armed()
         speeds = {g.rank: g.speed for g in plan.spec.gpus if g.live and g.speed < 1.0}
         shadow = self._shadows_fit(number, plan)
-        from schedc.runtime.manifest import MANIFEST_NAME
-
         manifest = json.loads(files[MANIFEST_NAME])
         job = self.recovery.initial_plan.spec
         if plan.spec.microbatches != job.microbatches:  # another number of pipelines: the same global batch
@@ -135,6 +134,7 @@ class Transitions:
     def _publish(self, gen: Generation, files: dict[str, str]) -> float:
         """Announce `gen` and start waiting for its members (nobody ready yet); the time now."""
         self.job.announce(gen, files)
+        self.checkpoints.announced(gen.number, gen.restore)  # (kept as it is until the generation is ready)
         self.gen = gen
         self._ready, self._done = {}, set()
         self._unexplained = None

@@ -419,7 +419,8 @@ class SimWorker:
             raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} saved its state")
         for s, history in writes:
             where = dict(rank=self.rank, stage=s, iteration=self.steps, gen=gen.number)
-            checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, s, {"history": history})
+            checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, s, {"history": history},
+                                   gen.number)
             self.job.report(CheckpointWritten(**where))
 
     def _move(self, gen: "Generation", stage: int) -> Iterator[Wait]:
@@ -581,7 +582,7 @@ class SimWorker:
             if not self.alive:
                 return  # killed while it wrote: no file, no report
             try:
-                checkpoint.write_stage(Path(self.config.checkpoint_dir), steps, stage, state)
+                checkpoint.write_stage(Path(self.config.checkpoint_dir), steps, stage, state, gen.number)
             except OSError as exc:
                 self.job.report(CheckpointFailed(reason=str(exc), **where))
                 return
