@@ -276,3 +276,24 @@ def test_an_emulated_run_resumes_onto_another_stage_count(tmp_path):
     new = _compiled(tmp_path / "pp2", dp=2, pp=2)
     result = train(new, iterations=3, resume=True, checkpoint_dir=str(old / "checkpoints"), emulate=True)
     assert [r.iteration for r in result.iterations] == [2]
+
+
+@pytest.mark.e2e
+def test_resuming_a_checkpoint_of_another_model_says_which_parameter_differs(tmp_path):
+    # The same stage count and an even split: nothing to re-shard, so the checkpoint's model is
+    # first compared as its stages load. A wider first layer (the model changed between runs)
+    # is E570 naming the parameter, not torch's whole list of size mismatches.
+    from schedc.diagnostics import SchedcError
+
+    plan = _compiled(tmp_path / "pp2", dp=2, pp=2)
+    train(plan, iterations=2, checkpoint_every=2)
+    found = checkpoint.latest(plan / "checkpoints")
+    state = torch.load(found.stage_file(0), weights_only=True)
+    key = next(k for k in state["model"] if k.endswith("weight"))
+    state["model"][key] = torch.zeros(state["model"][key].shape[0] + 8, state["model"][key].shape[1])
+    torch.save(state, found.stage_file(0))
+    with pytest.raises(SchedcError) as exc:
+        train(plan, iterations=3, resume=True)
+    (diag,) = [d for d in exc.value.diagnostics if d.code == "E570"]
+    assert f"`{found.path}` does not fit the plan's model at stage 0: size mismatch for {key}" in diag.message
+    assert "resume with the model the run that wrote it trained" in diag.hint

@@ -57,7 +57,12 @@ class StageFiles:
                 state = reshard.reshard_stage(found, layers, self.rt.module)
             else:
                 state = checkpoint.load_stage(found, self.rt.stage)
-        self.rt.load_stage_state(state)
+        try:
+            self.rt.load_stage_state(state)
+        except RuntimeError as exc:  # torch's load_state_dict: a checkpoint of another model
+            if restore == "initial":
+                raise
+            raise _not_this_model(restore, self.rt.stage, exc) from None
         self.snapshot.invalidate()
         if self.shadow is not None:  # the shadowed stage, from the same state
             copy = self.shadow
@@ -94,6 +99,19 @@ class StageFiles:
         coords = gen.manifest["coords"]
         mine = [r for r in gen.members if coords[str(r)][1] == self.rt.stage]
         return self.rank == min(mine)
+
+
+def _not_this_model(restore: str, stage: int, exc: RuntimeError) -> RunError:
+    """E570 for a checkpoint whose stage does not load into the plan's model (other shapes,
+    other layers: the model changed since the run that wrote it), with torch's first reason."""
+    from schedc.diagnostics import error
+
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    why = lines[1] if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
+    return RunError([error("E570", f"checkpoint `{restore}` does not fit the plan's model at stage {stage}: "
+                                   f"{why[:300]}",
+                           hint="resume with the model the run that wrote it trained (model.source and the "
+                                "sizes it builds), or start without --resume (another --checkpoint-dir)")])
 
 
 def _reason(exc: BaseException) -> str:
