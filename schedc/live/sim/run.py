@@ -9,7 +9,7 @@ until the run ends or a bound passes. Checked as it goes:
 - **exact**: every rank's stage state holds each iteration's update once,
   in order, at every step (`SimWorld.applied`); a finished run's final
   members hold all of them; every complete checkpoint holds exactly the
-  steps it names;
+  steps it names, each stage's file written by a generation of its layout;
 - **one generation at a time**: ranks running iterations of two
   generations at once only across a planned switch (the old one before its
   start, the new one from it);
@@ -383,9 +383,13 @@ def _judge(outcome: Outcome, sup, world: SimWorld, ckpt: Path) -> None:
         v.append(f"no end and no diagnostic after {BOUND_S:g} simulated s (phase {sup.phase})")
     for found in checkpoint.complete_checkpoints(ckpt):
         for stage in range(found.meta.get("stages", 3)):
-            held = list(checkpoint.load_stage(found, stage)["history"])
+            state = checkpoint.load_stage(found, stage)
+            held = list(state["history"])
             if held != list(range(found.iteration)):
                 v.append(f"checkpoint {found.path.name} stage {stage} holds {_runs(held)}")
+            if state.get("pp", found.meta.get("stages")) != found.meta.get("stages"):
+                v.append(f"checkpoint {found.path.name} of {found.meta.get('stages')} stages holds a stage {stage} "
+                         f"file of a {state['pp']}-stage layout")
     outcome.violations = list(v)
 
 

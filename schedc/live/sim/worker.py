@@ -419,7 +419,8 @@ class SimWorker:
             raise Interrupted(f"generation {gen.number} was aborted while rank {self.rank} saved its state")
         for s, history in writes:
             where = dict(rank=self.rank, stage=s, iteration=self.steps, gen=gen.number)
-            checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, s, {"history": history},
+            checkpoint.write_stage(Path(self.config.checkpoint_dir), self.steps, s,
+                                   {"history": history, "pp": gen.manifest["pp"]},
                                    gen.number)
             self.job.report(CheckpointWritten(**where))
 
@@ -574,7 +575,7 @@ class SimWorker:
         if not every or self.steps % every or self.rank != min(writers):
             return
         where = dict(rank=self.rank, stage=stage, iteration=self.steps, gen=gen.number)
-        steps, state = self.steps, {"history": list(self.history)}  # (a copy: training goes on)
+        steps, state = self.steps, {"history": list(self.history), "pp": gen.manifest["pp"]}  # (a copy)
         self._writing += 1
 
         def save() -> None:
