@@ -186,8 +186,11 @@ def _ask_back_while_running(tmp_path, inject: list[str], after: tuple[str, str],
             asked = subprocess.run([sys.executable, "-m", "schedc", "rejoin", "--store", store, f"recover gpu({gpu})"],
                                    capture_output=True, text=True, timeout=60)
             assert asked.returncode == 0, asked.stderr
-            wait_until(lambda: any(answered.format(gpu=gpu) in ln for ln in lines), f"the answer for {gpu}",
-                       state=lambda: lines[-3:])
+            # (also ends when the run does: the lines say why no answer came)
+            wait_until(lambda: any(answered.format(gpu=gpu) in ln for ln in lines) or not t.is_alive(),
+                       f"the answer for {gpu}", state=lambda: lines[-3:])
+            assert any(answered.format(gpu=gpu) in ln for ln in lines), \
+                f"the run ended with no answer for {gpu}:\n" + "\n".join(ln for ln in lines if "GPU" in ln)
     finally:
         t.join(timeout=180)
     return box["result"]
