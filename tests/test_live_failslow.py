@@ -90,6 +90,21 @@ def test_a_failed_gpu_rejoins_by_catching_up_and_training_stays_exact(tmp_path, 
     check_exact(out, result, iterations)
 
 
+def test_two_gpus_of_one_stage_back_at_once_both_rejoin_in_turn_exactly(tmp_path):
+    # Stage 0 of 3 x 2 is left on rank 0 alone, and both lost GPUs come back at once: rank 0
+    # donates to one at a time (the other waits for it), and both are back by the end. (The
+    # second session used to take the donor over: the first GPU never came back, unsaid.)
+    out = compiled(tmp_path, dp=3, pp=2, optimizer="adam")
+    iterations = 40
+    result = train(out, iterations=iterations, want_weights=True, fail_slow="detect",
+                   inject=["at iteration 2 during B: fail gpu(dp=1, pp=0)", "at iteration 2 during B: fail gpu(dp=2, pp=0)",
+                           "at iteration 6: recover gpu(dp=1, pp=0)", "at iteration 6: recover gpu(dp=2, pp=0)"])
+    assert sorted(r for sw in result.switches if sw.kind == "rejoin" for r in sw.ranks) == [2, 4], _kinds(result)
+    assert any("waits for a donor" in e["message"] for e in result.events), _kinds(result)
+    assert result.generations[-1].members == [0, 1, 2, 3, 4, 5]
+    check_exact(out, result, iterations)
+
+
 def test_a_rejoin_during_another_failures_recovery(tmp_path):
     # GPU (1, 0) fails, is asked back, and while it catches up another GPU of its pipeline fails:
     # the session is cancelled, the run recovers, then the rejoin completes; exact throughout.

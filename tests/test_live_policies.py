@@ -327,6 +327,44 @@ def test_a_catch_up_that_does_not_move_ends_and_the_gpu_stays_out(plan):
     assert ctl.directives[0] is None and ctl.directives[2] is None
 
 
+def test_two_gpus_of_a_stage_back_at_once_catch_up_in_turn_from_its_one_donor():
+    # 3 x 2 with stage 0 left on rank 0 alone: a donor serves one session (its directive names one
+    # joiner), so rank 4 waits while rank 2 catches up, and starts once rank 2 is in (then from
+    # rank 0 again, the lowest free). Before, rank 4's session took rank 0 over and rank 2 stalled.
+    three = schedc.compile(spec_text(dp=3, pp=2))
+    gone = schedc.replan(three, ["fail gpu(dp=1, pp=0)", "fail gpu(dp=2, pp=0)"], solver="greedy")
+    ctl = FakeController(gone)
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    rejoins.request(4, "asked for")
+    assert ctl.directives[0] == {"role": "donate", "session": 1, "joiner": 2} and 4 not in rejoins.sessions
+    assert ("catch-up", "rank 4 waits for a donor: every live GPU of stage 0 is donating to another GPU coming "
+                        "back") in ctl.notes
+    rejoins.caught_up(CaughtUp(rank=2, session=1, steps=ctl.completed, bytes=1, t=0.0))
+    rejoins.switch_if_ready(ctl.completed)
+    assert [sw["ranks"] for sw in ctl.switches] == [[2]]
+    ctl.plan = ctl.base_plan = ctl.switches[0]["plan"]
+    rejoins.joined(ctl.members)
+    rejoins.resume()
+    assert ctl.directives[0] == {"role": "donate", "session": 2, "joiner": 4}
+    assert ctl.directives[4] == {"role": "join", "session": 2, "donor": 0} and ctl.directives[2] is None
+
+
+def test_a_catch_up_whose_donor_a_switch_excluded_starts_again_from_another_donor():
+    # Rank 0 donates to rank 4, then is excluded as slow (on standby it sends nothing): once the
+    # switch is done the session starts again from rank 2, the stage's other live GPU.
+    three = schedc.compile(spec_text(dp=3, pp=2))
+    gone = schedc.replan(three, "fail gpu(dp=2, pp=0)", solver="greedy")
+    ctl = FakeController(gone)
+    rejoins = Rejoins(ctl)
+    rejoins.request(4, "asked for")
+    assert rejoins.sessions[4]["donor"] == 0
+    ctl.plan = ctl.base_plan = schedc.replan(gone, "fail gpu(dp=0, pp=0)", solver="greedy")
+    rejoins.resume()
+    assert rejoins.sessions[4]["donor"] == 2 and rejoins.sessions[4]["session"] == 2
+    assert ctl.directives[0] is None and ctl.directives[2] == {"role": "donate", "session": 2, "joiner": 4}
+
+
 def test_rejoin_of_a_running_member_is_a_no_op(plan):
     ctl = FakeController(plan)
     Rejoins(ctl).request(1, "asked for")

@@ -6,8 +6,9 @@ the slowdown ladder when an excluded GPU is healthy again. Then:
 
 1. a worker process is started for the GPU if none runs (it waits on standby);
 2. a catch-up session pairs it with a donor, the lowest live rank of its
-   stage (`schedc.live.catchup`): the donor streams its state and then every
-   step's gradient while training goes on;
+   stage not donating already (`schedc.live.catchup`: a donor serves one
+   session at a time; a GPU whose stage has none free waits for one): the
+   donor streams its state and then every step's gradient while training goes on;
 3. once the joiner is at most one step behind what the run has completed,
    the supervisor plans `recover gpu(...)` and announces a planned switch a
    couple of iterations ahead; the joiner replays up to it and enters there.
@@ -31,6 +32,7 @@ class Rejoins:
         self.wanted: dict[int, str] = {}  # rank -> why it should come back
         self.sessions: dict[int, dict] = {}  # rank -> {session, donor, started, steps, bytes}
         self._next = 0
+        self._waiting: set[int] = set()  # wanted ranks waiting for a donor of their stage to be free (said once)
 
     def request(self, rank: int, reason: str) -> None:
         ctl = self.ctl
@@ -47,12 +49,24 @@ class Rejoins:
 
     def resume(self) -> None:
         """After a recovery or a switch: sessions for every rank still wanted back (one the
-        recovery took back itself, as a replacement process, is back)."""
+        recovery took back itself, as a replacement process, is back). A session whose donor
+        left the plan (a switch excluded it: on standby it sends nothing) starts again from
+        another donor."""
+        members = set(self.ctl.members)
+        for rank in [r for r, s in self.sessions.items() if s["donor"] not in members and s["caught"] is None]:
+            self._end_session(rank)
         for rank in sorted(self.wanted):
-            if rank in self.ctl.members and rank not in self.sessions:
+            if rank in members and rank not in self.sessions:
                 del self.wanted[rank]
             elif rank not in self.sessions and self.ctl.is_running(rank):
                 self._start_session(rank)
+
+    def _start_waiting(self) -> None:
+        """A donor is free again: sessions for the ranks that waited for one."""
+        if self.ctl.phase == Phase.RUNNING:
+            for rank in sorted(self._waiting & self.wanted.keys()):
+                if rank not in self.sessions and self.ctl.is_running(rank):
+                    self._start_session(rank)
 
     def _start_session(self, rank: int) -> None:
         ctl = self.ctl
@@ -62,7 +76,16 @@ class Rejoins:
         if not peers:
             ctl.note("rejoin", f"rank {rank} cannot catch up: stage {stage} has no live GPU to copy from")
             return
-        donor = min(peers)
+        donating = {s["donor"] for s in self.sessions.values()}
+        free = [r for r in peers if r not in donating]
+        if not free:  # (a donor serves one session: its directive names one joiner)
+            if rank not in self._waiting:
+                ctl.note("catch-up", f"rank {rank} waits for a donor: every live GPU of stage {stage} is donating "
+                                     "to another GPU coming back", rank=rank)
+            self._waiting.add(rank)
+            return
+        self._waiting.discard(rank)
+        donor = min(free)
         self._next += 1
         n = self._next
         ctl.direct(donor, {"role": "donate", "session": n, "joiner": rank})
@@ -121,6 +144,7 @@ class Rejoins:
             self.ctl.note("rejoin", f"rank {rank} stays out: {why}", rank=rank)
             self.wanted.pop(rank, None)
             self._end_session(rank)
+        self._start_waiting()
 
     def _end_session(self, rank: int) -> None:
         s = self.sessions.pop(rank, None)
@@ -139,6 +163,7 @@ class Rejoins:
         """A generation with these members is running: joiners in it are back; their sessions end."""
         for rank in [r for r in self.wanted if r in members]:
             self.wanted.pop(rank)
+            self._waiting.discard(rank)
             self._end_session(rank)
 
     def cancel_all(self) -> None:
@@ -165,3 +190,4 @@ class Rejoins:
         s = self.sessions.pop(rank, None)
         if s is not None:
             self.ctl.direct(s["donor"], None)
+            self._start_waiting()
