@@ -137,6 +137,22 @@ def test_a_rank_hung_during_a_rejoin_switch_is_found_and_the_run_finishes():
     assert any("rank 4 GPU (dp=1, pp=1) failed: stuck in an op" in e for e in out.events), out.describe()
 
 
+#: A GPU lost and asked back dies during its own switch: no GPU of the plan that ran failed, yet
+#: the recovery policy was asked what to do after no failure ("replan:  -> generation 3"; under
+#: --recovery restart every survivor was restarted from the checkpoint). Fix: that plan goes on.
+JOINER_LOST_IN_ITS_SWITCH = [Fault("training", 0.5, "kill", (4,)), Fault("training", 0.3, "rejoin", (4,)),
+                             Fault("switching", 0.0, "kill", (4,))]
+
+
+def test_a_gpu_coming_back_that_dies_in_its_switch_lets_the_plan_that_ran_go_on():
+    out = simulate(7, faults=JOINER_LOST_IN_ITS_SWITCH)
+    assert not out.violations and out.result == "finished", out.describe()
+    assert any("the plan that ran goes on as generation 3: no GPU of it failed" in e for e in out.events), \
+        out.describe()
+    assert not any("replan:  ->" in e for e in out.events), out.describe()
+    assert [r.method for r in out.recoveries] == ["reroute", "retry"], out.describe()
+
+
 def test_a_switch_that_hangs_unseen_is_bounded_by_its_backstop(monkeypatch):
     # Without the stall rule, the switch's own backstop still ends the wait (tried again,
     # restarted) and the run finishes: no single rule stands between a run and silence.

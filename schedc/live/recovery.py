@@ -93,6 +93,14 @@ def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
     return out
 
 
+def resume_hint(out: str | Path, found: "Checkpoint | None", iterations: int | None) -> str:
+    """How to go on from the latest complete checkpoint `found` (what a user types), and where the run's record is."""
+    if found is None:
+        return "no complete checkpoint was written (train with --checkpoint-every K to have one to resume)"
+    return (f"the latest complete checkpoint is `{found.path}` (after {found.iteration} steps): resume with "
+            f"`{resume_command(out, found, iterations)}`; the --log file holds the run's events")
+
+
 def resume_command(out: str | Path, found: "Checkpoint", iterations: int | None = None) -> str:
     """The command that resumes this run from checkpoint `found` (E553's hint): its checkpoint
     folder when it is not OUT's default one, --emulate when the checkpoint was written so

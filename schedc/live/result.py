@@ -30,7 +30,8 @@ class Recovery:
     failed: list[int] = field(default_factory=list)  # schedule ranks
     causes: dict[str, str] = field(default_factory=dict)  # rank -> cause
     events: list[str] = field(default_factory=list)  # the replan events
-    method: str = "reroute"  # reroute, drop-pipeline, restart, checkpoint (a stage was lost), repartition, grow-back
+    method: str = "reroute"  # reroute, drop-pipeline, restart, checkpoint (a stage was lost), repartition, grow-back,
+    # retry (the plan that ran again: a generation late, or only a GPU coming back lost in its switch)
     t_fault: float | None = None  # when the fault was injected (None: not injected)
     t_detect: float = 0.0
     t_plan: float | None = None  # the new plan is ready

@@ -22,7 +22,7 @@ from schedc.live.detect import Beat
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
 from schedc.live.layouts import layout_words
-from schedc.live.recovery import Change, describe, failure_events, restored_name
+from schedc.live.recovery import Change, describe, failure_events, restored_name, resume_hint
 from schedc.printer import human_bytes
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
@@ -316,6 +316,14 @@ class Transitions:
             elif self._failure is None:
                 self._take_back_silent(suspects, gpu_of, "repartition")  # (re-partitioned in place)
             return
+        if not failed:  # only GPUs coming back died (a switch was abandoned): the plan that ran goes on
+            self._note("retry", f"the plan that ran goes on as generation {self.gen.number + 1}: no GPU of it failed")
+            rec.method, rec.t_plan = "retry", self._now()
+            restore, moved = self._unfinished()
+            self._announce(self.plan, restore=restore, moved=moved, reason="retry: only a GPU coming back failed")
+            rec.to_generation, rec.t_announce = self.gen.number, self._now()
+            self.phase = Phase.RECOVERING
+            return self._take_back_silent(suspects, gpu_of, "retry")
         try:
             change = self.recovery.decide(self.plan, failed, self.dead)
         except RunError as exc:
@@ -566,22 +574,12 @@ class Transitions:
         else:
             self._fail([error("E554", f"the job is stuck: {what}, after it was tried again"
                                       + (" and every process restarted" if self._late > 2 else ""),
-                              hint=self._resume_hint())])
+                              hint=resume_hint(self.out, self.checkpoints.latest_own(), self.iterations))])
             return
         if rec is not None:
             rec.to_generation = self.gen.number
             rec.t_announce = self._now()
         self.phase = phase
-
-    def _resume_hint(self) -> str:
-        """How to go on from the latest complete checkpoint (what a user types), and where the run's record is."""
-        from schedc.live.recovery import resume_command
-
-        found = self.checkpoints.latest_own()
-        if found is None:
-            return "no complete checkpoint was written (train with --checkpoint-every K to have one to resume)"
-        return (f"the latest complete checkpoint is `{found.path}` (after {found.iteration} steps): resume with "
-                f"`{resume_command(self.out, found, self.iterations)}`; the --log file holds the run's events")
 
     def _retry(self) -> None:
         """Ranks lost a peer but no failure was detected: run the same plan again as a new generation."""
