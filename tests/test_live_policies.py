@@ -327,6 +327,25 @@ def test_a_catch_up_that_does_not_move_ends_and_the_gpu_stays_out(plan):
     assert ctl.directives[0] is None and ctl.directives[2] is None
 
 
+def test_a_joiner_waiting_for_its_first_state_has_the_time_to_receive_it(plan):
+    # A joiner says nothing until its whole first state is loaded: the bound grows by the
+    # stage's state at FIRST_STATE_RATE (16 MiB here: 0.84 s), not only the no-progress bound.
+    from schedc.live.rejoin import FIRST_STATE_RATE
+
+    gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    ctl = FakeController(gone)
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    allowed = 10.0 + 16 * 2**20 / FIRST_STATE_RATE
+    ctl.clock = allowed - 0.01
+    rejoins.check_progress(10.0)
+    assert 2 in rejoins.sessions
+    ctl.clock = allowed + 0.01
+    rejoins.check_progress(10.0)
+    assert rejoins.sessions == {}
+    assert ("rejoin", "rank 2 stays out: its catch-up made no progress in 10.8 s (no first state yet)") in ctl.notes
+
+
 def test_two_gpus_of_a_stage_back_at_once_catch_up_in_turn_from_its_one_donor():
     # 3 x 2 with stage 0 left on rank 0 alone: a donor serves one session (its directive names one
     # joiner), so rank 4 waits while rank 2 catches up, and starts once rank 2 is in (then from

@@ -24,6 +24,14 @@ from schedc.live.protocol import CaughtUp, Phase
 from schedc.spec import Failure
 
 
+#: Bytes per second a joiner's first state is assumed to arrive at, at the least: a joiner says
+#: nothing until its whole first state is loaded, so the no-progress bound grows by the stage's
+#: state (`static` bytes) at this rate (a 2.6 GB stage: 130 s more). Below what both transfers
+#: measure on one 2-core machine (`python bench/catchup_transfer.py`): a slower link needs a
+#: longer --transition-timeout.
+FIRST_STATE_RATE = 20e6
+
+
 class Rejoins:
     """The rejoin policy (see the module docstring)."""
 
@@ -105,12 +113,21 @@ class Rejoins:
         s["steps"], s["bytes"] = rep.steps, rep.bytes
 
     def check_progress(self, bound: float) -> None:
-        """A catch-up that has not moved for `bound` seconds (no first state, no new step: the
-        joiner or its donor is stuck) ends; the GPU stays out, said once, instead of waiting forever."""
+        """A catch-up that has not moved for `bound` seconds (no new step: the joiner or its donor
+        is stuck; before its first state, `bound` plus that state's transfer at `FIRST_STATE_RATE`)
+        ends; the GPU stays out, said once, instead of waiting forever."""
         now = self.ctl.now()
-        stuck = [r for r, s in self.sessions.items() if s["caught"] is None and now - s["moved"] > bound]
-        if stuck:
-            self._give_up(sorted(stuck), f"its catch-up made no progress in {bound:g} s")
+        for r, s in sorted(self.sessions.items()):
+            allowed = bound if s["steps"] is not None else bound + self._state_bytes(r) / FIRST_STATE_RATE
+            if s["caught"] is None and now - s["moved"] > allowed:
+                first = "" if s["steps"] is not None else " (no first state yet)"
+                self._give_up([r], f"its catch-up made no progress in {allowed:.3g} s{first}")
+
+    def _state_bytes(self, rank: int) -> int:
+        """The state a joiner of `rank`'s stage receives first: the stage's weights and optimizer
+        state, as the plan counts them (its `static` bytes)."""
+        spec = self.ctl.plan.spec
+        return spec.stages[spec.gpus[rank].pp].static
 
     def ready(self, completed: int) -> list[int]:
         """Joiners at most one step behind `completed` iterations: ready for the switch."""
