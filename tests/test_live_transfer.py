@@ -260,6 +260,31 @@ def test_the_store_round_trips_a_stage_state_and_frees_its_keys(job):
     assert not job.store.check(["cu/7/unread"]) and not job.store.check(["cu/7/unread/0"])
 
 
+def test_a_store_blob_freed_while_it_is_read_is_a_transfer_error(job):
+    # The donor's session ends (a failure elsewhere) while the joiner reads a blob of several
+    # pieces: its keys are deleted under the reader. A TransferError (the joiner waits for another
+    # session), not the store's RuntimeError, which stopped the whole run as a worker's own error.
+    out, inbound = StoreTransfer(job, "cu/8"), StoreTransfer(job.clone(), "cu/8")
+    out.send("state", sample(big=BLOB_CHUNK // 4 + 1000))
+    real = inbound.job.store
+
+    class FreedAfterItsFirstPiece:  # the store as the reader sees it once the sender freed the rest
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def get(self, key):
+            if key.endswith("/1"):
+                raise RuntimeError("Wait timeout: the key was deleted")  # (what torch raises after its wait)
+            return real.get(key)
+
+    inbound.job.store = FreedAfterItsFirstPiece()
+    with pytest.raises(TransferError, match="`state` went away while it was read"):
+        inbound.recv("state", timeout=WAIT)
+    inbound.job.store = real
+    out.close()
+    assert inbound.recv("state", timeout=0.05) is None  # freed: nothing to read, and no wait for it
+
+
 # -- catch-up over either ------------------------------------------------------------------------------
 
 class _Stage:

@@ -253,7 +253,10 @@ class JobStore:
         if not self.store.check([key]):
             return None
         n = int(self.store.get(key))
-        return b"".join(self.store.get(f"{key}/{i}") for i in range(n))
+        pieces = [f"{key}/{i}" for i in range(n)]
+        if not self.store.check(pieces):  # (freed by its sender meanwhile: a `get` would wait out the timeout)
+            return None
+        return b"".join(self.store.get(p) for p in pieces)
 
     def drop_blob(self, key: str) -> None:
         """Free a blob's memory in the store (its reader is done with it)."""

@@ -169,14 +169,17 @@ class StoreTransfer(StateTransfer):
     def recv(self, key: str, timeout: float = 0.0) -> Any | None:
         full = self.prefix + key
         deadline = time.monotonic() + timeout
-        while (blob := self.job.blob(full)) is None:
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(_POLL)
-        obj = _load(blob)
-        self.job.drop_blob(full)  # the store's memory is the supervisor's: free each piece once read
+        try:
+            while (blob := self.job.blob(full)) is None:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(_POLL)
+            self.job.drop_blob(full)  # the store's memory is the supervisor's: free each piece once read
+        except RuntimeError as exc:  # torch's store errors: the sender's `close` freed the keys under it
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TransferError(f"`{key}` went away while it was read (the session ended): {why}") from None
         self.received += len(blob)
-        return obj
+        return _load(blob)
 
     def drop(self, key: str) -> None:
         job, full = self.job, self.prefix + key
