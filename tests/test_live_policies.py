@@ -858,6 +858,9 @@ def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
                     note(h)
             return {h for h in hosts if h != 2}
 
+        def back(self, hosts):
+            return set()
+
     class Sup(Transitions):
         def __init__(self):
             self.spare, self.hosts_gone, self.fleet, self.notes = {6, 7, 8}, set(), Fleet(), []
@@ -871,6 +874,41 @@ def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
     assert ctl.spares() == [6]  # (a host found gone is not asked again)
     assert sup.fleet.asked == [[1, 2], [1]]
     assert [kind for kind, _ in sup.notes] == ["host"]
+
+
+def test_a_host_found_gone_whose_agent_beats_again_is_back():
+    """An agent busy for over a second (a forkserver started anew blocks it) misses its two beats
+    and its host is found gone; once it beats twice more, the host is back (said), and its spare
+    GPUs with it. Before, a host found gone stayed gone for the rest of the run."""
+    from schedc.live.agent import Fleet
+    from schedc.live.control import SupervisorControl
+    from schedc.live.transitions import Transitions
+
+    class Job:
+        beats, beating = {1: 5}, False  # (a beating agent beats between any two reads)
+
+        def agent_beats(self, host):
+            self.beats[host] += self.beating
+            return self.beats[host]
+
+    fleet = Fleet.__new__(Fleet)  # (its store and host map only: no agent of its own)
+    fleet.job, fleet._gone_at, fleet.gpu_host, fleet.physical = Job(), {}, {6: 1}, {}
+
+    class Sup(Transitions):
+        def __init__(self):
+            self.spare, self.hosts_gone, self.fleet, self.notes = {6}, set(), fleet, []
+
+        def _note(self, kind, message, **details):
+            self.notes.append((kind, message))
+
+    sup = Sup()
+    ctl = SupervisorControl(sup)
+    assert ctl.spares() == [] and sup.hosts_gone == {1}  # (no beat within the second: gone)
+    Job.beats[1] = 6
+    assert ctl.spares() == [] and fleet.back({1}) == set()  # one beat could be the last before it died
+    Job.beating = True
+    assert ctl.spares() == [6] and sup.hosts_gone == set()
+    assert sup.notes[-1] == ("host", "host 1 answers again: its agent beats (it was busy, not gone)")
 
 
 def test_e553_says_the_planner_refused_every_layout_and_why(monkeypatch):

@@ -172,6 +172,7 @@ class Fleet:
         # rank r runs on GPU `physical[r]` (`place`), hence on that GPU's host.
         self.gpu_host = {r: spec.cluster.node_of(r) * hosts // nodes for r in range(world)}
         self.physical: dict[int, int] = {}
+        self._gone_at: dict[int, int] = {}  # host found gone -> its agent's beat count then (`back`)
         self.local = Agent(job, 0)
         self.local.register()
 
@@ -235,8 +236,14 @@ class Fleet:
                 break
             time.sleep(AGENT_BEAT / 4)
         for h in sorted(remote):
+            self._gone_at[h] = remote[h]
             note(h)
         return answered
+
+    def back(self, hosts) -> set[int]:
+        """Those of `hosts` (found gone by `answers`) whose agent beat twice since: it was busy
+        (a forkserver started anew blocks it for seconds), not gone."""
+        return {h for h in hosts if h in self._gone_at and self.job.agent_beats(h) >= self._gone_at[h] + 2}
 
     def by_host(self, ranks) -> dict[int, list[int]]:
         by_host: dict[int, list[int]] = {}

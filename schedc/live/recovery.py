@@ -93,6 +93,13 @@ def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
     return out
 
 
+def replan_solver(spec) -> str:
+    """The solver a live replan of a plan compiled from `spec` uses: the spec's when it can
+    re-route (templates cannot), else cpsat."""
+    chosen = spec.schedule.solver
+    return chosen if chosen in ("cpsat", "greedy") else "cpsat"
+
+
 def resume_hint(out: str | Path, found: "Checkpoint | None", iterations: int | None) -> str:
     """How to go on from the latest complete checkpoint `found` (what a user types), and where the run's record is."""
     if found is None:

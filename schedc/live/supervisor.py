@@ -41,7 +41,7 @@ from schedc.live.options import TrainOptions
 from schedc.live.protocol import (AgentUp, Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited,
                                   Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, Started,
                                   WorkerError)
-from schedc.live.recovery import RecoveryPolicy
+from schedc.live.recovery import RecoveryPolicy, replan_solver
 from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
 from schedc.live.result import GenerationRecord, IterationRecord, Recovery, Switch, TrainResult, write_log
@@ -49,7 +49,7 @@ from schedc.live.slowness import Slowness
 from schedc.live.world import LocalWorld, World
 from schedc.live.growth import Growth
 from schedc.live.relayout import Relayout
-from schedc.live.transitions import TICK, Transitions, replan_solver
+from schedc.live.transitions import TICK, Transitions
 from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
 

@@ -22,7 +22,7 @@ from schedc.live.detect import Beat
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
 from schedc.live.layouts import layout_words
-from schedc.live.recovery import Change, describe, failure_events, restored_name, resume_hint
+from schedc.live.recovery import Change, describe, failure_events, replan_solver, restored_name, resume_hint
 from schedc.printer import human_bytes
 from schedc.live.result import GenerationRecord, Recovery, Switch
 from schedc.plan import Plan
@@ -43,13 +43,6 @@ FENCE_WAIT = 5.0
 #: Seconds another host's agent has to beat once more (it beats every `agent.AGENT_BEAT`) before
 #: its host counts as gone, when a replacement process would be started there.
 AGENT_ANSWER = 1.0
-
-
-def replan_solver(spec) -> str:
-    """The solver a live replan of a plan compiled from `spec` uses: the spec's when it can
-    re-route (templates cannot), else cpsat."""
-    chosen = spec.schedule.solver
-    return chosen if chosen in ("cpsat", "greedy") else "cpsat"
 
 
 class Transitions:
@@ -413,7 +406,11 @@ class Transitions:
             self._note("host", f"host {host} is gone: its agent has not answered for {AGENT_ANSWER:g} s, so no "
                                "process can be started on its GPUs", host=host)
 
-        self.fleet.answers([h for h in sorted(set(hosts)) if h not in self.hosts_gone], AGENT_ANSWER, gone)
+        hosts = set(hosts)
+        for h in sorted(self.fleet.back(self.hosts_gone & hosts)):
+            self.hosts_gone.discard(h)
+            self._note("host", f"host {h} answers again: its agent beats (it was busy, not gone)", host=h)
+        self.fleet.answers([h for h in sorted(hosts) if h not in self.hosts_gone], AGENT_ANSWER, gone)
 
     def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
         plan, s = change.plan, change.plan.schedule.solver

@@ -208,6 +208,9 @@ class SimFleet:
     def answers(self, hosts, within: float, note) -> set[int]:
         return set(hosts)  # (its one host is the supervisor's)
 
+    def back(self, hosts) -> set[int]:
+        return set()  # (never gone)
+
     def step(self, timeout: float) -> None:
         self.world.advance(max(timeout, QUANTUM))
 
