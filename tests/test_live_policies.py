@@ -327,6 +327,27 @@ def test_a_catch_up_that_does_not_move_ends_and_the_gpu_stays_out(plan):
     assert ctl.directives[0] is None and ctl.directives[2] is None
 
 
+def test_a_catch_up_that_moves_but_never_gains_on_training_ends(plan):
+    # The joiner applies steps, but training runs away from it (a link slower than the gradients
+    # come): its lag has not shrunk for the bound, so it ends, said, before the donor's queue of
+    # gradients grows without end. One that gains, however slowly, goes on.
+    gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    ctl = FakeController(gone, completed=20)
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    for t, completed, steps in [(1.0, 20, 10), (5.0, 24, 15), (9.0, 28, 19), (12.0, 33, 23)]:  # 10, 9, 9, 10 behind
+        ctl.clock, ctl.completed = t, completed
+        rejoins.caught_up(CaughtUp(rank=2, session=1, steps=steps, bytes=1, t=0.0))
+        rejoins.check_progress(10.0)
+    assert 2 in rejoins.sessions  # (9 behind since t = 5: 7 s)
+    ctl.clock, ctl.completed = 15.5, 37
+    rejoins.caught_up(CaughtUp(rank=2, session=1, steps=27, bytes=1, t=0.0))
+    rejoins.check_progress(10.0)
+    assert rejoins.sessions == {} and rejoins.wanted == {}
+    assert ("rejoin", "rank 2 stays out: its catch-up does not gain on training: 9 or more iterations behind for "
+                      "10 s (the gradients come slower than training makes them)") in ctl.notes
+
+
 def test_a_joiner_waiting_for_its_first_state_has_the_time_to_receive_it(plan):
     # A joiner says nothing until its whole first state is loaded: the bound grows by the
     # stage's state at FIRST_STATE_RATE (16 MiB here: 0.84 s), not only the no-progress bound.

@@ -108,20 +108,30 @@ class Rejoins:
         s = self.sessions.get(rep.rank)
         if s is None or rep.session != s["session"]:
             return
+        now = self.ctl.now()
         if rep.steps != s["steps"]:
-            s["moved"] = self.ctl.now()
+            s["moved"] = now
         s["steps"], s["bytes"] = rep.steps, rep.bytes
+        lag = self.ctl.completed - rep.steps  # (iterations behind training)
+        if s.get("lag") is None or lag < s["lag"]:
+            s["lag"], s["gained"] = lag, now
 
     def check_progress(self, bound: float) -> None:
         """A catch-up that has not moved for `bound` seconds (no new step: the joiner or its donor
-        is stuck; before its first state, `bound` plus that state's transfer at `FIRST_STATE_RATE`)
-        ends; the GPU stays out, said once, instead of waiting forever."""
+        is stuck; before its first state, `bound` plus that state's transfer at `FIRST_STATE_RATE`),
+        or that has come no closer to training for `bound` seconds (it cannot keep up), ends; the
+        GPU stays out, said once, instead of waiting (and its donor queueing gradients) forever."""
         now = self.ctl.now()
         for r, s in sorted(self.sessions.items()):
             allowed = bound if s["steps"] is not None else bound + self._state_bytes(r) / FIRST_STATE_RATE
             if s["caught"] is None and now - s["moved"] > allowed:
                 first = "" if s["steps"] is not None else " (no first state yet)"
                 self._give_up([r], f"its catch-up made no progress in {allowed:.3g} s{first}")
+            elif s["caught"] is None and s.get("gained") is not None and now - s["gained"] > bound:
+                # It moves, but no closer to training: the gradients come slower than training makes
+                # them (a slow link), and the donor's backlog of them would grow for good.
+                self._give_up([r], f"its catch-up does not gain on training: {s['lag']} or more iterations "
+                                   f"behind for {bound:g} s (the gradients come slower than training makes them)")
 
     def _state_bytes(self, rank: int) -> int:
         """The state a joiner of `rank`'s stage receives first: the stage's weights and optimizer
