@@ -793,7 +793,7 @@ def test_a_host_whose_last_beat_arrives_late_is_still_found_gone():
             return 100 + self.reads[host]  # alive: a beat between any two reads
 
     gone: list[int] = []
-    answered = Fleet.answers(SimpleNamespace(job=Beats()), [0, 1, 2], 0.3, gone.append)
+    answered = Fleet.answers(SimpleNamespace(job=Beats(), _gone_at={}), [0, 1, 2], 0.3, gone.append)
     assert answered == {0, 2} and gone == [1]
 
 
