@@ -405,6 +405,20 @@ def test_a_catch_up_whose_donor_a_switch_excluded_starts_again_from_another_dono
     assert ctl.directives[0] is None and ctl.directives[2] == {"role": "donate", "session": 2, "joiner": 4}
 
 
+def test_a_growth_that_ends_a_catch_up_says_the_gpu_counts_as_lost_not_that_it_died(plan):
+    # A growth kills the processes on standby (no place in the new numbering): a GPU being taken
+    # back into the layout that ran counts as lost, said once; its exit then says nothing more.
+    gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    ctl = FakeController(gone)
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    assert rejoins.drop_for_growth() == [2] and rejoins.wanted == {} and rejoins.sessions == {}
+    rejoins.lost(2)
+    assert [m for k, m in ctl.notes if k == "rejoin"][-1] == (
+        "rank 2 was being taken back: the job grows onto another layout first: its GPU counts as lost; ask for it "
+        "again to grow the job onto it")
+
+
 def test_rejoin_of_a_running_member_is_a_no_op(plan):
     ctl = FakeController(plan)
     Rejoins(ctl).request(1, "asked for")

@@ -228,7 +228,7 @@ class Growth:
         if in_place:
             self._grow_in_place(plan, physical, "grow back (in place)")
         else:
-            self.rejoins.cancel_all()
+            self.rejoins.drop_for_growth()
             self.job.abort(self.gen.number)
             self._kill_and_wait(sorted(self.alive - self.dead))
             gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)

@@ -209,6 +209,12 @@ class Rejoins:
         self.wanted.clear()
         return dropped
 
+    def drop_for_growth(self) -> list[int]:
+        """The job grows onto another layout, killing the processes on standby: a GPU being taken
+        back into the layout that ran counts as lost (said, instead of "its process died")."""
+        return self.drop_all("the job grows onto another layout first: its GPU counts as lost; ask for it again "
+                             "to grow the job onto it")
+
     def lost(self, rank: int) -> None:
         """A standby process died: it does not come back (a new request can start another)."""
         if rank in self.wanted:

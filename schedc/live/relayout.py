@@ -130,7 +130,7 @@ class Relayout:
         renamed = {by_gpu[p]: r for r, p in physical.items() if p in by_gpu}
         started = sorted(r for r, p in physical.items() if p not in by_gpu)
         moved = self._moved(renamed)
-        self.rejoins.cancel_all()
+        self.rejoins.drop_for_growth()
         self.job.abort(self.gen.number)
         self._kill_and_wait(sorted((self.alive - self.dead) - set(renamed)))  # (on standby: no place)
         gone = {self.physical[r] for r in self.dead if r in self.physical}  # (lost since: not spare)
