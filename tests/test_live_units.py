@@ -818,3 +818,27 @@ def test_a_rename_carries_a_members_failure_over_to_its_new_number():
     sup._rename({0: 0, 2: 1, 3: 2})  # (old rank 6 has no place in the new layout)
     assert sup._suspects == {1: Suspect(1, "killed by SIGKILL", False, 1.78)}
     assert sup.alive == {0, 2} and sup.dead == set() and renames == [(1, {0: 0, 2: 1, 3: 2})]
+
+
+def test_an_agent_started_mid_run_numbers_its_ranks_in_the_newest_epoch():
+    """An agent restarted (or started again for a host found gone) after in-place re-partitions:
+    the ranks it starts are numbered in the newest epoch, so its exits say that epoch (they were
+    said in epoch 0 and renamed again by the supervisor: another rank declared failed), and a
+    rename queued before it started does not take its numbering back."""
+    from schedc.live.agent import Agent
+
+    class Job:
+        events: list = []
+
+        def epoch_now(self):
+            return 2
+
+        def event(self, ev):
+            self.events.append(ev)
+
+    agent = Agent(Job(), 1)
+    assert agent.epoch == 2
+    agent.rename(1, {0: 1})
+    assert agent.epoch == 2
+    agent.rename(3, {1: 0})
+    assert agent.epoch == 3

@@ -55,7 +55,9 @@ class Agent:
         self._fired: set[int] = set()
         self._injections: dict[int, Injection] | None = None
         self.stopping = False
-        self.epoch = 0  # the epoch its ranks are numbered in (`RenameRanks`)
+        # The epoch its ranks are numbered in (`RenameRanks`): the newest one, for an agent started
+        # mid-run (restarted, or for a host found gone): the ranks it starts are numbered in that one.
+        self.epoch = job.epoch_now()
 
     def register(self) -> None:
         self.job.event(AgentUp(host=self.host, pid=os.getpid(), t=time.time()))
@@ -89,6 +91,8 @@ class Agent:
         under the numbers they had)."""
         for rank, code in self.local.exits():
             self.job.event(Exited(rank=rank, code=code, host=self.host, t=time.time(), epoch=self.epoch))
+        if epoch <= self.epoch:  # (queued before this agent started: its ranks are numbered in a newer one)
+            return
         self.local.rename(renamed)
         self.epoch = epoch
 
