@@ -137,6 +137,19 @@ def test_a_rank_hung_during_a_rejoin_switch_is_found_and_the_run_finishes():
     assert any("rank 4 GPU (dp=1, pp=1) failed: stuck in an op" in e for e in out.events), out.describe()
 
 
+def test_the_writers_of_the_runs_last_checkpoint_are_not_taken_for_stuck(monkeypatch):
+    # A slow disk: each stage's checkpoint takes 15 s to write, longer than the stall rule's
+    # 10 s. The run's last iteration writes one: its writers wait for it at the end while the
+    # others are done. They were declared "stuck in an op" and killed mid-write (every stage's
+    # writer: the checkpoint lost, and the last iterations run again, to the same end).
+    import schedc.live.sim.worker as sim_worker
+
+    monkeypatch.setattr(sim_worker, "CHECKPOINT_WRITE_S", 15.0)
+    out = simulate(3, faults=[])
+    assert not out.violations and out.result == "finished", out.describe()
+    assert not any("failed" in e for e in out.events), out.describe()
+
+
 #: A GPU lost and asked back dies during its own switch: no GPU of the plan that ran failed, yet
 #: the recovery policy was asked what to do after no failure ("replan:  -> generation 3"; under
 #: --recovery restart every survivor was restarted from the checkpoint). Fix: that plan goes on.

@@ -113,9 +113,15 @@ class Suspect:
     silent: bool = False  # declared for its silence (no heartbeat), which load can cause too
 
 
+#: Seconds a rank may finish (state "finish": its last checkpoint and weights written, no op
+#: counted) before it counts as stuck: a big stage's checkpoint takes minutes on a slow disk, and
+#: the stall rule's bound (ten iterations) would kill the writers of the run's last checkpoint.
+FINISH_STALL_S = 600.0
+
+
 @dataclass(frozen=True)
 class Beat:
-    """One heartbeat: ``"seq gen iteration ops state [stalled_ms]"`` (state: run, wait or idle;
+    """One heartbeat: ``"seq gen iteration ops state [stalled_ms]"`` (state: run, wait, finish or idle;
     stalled_ms: the milliseconds the process was held stopped so far, `schedc.live.stall`, where
     its worker runs the stall clock)."""
 
@@ -345,7 +351,14 @@ class Detector:
 
     def _stalled(self, now: float) -> list[Suspect]:
         # Only ranks inside an iteration can stall it; the others (finished, joining the next
-        # generation, catching up on standby) neither stall it nor excuse a rank that does.
+        # generation, catching up on standby) neither stall it nor excuse a rank that does. A rank
+        # finishing (writing its last checkpoint and weights: no ops) is stuck only after FINISH_STALL_S.
+        finishing = [Suspect(r, f"stuck finishing (its last checkpoint or weights) for "
+                                f"{now - self._progress_at[r]:.1f} s", fence=True, at=now)
+                     for r in self._since if r not in self._declared and r in self._beat
+                     and self._beat[r].state == "finish" and now - self._progress_at[r] > FINISH_STALL_S]
+        if finishing:
+            return finishing
         ranks = [r for r in self._since if r not in self._declared and r in self._beat
                  and self._beat[r].state in ("run", "wait")]
         if not ranks:

@@ -321,6 +321,7 @@ class SimWorker:
                                               steps=self.steps, compute=compute, planned=planned,
                                               queued=compute * (1 - 1 / starved)))
                 self._maybe_checkpoint(gen, stage)
+            self.state = "finish"
             yield lambda: self._writing == 0  # (a real worker waits for its side thread)
             self.job.report(Done(rank=self.rank, gen=n, steps=self.steps, t=self.world.time()))
         except Interrupted as exc:
