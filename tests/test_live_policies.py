@@ -911,6 +911,23 @@ def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
     assert [kind for kind, _ in sup.notes] == ["host"]
 
 
+def test_ranks_numbered_anew_have_their_speeds_learned_afresh(plan):
+    # Rank 2 was found slow and rebalanced; a re-partition then numbers the GPUs anew, and another
+    # GPU runs as rank 2: it is not that GPU's slowness (nor is rank 2's new GPU excluded).
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl)
+    for i in range(40):
+        for r in (0, 1, 2, 3):
+            (rep,) = _reports(r, 0.4 if r == 2 and i >= 10 else 1.0, [i])
+            slowness.observe(rep, 1.0)
+        ctl.completed = i + 1
+        slowness.tick(i)
+    assert slowness.speeds.get(2, 1.0) < 0.8, slowness.speeds
+    slowness.excluded.add(2)
+    slowness.relabelled()
+    assert slowness.speeds == {} and slowness.trackers == {} and slowness.excluded == set()
+
+
 def test_a_host_found_gone_whose_agent_beats_again_is_back():
     """An agent busy for over a second (a forkserver started anew blocks it) misses its two beats
     and its host is found gone; once it beats twice more, the host is back (said), and its spare

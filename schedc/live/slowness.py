@@ -574,5 +574,17 @@ class Slowness:
         self.excluded.discard(rank)
         self.ladder.cancel(rank)
 
+    def relabelled(self) -> None:
+        """The ranks are numbered anew (a re-partition, a growth): what was learned per rank is
+        another GPU's now, so every rank's speed is learned afresh (a slow GPU is found again
+        under its new number; a healthy one that took a slow one's number is not rebalanced)."""
+        for rank in set(self.trackers) | set(self.beat_trackers) | set(self.held_trackers) | set(self.speeds) \
+                | set(self.probes) | set(self._offsets) | self.excluded:
+            self.joined(rank)
+        for per_rank in (self._rounds, self._cpu_rounds, self._cpu_rel, self._rates, self._stalls, self._first,
+                         self._quiet_until, self._on_cpu):
+            per_rank.clear()
+        self._pending = []
+
     def lost(self, rank: int) -> None:
         self.joined(rank)

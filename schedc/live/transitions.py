@@ -60,6 +60,7 @@ class Transitions:
         self.spare = outside - self.lost_to_repartition
         self._returned = set()
         self.physical = physical
+        self.slowness.relabelled()  # (what it learned per rank is another GPU's now)
         self.fleet.place(physical)
         self.injections.place(physical)  # (a GPU or node an injection names: the ranks that run it now)
 
