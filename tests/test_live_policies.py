@@ -911,6 +911,19 @@ def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
     assert [kind for kind, _ in sup.notes] == ["host"]
 
 
+def test_an_exclusion_whose_switch_was_abandoned_is_priced_again_as_the_rank_runs(plan):
+    # Rank 2 was to be excluded at speed 0.3; a failure came first and the switch was abandoned,
+    # so rank 2 runs on in the plan that ran. It was left "excluded" with no speed: slow, in the
+    # plan, and never looked at again. Now the next plan change prices it again (a decision).
+    ctl = FakeController(plan, completed=12)
+    slowness = Slowness(ctl, mode="act")
+    slowness.excluded.add(2)
+    slowness._excluded_speed[2] = 0.3  # (what `_act` leaves for an exclusion it switched for)
+    slowness.after_plan_change()
+    assert 2 not in slowness.excluded and slowness.speeds[2] == 0.3
+    assert [d["rank"] for d in slowness.decisions] == [2], slowness.decisions
+
+
 def test_ranks_numbered_anew_have_their_speeds_learned_afresh(plan):
     # Rank 2 was found slow and rebalanced; a re-partition then numbers the GPUs anew, and another
     # GPU runs as rank 2: it is not that GPU's slowness (nor is rank 2's new GPU excluded).

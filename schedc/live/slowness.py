@@ -110,6 +110,7 @@ class Slowness:
         self.speeds: dict[int, float] = {}  # rank -> the lowest of the signals', as last reported
         self.probes: dict[int, list[tuple[int, float]]] = {}  # rank -> its last probes (iterations done, speed)
         self.excluded: set[int] = set()
+        self._excluded_speed: dict[int, float] = {}  # excluded rank -> the speed it was excluded at
         self.decisions: list[dict] = []
         period = ctl.plan.metrics.iteration_time / 1e6
         # Before any switch is measured, a switch is taken to cost one period (the pipeline
@@ -512,6 +513,7 @@ class Slowness:
                 self.speeds[d.rank] = expected
             if d.action == "exclude":
                 self.excluded.add(d.rank)
+                self._excluded_speed[d.rank] = d.speed
                 self.trackers.pop(d.rank, None)  # its speed comes from probes while it is out
                 self._compute_since.pop(d.rank, None)
                 self.beat_trackers.pop(d.rank, None)
@@ -553,6 +555,9 @@ class Slowness:
         for rank, t in self.trackers.items():
             if rank in ctl.members and t.level is not None and t.speed >= 1 - SpeedTracker.min_change:
                 self._relearn[rank] = []
+        for rank in sorted(self.excluded & set(ctl.members)):  # its exclusion's switch was abandoned: still in
+            self.excluded.discard(rank)
+            self.speeds[rank] = self._excluded_speed.pop(rank, 1.0)  # (priced again below, as it ran)
         for rank, speed in self.speeds.items():
             if rank in ctl.members:
                 plan_speed = ctl.base_plan.spec.gpus[rank].speed
@@ -572,6 +577,7 @@ class Slowness:
         self._compute_since.pop(rank, None)
         self._load_noted.pop(rank, None)
         self.excluded.discard(rank)
+        self._excluded_speed.pop(rank, None)
         self.ladder.cancel(rank)
 
     def relabelled(self) -> None:
