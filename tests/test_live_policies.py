@@ -486,6 +486,29 @@ def test_a_rank_that_beats_less_often_while_the_run_keeps_its_pace_is_not_slow(p
 
 
 
+def test_a_starved_rank_rebalanced_for_stays_slow_until_its_own_rate_is_back(plan):
+    # Rank 2's heartbeat thread beats at 0.6 of its peers' from 30 to 100 and slows the run until
+    # its rebalance; then the run keeps its pace. It was "back to full speed" 5 iterations later
+    # (the gate fed the signal healthy readings), then restored, and never found again.
+    ctl = FakeController(plan, completed=0)
+    slowness = Slowness(ctl, mode="act")
+    switched = []
+    real = ctl.switch
+
+    def switch(new_plan, **kw):
+        switched.append(ctl.completed)
+        return real(new_plan, **kw)
+
+    ctl.switch = switch
+    _feed(slowness, ctl, lambda r, i: 1.0, range(160), noise=0.05,
+          rates_of=lambda r, i: 12.0 if r == 2 and 30 <= i < 100 else 20.0,
+          wall_of=lambda i: 1.6 if 30 <= i and not (switched and i > switched[0]) else 1.0)
+    notes = _slow_notes(ctl)
+    assert [s["kind"] for s in ctl.switches][:1] == ["rebalance"], notes
+    _assert_slow(notes[0], rank=2, speed=0.6, since=30)
+    assert len(notes) == 2 and "back to full speed since iteration 100" in notes[1], notes
+
+
 def test_a_rank_that_beats_less_often_on_a_host_slowed_for_everyone_is_not_slow(plan):
     # Other processes take the CPUs from iteration 20: every iteration takes twice as long, every
     # heartbeat thread beats half as often, and rank 2's, starved a little more, at 0.6 of its

@@ -212,8 +212,11 @@ class Slowness:
                 # A rank that beats less often than its peers slows the run only if the run is slowed:
                 # a heartbeat thread starved while the GPU keeps pace (a fresh process, a busy
                 # interpreter) is not a slow GPU; while the run keeps its pace, the signal reads healthy.
-                shifts["heartbeat"] = self.beat_trackers.setdefault(rank, SpeedTracker()).update(
-                    avail[rank] if slowed else 0.0, it)
+                # The gate stops an alarm being raised, not cleared: once it said slow, the rank's own rate
+                # says when it is well (fed 0.0 after its rebalance it read "back to full speed", wrongly).
+                tracker = self.beat_trackers.setdefault(rank, SpeedTracker())
+                said_slow = tracker.level is not None and tracker.speed < 1 - SpeedTracker.min_change
+                shifts["heartbeat"] = tracker.update(avail[rank] if slowed or said_slow else 0.0, it)
             shifts = {name: sh for name, sh in shifts.items() if sh is not None}
             if not shifts:
                 continue
