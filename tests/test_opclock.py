@@ -110,6 +110,7 @@ class _FakeGpu:
         self.stream = object()
         self.stream_asks = 0
         self.log: list[str] = []
+        self.run_queue_s = 0.0  # the launching thread's run-queue wait so far (`thread_run_delay`)
 
     def current_stream(self) -> object:
         self.stream_asks += 1
@@ -162,7 +163,7 @@ def _event_clock(gpu: _FakeGpu) -> EventClock:
         gpu.log.append("off it")
 
     return EventClock("cuda:0", event=gpu.event, stream=gpu.current_stream, new_stream=lambda: gpu.stream,
-                      use_stream=use_stream)
+                      use_stream=use_stream, run_delay=lambda: gpu.run_queue_s)
 
 
 def _iteration(clock: EventClock, gpu: _FakeGpu, ops: list[tuple[float, float]], idle_ms: float = 0.0) -> None:
@@ -184,6 +185,26 @@ def test_the_event_clock_sums_the_events_times_and_waits_once_per_iteration():
     assert gpu.event_syncs == 1 and gpu.device_syncs == 0
     assert compute == pytest.approx(4.0e-3)  # the idle time between ops is not counted
     assert planned == pytest.approx(2900e-6)
+
+
+def test_the_event_clock_counts_the_launching_threads_run_queue_wait_as_queued():
+    # The thread that launches an op's kernels waits 1 ms for a CPU inside the op (another
+    # process had the core): the GPU idles inside the op's events, which time 1 ms more. That
+    # millisecond is host load (`queued`), as on a CPU rank, not the GPU's speed. A wait between
+    # ops (outside any op's events) is not counted.
+    gpu = _FakeGpu()
+    clock = _event_clock(gpu)
+    for ms, waited in ((1.5, 1.0), (2.0, 0.0)):
+        gpu.run_queue_s += 0.5e-3  # (between ops)
+        clock.op_started()
+        gpu.run(ms + waited)  # (the GPU idle while the thread waited)
+        gpu.run_queue_s += waited / 1e3
+        clock.op_ended(1000)
+    compute, _ = clock.take_iteration()
+    assert compute == pytest.approx(4.5e-3) and clock.queued == pytest.approx(1.0e-3)
+    _iteration(clock, gpu, [(1.0, 100)])
+    clock.take_iteration()
+    assert clock.queued == 0.0
 
 
 def test_the_event_clock_resets_when_taken_and_waits_for_nothing_without_ops():

@@ -19,7 +19,12 @@ summed, both reset for the next.
   `take_iteration` waits for the last recorded event (every earlier one on
   the stream is then complete) and sums each pair's GPU time. The pairs come
   from a pool that grows only when an iteration times more ops than any
-  before: no allocation per op once the first iteration has run.
+  before: no allocation per op once the first iteration has run. The host
+  thread's run-queue wait between an op's two events counts as `queued`, as
+  on a CPU rank: an op's kernels are launched by that thread, and while it
+  waits for a CPU the GPU idles inside the op's events (host load, not a
+  slow GPU; gloo's sends go through host memory, so the stream is empty at
+  each op's start).
 
 `timed` (the probe of an excluded or compute-less GPU, and its healthy time
 at start-up) times one call: on a CPU by the host's clock; on a GPU by a
@@ -118,7 +123,13 @@ class EventClock:
 
     def __init__(self, device: str = "cuda", *, event: Callable[[], object] | None = None,
                  stream: Callable[[], object] | None = None, new_stream: Callable[[], object] | None = None,
-                 use_stream: Callable[[object], object] | None = None):
+                 use_stream: Callable[[object], object] | None = None,
+                 run_delay: Callable[[], float | None] | None = None):
+        if run_delay is None:
+            from schedc.live.stall import thread_run_delay as run_delay
+        self._run_delay = run_delay
+        self._delay: float | None = None  # the thread's run-queue wait at `op_started`
+        self._queued = 0.0
         if event is None or stream is None or new_stream is None or use_stream is None:
             import torch
 
@@ -129,7 +140,7 @@ class EventClock:
         self._event, self._stream = event, stream
         self._new_stream, self._use_stream = new_stream, use_stream
         self._probe_stream = None
-        self.queued = 0.0  # a kernel does not wait for the host's CPUs
+        self.queued = 0.0  # of the iteration taken last: the launching thread's run-queue wait inside ops
         self._pairs: list[tuple[object, object]] = []  # the pool: (start, end) per op, reused every iteration
         self._ops = 0  # pairs of this iteration whose end is recorded
         self._planned = 0.0
@@ -142,27 +153,33 @@ class EventClock:
             self._pairs.append((self._event(), self._event()))
         if self._on is None:
             self._on = self._stream()
+        self._delay = self._run_delay()
         self._pairs[self._ops][0].record(self._on)
 
     def op_ended(self, planned_us: float) -> None:
         self._pairs[self._ops][1].record(self._on)
         self._ops += 1
         self._planned += planned_us / 1e6
+        delay = self._run_delay() if self._delay is not None else None
+        if delay is not None:
+            self._queued += max(0.0, delay - self._delay)
 
     def reset(self) -> None:
         # An event recorded again before the GPU reached it is simply re-recorded: no wait needed.
         self._ops = 0
-        self._planned = 0.0
+        self._planned = self._queued = 0.0
         self._on = None
 
     def take_iteration(self) -> tuple[float, float]:
-        ops, planned = self._ops, self._planned
+        ops, planned, queued = self._ops, self._planned, self._queued
         self.reset()
+        self.queued = 0.0
         if ops == 0:
             return 0.0, planned
         self._pairs[ops - 1][1].synchronize()  # the last end: every earlier event on the stream is done too
-        ms = sum(start.elapsed_time(end) for start, end in self._pairs[:ops])
-        return ms / 1e3, planned
+        seconds = sum(start.elapsed_time(end) for start, end in self._pairs[:ops]) / 1e3
+        self.queued = min(queued, seconds)
+        return seconds, planned
 
     @property
     def pool_size(self) -> int:
