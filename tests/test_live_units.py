@@ -863,3 +863,18 @@ def test_an_agent_started_mid_run_numbers_its_ranks_in_the_newest_epoch():
     assert agent.epoch == 2
     agent.rename(3, {1: 0})
     assert agent.epoch == 3
+
+
+def test_the_ledger_says_where_the_run_is_now_after_a_rollback_to_an_older_checkpoint():
+    """After a restore of the checkpoint at 4 (iterations 0-9 done), the run is at 5 once 4 is
+    done again, not at 10: a planned switch there would start 5 iterations ahead of the ranks'
+    pace and be escalated as late (the slowness ladder's episodes, too, counted from 10)."""
+    from schedc.live.ledger import Ledger
+    from schedc.live.protocol import IterationDone
+
+    ledger = Ledger(0.0)
+    assert ledger.now == 0
+    for gen, it in [(0, i) for i in range(10)] + [(1, 4)]:  # (generation 1 restored the checkpoint at 4)
+        ledger.add(IterationDone(rank=0, it=it, t0=float(it), t1=it + 0.5, gen=gen, steps=it + 1, compute=0.0,
+                                 planned=0.0), [0], {})
+    assert ledger.completed == 10 and ledger.now == 5

@@ -42,7 +42,8 @@ class Controller(Protocol):
 
     @property
     def completed(self) -> int:
-        """Iterations completed so far."""
+        """The next iteration the run completes as it goes now (`Ledger.now`: after a rollback to
+        an older checkpoint, behind the furthest iteration ever done until the run passes it)."""
 
     def is_running(self, rank: int) -> bool:
         """Whether a worker process runs for `rank` (started, its exit not seen)."""
@@ -123,7 +124,7 @@ class SupervisorControl:
 
     @property
     def completed(self) -> int:
-        return self._sup.completed
+        return self._sup.ledger.now
 
     def is_running(self, rank: int) -> bool:
         return rank in self._sup.alive

@@ -29,6 +29,13 @@ class Ledger:
         """Iterations completed so far (the next one to complete)."""
         return max(self.records, default=-1) + 1
 
+    @property
+    def now(self) -> int:
+        """The next iteration to complete as the run goes now: after the latest completion. After
+        a rollback to an older checkpoint it is behind `completed` (the furthest ever done) until
+        the iterations run again pass it; a planned switch starts, and a joiner catches up, from here."""
+        return self.history[-1].iteration + 1 if self.history else (self.first or 0)
+
     def add(self, msg: IterationDone, members, speeds: dict[int, float]) -> IterationRecord | None:
         """One rank's report; the iteration's record once every one of `members` has reported.
         `speeds` are the speeds the generation's plan assumes (rank -> speed)."""

@@ -468,7 +468,7 @@ class Supervisor(Transitions, Relayout, Growth):
         self._note_slowdowns(it + 1)
         if self.phase == Phase.RUNNING:
             self.slowness.tick(it)
-            self.rejoins.switch_if_ready(self.completed)
+            self.rejoins.switch_if_ready(self.ledger.now)
 
     def _members_of(self, gen: int) -> tuple[int, ...] | None:
         """The members whose reports complete an iteration of `gen`: the current generation's, and

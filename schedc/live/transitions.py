@@ -221,7 +221,7 @@ class Transitions:
         # Where the members are now (read after the planning that led here, which took time).
         fresh = self.job.heartbeats(self.gen.members)
         beats = [Beat.parse(fresh[r]) if r in fresh else self.detector.last_beat(r) for r in self.gen.members]
-        furthest = max([b.iteration for b in beats if b is not None] + [self.completed])
+        furthest = max([b.iteration for b in beats if b is not None] + [self.ledger.now])
         start_at = furthest + self._switch_margin()
         if start_at >= self.iterations:
             return f"the run ends (after iteration {self.iterations - 1}) before iteration {start_at}"
@@ -240,7 +240,7 @@ class Transitions:
         self.phase = Phase.SWITCHING
         # The old generation should reach the switch within four times its pace, plus the stall
         # rule's bound; past that, the switch's deadline runs even if nothing was seen to stall.
-        self._old_due = self._now() + (start_at - self.completed) * 4 * self._period() + self.detector.stall_timeout
+        self._old_due = self._now() + (start_at - self.ledger.now) * 4 * self._period() + self.detector.stall_timeout
         self._note("switch", f"switch to generation {self.gen.number} at iteration {start_at} ({kind}): "
                              f"{before / 1e3:.2f} -> {plan.metrics.iteration_time / 1e3:.2f} ms per iteration",
                    switch=kind, start_at=start_at, generation=self.gen.number)
