@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -122,8 +123,13 @@ class Plan:
 _WRITTEN = ("schedule.json", "trace.json", "timeline.svg", "spec.sched", "main.py", "programs.json")
 
 
+#: The names of the per-pipeline and per-rank files a plan writes (`codegen.generate`): only these
+#: are a plan's; a user's `rank_analysis.py` or `pipeline_results.csv` beside it is kept.
+_WRITTEN_PATTERN = re.compile(r"^(?:pipeline_\d+\.csv|rank_\d+\.py|program_c\d+_\d+\.py)$")
+
+
 def _is_written(name: str) -> bool:
-    return name in _WRITTEN or (name.startswith(("pipeline_", "rank_", "program_c")) and name.endswith((".csv", ".py")))
+    return name in _WRITTEN or _WRITTEN_PATTERN.match(name) is not None
 
 
 def _temporary_prefix(out: Path) -> str:

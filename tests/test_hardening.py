@@ -167,6 +167,8 @@ def test_compile_into_an_existing_folder_switches_at_once_and_keeps_the_users_fi
     out = tmp_path / "out"
     schedc.compile(ROOT / "specs" / "example.sched", solver="greedy").write(out)  # 15 rank programs
     (out / "notes.txt").write_text("mine")
+    for mine in ("pipeline_results.csv", "rank_analysis.py", "program_comparison.py"):  # (named like a plan's)
+        (out / mine).write_text("mine")
     (out / "ckpt").mkdir()
     (out / "ckpt" / "w.pt").write_text("weights")
     stale = tmp_path / ".out.schedc-999999999-x"  # what a killed compile left
@@ -178,8 +180,10 @@ def test_compile_into_an_existing_folder_switches_at_once_and_keeps_the_users_fi
     schedc.compile(ROOT / "specs" / "mlp-2x2.sched").write(out)  # 4 rank programs
     assert seen and "notes.txt" in seen[0] and "rank_15.py" not in seen[0]  # complete before the switch
     names = sorted(p.name for p in out.iterdir())
-    assert [n for n in names if n.startswith("rank_")] == [f"rank_0{i}.py" for i in range(4)]
+    assert [n for n in names if n.startswith("rank_")] == [f"rank_0{i}.py" for i in range(4)] + ["rank_analysis.py"]
     assert (out / "notes.txt").read_text() == "mine" and (out / "ckpt" / "w.pt").read_text() == "weights"
+    assert all((out / mine).read_text() == "mine"
+               for mine in ("pipeline_results.csv", "rank_analysis.py", "program_comparison.py"))
     assert not stale.exists() and not list(tmp_path.glob(".out.schedc-*"))
 
 
