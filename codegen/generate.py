@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
@@ -173,10 +174,9 @@ def write_programs(spec: Spec, schedule: Schedule, out_dir: Path, *,
     finally:
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)
-    for pattern in ("rank_*.py", "program_c*.py"):
-        for stale in out_dir.glob(pattern):
-            if stale.name not in files:
-                stale.unlink()
+    for stale in out_dir.iterdir():  # (the programs of an earlier plan; a user's rank_notes.py is theirs)
+        if re.match(r"^(?:rank_\d+|program_c\d+_\d+)\.py$", stale.name) and stale.name not in files:
+            stale.unlink()
     return [out_dir / name for name in files]
 
 

@@ -94,10 +94,11 @@ def test_rewrite_removes_programs_of_ranks_no_longer_live(tmp_path):
     inst = make_instance(2, 2, 2)
     write_programs(spec_for(inst), list_schedule(inst), tmp_path)
     assert (tmp_path / "rank_03.py").exists()
+    (tmp_path / "rank_notes.py").write_text("mine")  # a user's file, named like a program
     inst2 = make_instance(2, 2, 2, failed=[(1, 1)])
     paths = write_programs(spec_for(inst2), list_schedule(inst2), tmp_path)
     assert not (tmp_path / "rank_03.py").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([p.name for p in paths] + ["rank_notes.py"])
 
 
 def test_a_failed_generation_writes_nothing(tmp_path):
