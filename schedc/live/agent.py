@@ -172,6 +172,12 @@ class Fleet:
         self.hosts = hosts
         world = spec.dp * spec.pp
         nodes = -(-world // spec.cluster.gpus_per_node)
+        if hosts > nodes:  # (each host runs whole nodes: a host past the last would wait for an agent in vain)
+            from schedc.diagnostics import RunError, error
+
+            raise RunError([error("E555", f"--hosts {hosts} is more than the job's {nodes} node(s) ({world} GPUs, "
+                                          f"gpus_per_node = {spec.cluster.gpus_per_node}): each host runs whole nodes",
+                                  hint=f"give --hosts from 1 to {nodes}")])
         # The host of each of the job's GPUs (a rank of the spec's plan); a re-partitioned layout's
         # rank r runs on GPU `physical[r]` (`place`), hence on that GPU's host.
         self.gpu_host = {r: spec.cluster.node_of(r) * hosts // nodes for r in range(world)}

@@ -14,6 +14,10 @@ RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "repartition", "restart"
 FAIL_SLOW_MODES = ("act", "detect", "off")
 
 
+#: The longest time option taken (seconds: 11.6 days): longer ones overflow the store's and
+#: threads' waits (a `timedelta`), and no run means them.
+MAX_SECONDS = 1e6
+
 @dataclass(frozen=True)
 class TrainOptions:
     """How a live run goes (the options of `schedc train`)."""
@@ -62,12 +66,14 @@ class TrainOptions:
         for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
                      "agent_timeout", "transition_timeout"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
+                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds (at most "
+                                f"{MAX_SECONDS:g}), got {value}")
         for name in ("stall_timeout", "horizon"):  # None: a default decided later
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds, got {value}")
+            if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds (at most "
+                                f"{MAX_SECONDS:g}), got {value}")
         if not (isinstance(self.phi, (int, float)) and math.isfinite(self.phi) and self.phi > 0):
             problems.append(f"phi must be a positive number (8: a healthy rank's silence that long is a "
                             f"one-in-10^8 event), got {self.phi}")
@@ -76,6 +82,8 @@ class TrainOptions:
         for name in ("checkpoint_every", "max_restarts", "store_port"):
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")
+        if self.store_port > 65535:
+            problems.append(f"store-port must be a TCP port, 0 (any free one) to 65535, got {self.store_port}")
         if self.keep_checkpoints < 1:
             problems.append(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.hosts < 1:
