@@ -179,6 +179,19 @@ def test_a_resume_that_changes_more_than_the_split_is_refused(tmp_path, plan, wo
     assert exc.value.codes == ["E570"] and all(w in text for w in words), text
 
 
+@pytest.mark.parametrize("plan, words", [
+    ({"dp": 3}, "has dp 2, the plan dp 3"),
+    ({"microbatches": 2}, "has 3 microbatches per pipeline, the plan 2"),
+])
+def test_a_resume_onto_the_same_split_with_another_batch_is_refused(tmp_path, plan, words):
+    # The same stages, so nothing to re-shard, but another dp or microbatches: another global
+    # batch, not the training the checkpoint continues. It resumed silently, with other losses.
+    found = _checkpoint(tmp_path, SPLITS["pp3"], "adam")
+    with pytest.raises(schedc.RunError) as exc:
+        _check(found, stages=3, **plan)
+    assert exc.value.codes == ["E570"] and words in exc.value.render()
+
+
 def test_every_difference_is_said_at_once(tmp_path):
     found = _checkpoint(tmp_path, SPLITS["pp3"], "adam")
     with pytest.raises(schedc.RunError) as exc:

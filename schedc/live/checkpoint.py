@@ -333,7 +333,7 @@ def check_resumable(found: Checkpoint, *, stages: int, emulate: bool, optimizer:
     split and match the plan's `dp`, `microbatches` and model layer count (`model_layers()`,
     called only then: it may build the model); workers then re-shard it (`schedc.live.reshard`).
     """
-    for key, mine, what in (("emulate", emulate, "--emulate"), ("optimizer", optimizer, "the optimizer")):
+    for key, mine, what in (("emulate", emulate, "--emulate"), ("optimizer", optimizer, "optimizer")):
         if key in found.meta and found.meta[key] != mine:
             raise RunError([error("E570", f"checkpoint `{found.path}` was written with {key} = "
                                           f"{found.meta[key]!r}, this run has {mine!r}",
@@ -341,6 +341,8 @@ def check_resumable(found: Checkpoint, *, stages: int, emulate: bool, optimizer:
     if split_differs(found.meta, stages, partition):
         _check_reshardable(found, stages=stages, emulate=emulate, dp=dp, microbatches=microbatches,
                            model_layers=model_layers)
+    else:  # the same split: still the same data only with the same dp and microbatches (another batch: E570)
+        _check_same_batch(found, dp=dp, microbatches=microbatches)
     if found.iteration >= iterations:
         raise RunError([error("E556", f"checkpoint `{found.path}` is after iteration {found.iteration - 1}: "
                                       f"nothing is left of the {iterations} iterations to run",
@@ -376,18 +378,7 @@ def _check_reshardable(found: Checkpoint, *, stages: int, emulate: bool, dp: int
                                       "record how its model was split into stages (written by an older schedc)",
                               hint=f"resume it with a plan of {have} stages, write a checkpoint there "
                                    f"(--checkpoint-every), then resume that one onto {stages} stages")])
-    wrong = []
-    if dp is not None and meta["dp"] != dp:
-        wrong.append(error("E570", f"{where} has dp {meta['dp']}, the plan dp {dp}",
-                           hint=f"resume onto the same data-parallel width: compile the new plan with "
-                                f"cluster.dp = {meta['dp']} (only the number of stages may change)"))
-    if microbatches is not None and meta.get("microbatches") != microbatches:
-        wrong.append(error("E570", f"{where} has {meta.get('microbatches')} microbatches per pipeline, "
-                                   f"the plan {microbatches}",
-                           hint=f"compile the new plan with train.microbatches = {meta.get('microbatches')}: "
-                                "the same global batch, so the same training"))
-    if wrong:
-        raise RunError(wrong)
+    _check_same_batch(found, dp=dp, microbatches=microbatches)
     if emulate:
         return  # nothing but step counts to carry over
     recorded = meta["partition"]
@@ -401,6 +392,24 @@ def _check_reshardable(found: Checkpoint, *, stages: int, emulate: bool, dp: int
         raise RunError([error("E570", f"{where} holds a model of {n} layers, the plan's model has {mine}",
                               hint="resume with the same model (model.source and the model block's sizes); "
                                    "only the number of stages may change")])
+
+
+def _check_same_batch(found: Checkpoint, *, dp: int | None, microbatches: int | None) -> None:
+    """E570 unless the plan trains the checkpoint's data: the same dp and microbatches per
+    pipeline, where the checkpoint records them (older ones do not: nothing to compare)."""
+    meta, where = found.meta, f"checkpoint `{found.path}`"
+    wrong = []
+    if dp is not None and meta.get("dp") is not None and meta["dp"] != dp:
+        wrong.append(error("E570", f"{where} has dp {meta['dp']}, the plan dp {dp}",
+                           hint=f"resume onto the same data-parallel width: compile the new plan with "
+                                f"cluster.dp = {meta['dp']} (only the number of stages may change)"))
+    if microbatches is not None and meta.get("microbatches") is not None and meta["microbatches"] != microbatches:
+        wrong.append(error("E570", f"{where} has {meta['microbatches']} microbatches per pipeline, "
+                                   f"the plan {microbatches}",
+                           hint=f"compile the new plan with train.microbatches = {meta['microbatches']}: "
+                                "the same global batch, so the same training"))
+    if wrong:
+        raise RunError(wrong)
 
 
 def check_writable(root: Path) -> None:
