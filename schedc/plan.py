@@ -225,6 +225,10 @@ def check_output_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise RunError([error("E558", f"cannot write the plan to `{out}`: it is a file, not a directory",
                               hint="give -o a directory (it is created if missing)")])
+    if out.is_dir() and (out.resolve() == Path.cwd().resolve() or out.resolve() in Path.cwd().resolve().parents):
+        raise RunError([error("E558", f"cannot write the plan to `{out}`: it is the folder you are in (or holds "
+                                      "it), and a plan's folder is switched as a whole",
+                              hint="give -o a folder of its own, e.g. -o out")])
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

@@ -139,6 +139,25 @@ def test_a_redundant_plan_is_written_without_programs_and_run_says_why(spec_path
     assert run_cli(["run", str(out)]) != 0
     err = capsys.readouterr().err
     assert "E520" in err and "redundant" in err and "compile first" not in err
+    assert run_cli(["train", str(out), "--emulate", "--iterations", "1"]) == 1  # (it was E000: a KeyError)
+    err = capsys.readouterr().err
+    assert "error[E520]: this plan is the `redundant` baseline" in err and "E000" not in err
+
+
+def test_ordinary_bad_paths_and_numbers_are_diagnostics_not_internal_errors(spec_path, tmp_path, run_cli, capsys,
+                                                                              monkeypatch):
+    # (each was E000 with a Python exception's name: found by a newcomer's sweep)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert run_cli(["compile", str(spec_path), "-o", "."]) == 1
+    assert "error[E558]: cannot write the plan to `.`: it is the folder you are in" in capsys.readouterr().err
+    assert run_cli(["run", "afile"]) == 1
+    assert "error[E520]: `afile` is a file, not a folder of compiled programs" in capsys.readouterr().err
+    assert run_cli(["compile", str(spec_path), "-o", "out"]) == 0
+    capsys.readouterr()
+    for bad in ("inf", "nan", "1e300"):
+        assert run_cli(["run", "out", "--timeout", bad]) == 1
+        assert "error[E524]: --timeout must be a positive number of seconds" in capsys.readouterr().err
 
 
 def test_summary_shows_the_proven_bound(spec_path, tmp_path, run_cli, capsys):

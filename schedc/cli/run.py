@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -42,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if args.save_weights and args.emulate:
         raise RunError([error("E525", "--save-weights needs real compute, not --emulate",
                               hint="drop --emulate to train and save weights")])
-    if args.timeout <= 0:
-        raise RunError([error("E524", f"--timeout must be positive, got {args.timeout:g}")])
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= 1e6):
+        raise RunError([error("E524", f"--timeout must be a positive number of seconds (at most 1e+06), "
+                                      f"got {args.timeout:g}")])
     if args.save_weights:
         from schedc.plan import check_output_file
 

@@ -77,9 +77,9 @@ class Supervisor(Transitions, Relayout, Growth):
         self.options = options
         self.base_plan: Plan = self.plan  # the plan of the last generation that became ready
         spec = self.plan.spec
-        from schedc.runtime.manifest import refuse_tensor_parallel
+        from schedc.runtime.manifest import refuse_unrunnable
 
-        refuse_tensor_parallel(spec.cluster.tp)
+        refuse_unrunnable(self.plan)
         if options.shadow:
             from schedc.live.shadow import check_memory
 

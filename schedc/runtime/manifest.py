@@ -127,6 +127,16 @@ def refuse_tensor_parallel(tp: int) -> None:
                                    "compile the spec with tp = 1, or drive your own TP training from the plan")])
 
 
+def refuse_unrunnable(plan) -> None:
+    """E526 / E520 for a compiled plan no live run can train: tensor-parallel groups
+    (`refuse_tensor_parallel`), or the `redundant` baseline, for which no programs are written."""
+    refuse_tensor_parallel(plan.spec.cluster.tp)
+    if plan.schedule.instance.redundant_forward:
+        raise RunError([error("E520", "this plan is the `redundant` baseline, a model of Bamboo to compare against: "
+                                      "schedc writes no programs for it (a holder would run another stage's layers)",
+                              hint="compile with `--solver cpsat` or `greedy` to train it")])
+
+
 def _text_or_empty(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -137,6 +147,9 @@ def _text_or_empty(path: Path) -> str:
 def load_manifest(out_dir: Path | str) -> Manifest:
     """Read ``OUT/programs.json``; E520 when it is missing or unreadable."""
     path = Path(out_dir) / MANIFEST_NAME
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise RunError([error("E520", f"`{out_dir}` is a file, not a folder of compiled programs",
+                              hint="give the folder `schedc compile SPEC -o OUT` wrote (OUT), not a file in it")])
     try:
         return Manifest.from_json(json.loads(path.read_text()))
     except FileNotFoundError:
