@@ -150,6 +150,25 @@ def test_the_writers_of_the_runs_last_checkpoint_are_not_taken_for_stuck(monkeyp
     assert not any("failed" in e for e in out.events), out.describe()
 
 
+def test_a_generation_plan_that_cannot_be_written_is_a_warning_not_the_end_of_the_run(monkeypatch):
+    # A read-only OUT: the plan of generation 1 (for the record) cannot be written. The run stopped
+    # with E558 at its first failure, exactly when it must go on; now it says so and goes on.
+    from schedc.diagnostics import RunError, error
+    from schedc.plan import Plan
+
+    real = Plan.write
+
+    def read_only(self, dir, **kw):
+        if "gen-" not in str(dir):
+            return real(self, dir, **kw)  # (the compiled plan the simulation starts from)
+        raise RunError([error("E558", f"cannot write the plan to `{dir}`: Operation not permitted")])
+
+    monkeypatch.setattr(Plan, "write", read_only)
+    out = simulate(5, faults=[Fault("training", 0.5, "kill", (4,))])
+    assert not out.violations and out.result == "finished", out.describe()
+    assert any("warning: could not write the plan of generation 1 (for the record)" in e for e in out.events)
+
+
 #: A GPU lost and asked back dies during its own switch: no GPU of the plan that ran failed, yet
 #: the recovery policy was asked what to do after no failure ("replan:  -> generation 3"; under
 #: --recovery restart every survivor was restarted from the checkpoint). Fix: that plan goes on.

@@ -140,8 +140,9 @@ class Transitions:
         """The generation's plan beside the compiled one, as `schedc compile -o` writes it (for the record)."""
         try:
             plan.write(self.out / "live" / f"gen-{number:04d}", programs=files)
-        except OSError as exc:
-            self._note("warning", f"could not write the plan of generation {number}: {exc}")
+        except (OSError, RunError) as exc:  # (a read-only OUT: the record is lost, never the run)
+            why = exc.diagnostics[0].message if isinstance(exc, RunError) else str(exc)
+            self._note("warning", f"warning: could not write the plan of generation {number} (for the record): {why}")
 
     def _generation_ready(self, now: float) -> None:
         if self.gen.dump:
