@@ -194,6 +194,8 @@ def load_stage(checkpoint: Checkpoint, stage: int) -> dict:
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # a missing, truncated or foreign file (torch raises many kinds)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "weights only" in reason.lower() or "weights_only" in reason:  # (torch's advice to load it unsafely)
+            reason = "it is damaged, or not a file schedc wrote (it does not load as plain tensors)"
         raise RunError([error("E570", f"cannot read stage {stage} of checkpoint `{checkpoint.path}`: {reason}",
                               hint="move this checkpoint's folder out of the checkpoint directory: --resume "
                                    "takes the newest complete one left")])
