@@ -30,6 +30,8 @@ from schedc.diagnostics import SpecError, Span, error
 
 #: Largest trace file read (a trace of a year with a change a second is ~ 400 MB; 64 MiB holds years of
 #: real spot traces, whose changes come minutes apart).
+#: The latest time a trace row may have (seconds): a replay's totals stay finite numbers.
+MAX_TRACE_SECONDS = 1e12
 MAX_TRACE_BYTES = 64 * 2**20
 
 
@@ -111,6 +113,9 @@ def parse_trace(text: str, name: str = "<trace>") -> Trace:
             elif t < 0 or c < 0:
                 diags.append(error("E642", f"a trace row has a negative {'time' if t < 0 else 'count'}", span,
                                    label="negative", hint="times count seconds from the start; counts are >= 0"))
+            elif t > MAX_TRACE_SECONDS:
+                diags.append(error("E642", f"time {fields[0]} s is past {MAX_TRACE_SECONDS:g} s (over 30,000 years)",
+                                   span, label="too late", hint="times count seconds from the trace's start"))
             elif rows and t < rows[-1][0]:
                 diags.append(error("E642", f"time {fields[0]} s comes before the previous row's {rows[-1][0]:g} s",
                                    span, label="time goes back", hint="sort the rows by time"))

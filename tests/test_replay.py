@@ -94,6 +94,7 @@ def test_trace_row_errors_point_at_the_field():
     assert codes_at("0,4\n-5,3\n") == [("E642", 2, 1)]
     assert codes_at("0,4\n5,-3\n") == [("E642", 2, 1)]
     assert codes_at("0,4\n10,3\n5,2\n") == [("E642", 3, 1)]
+    assert codes_at("0,4\n1e308,2\n") == [("E642", 2, 1)]  # (a replay of it printed nan and wrote NaN into its JSON)
     # A header only on the first data line: later words are errors, all reported at once.
     assert codes_at("a,b\n0,4\nc,d\n5,x\n6,1\n3,1\n") == [("E641", 3, 1), ("E641", 4, 3), ("E642", 6, 1)]
 
