@@ -43,3 +43,23 @@ def test_a_write_replaces_the_file_whole(tmp_path):
     target = tmp_path / "log.json"
     write_atomic(target, "--log", lambda tmp: tmp.write_text("new\n"))
     assert target.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["log.json"]
+
+
+def test_a_failed_command_whose_reader_left_still_exits_1(tmp_path):
+    """`schedc compile BAD --json | head -c 0`: the reader is gone when the diagnostics are printed.
+    Saying nothing more is right, but the exit status is still the command's (it was 0)."""
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.sched"
+    bad.write_text("cluster { dp = 2 }\n")
+    read, write = os.pipe()
+    os.close(read)  # (every write to the pipe now fails: EPIPE)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "schedc", "compile", str(bad), "--json", "-o", str(tmp_path / "o")],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import schedc
 from live_support import WAIT_S, children_of, compiled, wait_until
 
 TESTS = Path(__file__).parent
@@ -130,6 +131,32 @@ def test_ctrl_c_during_a_cp_sat_solve_leaves_an_existing_out_unchanged(tmp_path)
     wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in solving), "the solving process to end")
     assert [p.name for p in tmp_path.iterdir() if p.name not in ("stdout.txt", "stderr.txt")] == ["out"]
     assert [p.name for p in out.iterdir()] == ["kept.txt"] and (out / "kept.txt").read_text() == "an earlier run's\n"
+
+
+def test_two_quick_ctrl_cs_end_with_one_line(tmp_path):
+    """A second Ctrl-C ~10 ms after the first, while the command ends, printed a traceback from
+    the interpreter's own shutdown (threading's) after `interrupted`: it is ignored now."""
+    out = tmp_path / "plan"
+    schedc.compile(SPECS / "mlp-2x2.sched").write(out)
+    cmd = Command(tmp_path, "simulate", out / "schedule.json", "--iterations", "30000000")
+
+    def cpu_seconds() -> float:  # (utime + stime of /proc/PID/stat, in clock ticks)
+        fields = cmd.proc_file("stat").rsplit(")", 1)[-1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if len(fields) > 12 else 0.0
+
+    try:
+        wait_until(lambda: cpu_seconds() > 1.5 or not cmd.running(), "the simulation to be under way")
+        assert cmd.running(), cmd.stderr.read_text()
+        os.killpg(cmd.proc.pid, signal.SIGINT)
+        wait_until(lambda: "interrupted" in cmd.stderr.read_text() or not cmd.running(), "the first Ctrl-C's line",
+                   poll=0.001)
+        if cmd.running():
+            os.killpg(cmd.proc.pid, signal.SIGINT)
+        cmd.proc.wait(timeout=WAIT_S)
+    finally:
+        if cmd.running():
+            os.killpg(cmd.proc.pid, signal.SIGKILL)
+    cmd.assert_one_line()
 
 
 @pytest.mark.e2e

@@ -107,16 +107,19 @@ def _main(argv: list[str] | None) -> int:
         try:
             return int(args._module.run(args) or 0)
         except SchedcError as exc:
-            if getattr(args, "json", False):
-                first, omitted = shown(exc.diagnostics, per_code=100)
-                out = {"ok": False, "diagnostics": [d.to_json() for d in first]}
-                if omitted:
-                    out["omitted"] = omitted  # code -> how many more, not listed
-                print(json.dumps(out, indent=2))
-            else:
-                from schedc.cli.terminal import print_diagnostics
+            try:
+                if getattr(args, "json", False):
+                    first, omitted = shown(exc.diagnostics, per_code=100)
+                    out = {"ok": False, "diagnostics": [d.to_json() for d in first]}
+                    if omitted:
+                        out["omitted"] = omitted  # code -> how many more, not listed
+                    print(json.dumps(out, indent=2))
+                else:
+                    from schedc.cli.terminal import print_diagnostics
 
-                print_diagnostics(exc.render())
+                    print_diagnostics(exc.render())
+            except BrokenPipeError:  # (`... --json | head`: the reader left, and the command failed all the same)
+                _silence_stdout()
             return 1
     except KeyboardInterrupt as exc:
         if os.environ.get("SCHEDC_DEBUG"):
@@ -159,7 +162,15 @@ def _interruptible() -> None:
     130 (before, while the package loaded, `schedc/__init__.py`'s handler did that by itself).
     Left alone where Ctrl-C is ignored (a shell's background job) or handled by the caller."""
     if signal.getsignal(signal.SIGINT) is getattr(sys.modules.get("schedc"), "_interrupted_while_loading", None):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _ctrl_c_once)
+
+
+def _ctrl_c_once(signum, frame) -> None:
+    """The `schedc` command's Ctrl-C: KeyboardInterrupt, once. A second one while the command
+    ends (a double press) is ignored: it printed a traceback from wherever the ending was, the
+    interpreter's own shutdown included (SIGTERM and SIGKILL still end it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _interrupted(signal_name: str) -> int:
