@@ -94,6 +94,8 @@ class Plan:
         from schedc.schedule_io import write_schedule
 
         out = Path(dir)
+        if out.is_symlink():  # the plan goes into the link's target; the link stays the user's
+            out = out.resolve()
         check_output_dir(out)
         _remove_stale_temporaries(out)
         tmp = _new_folder_beside(out)

@@ -354,3 +354,18 @@ def test_a_write_interrupted_at_any_step_leaves_the_old_plan_whole(tmp_path, mon
         schedc.compile(ROOT / "specs" / "mlp-2x2.sched").write(out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_an_output_named_by_a_symbolic_link_is_written_through_it(tmp_path):
+    """`-o LINK` and `--save-weights LINK`: the files go to the link's target, and the link stays
+    (it was replaced by a folder of its own, and a stray temporary link was left beside it)."""
+    from schedc.cli.output import write_atomic
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "out").symlink_to("real")
+    schedc.compile(ROOT / "specs" / "mlp-2x2.sched").write(tmp_path / "out")
+    assert (tmp_path / "out").is_symlink() and (tmp_path / "real" / "schedule.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "real"]
+    (tmp_path / "w.pt").symlink_to(tmp_path / "real" / "w.pt")
+    write_atomic(tmp_path / "w.pt", "--save-weights", lambda tmp: tmp.write_text("weights"))
+    assert (tmp_path / "w.pt").is_symlink() and (tmp_path / "real" / "w.pt").read_text() == "weights"

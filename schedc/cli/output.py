@@ -40,6 +40,8 @@ def write_atomic(path: str | os.PathLike, what: str, write: Callable[[Path], Non
     """`write(tmp)` into a temporary file beside `path`, renamed onto `path` once written; E558
     (and no file left) when it cannot be."""
     target = Path(path)
+    if target.is_symlink():  # written through the link, to its target (the link stays the user's)
+        target = target.resolve()
     tmp = _temporary(target, "tmp")
     try:
         write(tmp)

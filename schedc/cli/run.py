@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -69,10 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if args.save_weights:
         import torch
 
-        target = Path(args.save_weights)
-        tmp = target.with_name(f".{target.name}.tmp")
-        torch.save(result.state_dict, tmp)
-        os.replace(tmp, target)  # never a half-written weights file
+        from schedc.cli.output import write_atomic
+
+        write_atomic(args.save_weights, "--save-weights", lambda tmp: torch.save(result.state_dict, tmp))
     predicted = result.manifest.metrics.get("iteration_time")
     summary = {
         "ok": True,
