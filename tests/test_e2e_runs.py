@@ -89,6 +89,21 @@ def test_schedc_run_with_a_rank_killed_mid_run_fails_clearly_and_saves_nothing(t
     assert not weights.exists() and not list(tmp_path.glob(".w.pt*"))
 
 
+def test_a_rank_that_fails_at_its_start_is_named_first_and_the_others_are_stopped(tmp_path):
+    """A rank without its program fails as it starts; the others wait in the rendezvous. They were
+    left to wait out their whole timeout (60 s), then three store time-outs (E590) buried the
+    cause. Now its error comes first, and the others are stopped once it failed (E532)."""
+    inst = make_instance(2, 2, 2)
+    write_programs(spec_for(inst), schedule_for(inst, "greedy"), tmp_path)
+    (tmp_path / "rank_01.py").unlink()
+    with pytest.raises(RunError) as exc:
+        Launch(tmp_path, iterations=1, timeout=60).wait()
+    diags = exc.value.diagnostics
+    assert diags[0].code == "E522" and "rank 1" in diags[0].message, exc.value.render()
+    assert [d.code for d in diags[1:]] == ["E532"] * 3, exc.value.render()
+    assert all("s after rank(s) [1] failed: it had not ended by itself" in d.message for d in diags[1:])
+
+
 def test_a_stuck_peer_times_out_with_the_op_waited_for(tmp_path):
     """A stopped (not dead) peer: survivors wait exactly their timeout, then name it; no hang."""
     import os
@@ -114,7 +129,8 @@ def test_a_stuck_peer_times_out_with_the_op_waited_for(tmp_path):
     # stuck peer, the timeout and an op in torch notation does not.
     assert re.search(r"rank 0 waited 2 s for the (activation|output gradient) of d\d:\d[FB]\d+ from rank 1",
                      text), text
-    assert "rank 1 made no progress" in text
+    assert re.search(r"rank 1 was stopped \d+ s after rank\(s\) \[[\d, ]+\] failed: it had not ended by itself",
+                     text), text
 
 
 def test_a_wrong_process_count_or_missing_program_is_a_diagnostic(tmp_path):

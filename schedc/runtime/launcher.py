@@ -30,6 +30,12 @@ from schedc.runtime.manifest import Manifest, load_manifest, refuse_tensor_paral
 from schedc.runtime.processes import LocalProcesses, forkserver_context
 from schedc.runtime.result import IterationRecord, RunResult
 
+#: Seconds the other ranks have, once one failed, to report what they were waiting for before
+#: they are stopped: a rank that fails at its start would else keep the others in the store's
+#: rendezvous for their whole --timeout (60 s), its own error buried among theirs.
+FAILED_GRACE = 10.0
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -98,6 +104,7 @@ class Launch:
         # A rank waits at most `timeout` per receive, so after a failure the others
         # report within about that; beyond it (plus slack) something hangs: stop it.
         patience = self.timeout + 15.0
+        failed_at: float | None = None  # when a rank was first seen failed
 
         def handle(rank: int, msg) -> None:
             nonlocal last_news
@@ -123,16 +130,28 @@ class Launch:
             alive = [r for r, p in self.processes.items() if p.exitcode is None]
             if not alive:
                 break
-            failed = any(p.exitcode not in (None, 0) for p in self.processes.values())
-            # Once a rank has failed, the survivors each report within their timeout; one
-            # that stays silent beyond it (stopped, stuck outside a wait) is stopped.
-            limit = self.timeout + 2.0 if failed else patience
-            if time.monotonic() - last_news > limit:
+            failed = sorted(r for r, p in self.processes.items() if p.exitcode not in (None, 0)) or sorted(errors)
+            if failed and failed_at is None:
+                failed_at = time.monotonic()
+            # Once a rank has failed the run cannot finish (`schedc run` does not recover): the
+            # others have FAILED_GRACE seconds (their timeout, if shorter) to say what they were
+            # waiting for, then they are stopped. One that stays silent beyond the patience
+            # (stopped, stuck outside a wait) is stopped too.
+            grace = min(self.timeout + 2.0, FAILED_GRACE)
+            if failed and time.monotonic() - failed_at > grace:
+                for r in alive:
+                    self.processes[r].kill()
+                for r in alive:
+                    errors.setdefault(r, [{"code": "E532", "message": f"rank {r} was stopped {grace:g} s after rank(s) "
+                                           f"{failed} failed: it had not ended by itself (stuck, or waiting for "
+                                           "them; the run cannot go on)"}])
+                break
+            if not failed and time.monotonic() - last_news > patience:
                 for r in alive:
                     self.processes[r].kill()
                 for r in alive:
                     errors.setdefault(r, [{"code": "E532", "message": f"rank {r} made no progress for "
-                                           f"{limit:g} s and was stopped"}])
+                                           f"{patience:g} s and was stopped"}])
                 break
         self.local.stop_all(grace=0)  # every rank has ended: joined, and this process stops adopting orphans
         while self._receive(handle, timeout=0):  # reports that raced with the exits
@@ -176,7 +195,8 @@ class Launch:
             elif code and rank not in errors:
                 diags.append(error("E531", f"rank {rank} exited with status {code} without a report"))
         seen = set()
-        for rank in sorted(errors):
+        # The ranks' own errors first, those stopped because another failed (E532) after them.
+        for rank in sorted(errors, key=lambda r: (all(d.get("code") == "E532" for d in errors[r]), r)):
             for d in errors[rank]:
                 if (d.get("code"), d["message"]) in seen:  # e.g. every rank failing to load the model
                     continue
