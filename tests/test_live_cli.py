@@ -58,10 +58,13 @@ def _descendants_of_session(sid: int) -> list[str]:
     (["rejoin", "--store", "127.0.0.1:1", "--timeout", "-1", "recover gpu(dp=1, pp=0)"], "E557",
      "--timeout must be a positive number"),
     (["rejoin", "--store", "127.0.0.1:1", "fail gpu(dp=1, pp=0)"], "E557", "is not one `recover gpu"),
+    (["rejoin", "--store", "127.0.0.1:1", ""], "E557", "no event given: rejoin takes one `recover gpu"),
     (["agent", "--store", "127.0.0.1:1", "--host", "1", "--timeout", "1e300"], "E557", "(at most 1e+06), got 1e+300"),
     (["train", "{out}", "--hosts", "3"], "E555", "--hosts 3 is more than the job's 2 node(s)"),
     (["train", "{out}", "--store-port", "70000"], "E555", "store-port must be a TCP port"),
     (["train", "{out}", "--transition-timeout", "1e300"], "E555", "(at most 1e+06), got 1e+300"),
+    (["train", "{out}", "--save-weights", ""], "E558", "--save-weights was given an empty file name"),
+    (["train", "{out}", "--log", ""], "E558", "--log was given an empty file name"),
 ])
 def test_bad_input_is_a_diagnostic_not_a_traceback(tmp_path, args, code, words):
     out = compiled(tmp_path)

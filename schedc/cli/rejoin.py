@@ -33,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
     from schedc.events import parse_events
     from schedc.live.protocol import RejoinAsked
 
+    if not args.event.strip():  # (the parser's hint would suggest a `fail` statement, which this refuses)
+        raise RunError([error("E557", "no event given: rejoin takes one `recover gpu(dp=D, pp=S)`",
+                              hint='e.g. schedc rejoin --store 10.0.0.1:29500 "recover gpu(dp=1, pp=2)"')])
     events = parse_events(args.event)  # a SpecError with a caret when it is not an event
     if len(events) != 1 or events[0].kind != "recover_gpu":
         raise RunError([error("E557", f"`{args.event}` is not one `recover gpu(dp=D, pp=S)`",

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.timeout) and 0 < args.timeout <= 1e6):
         raise RunError([error("E524", f"--timeout must be a positive number of seconds (at most 1e+06), "
                                       f"got {args.timeout:g}")])
+    if args.save_weights == "":  # (an empty name: it wrote nothing, and said nothing)
+        raise RunError([error("E558", "--save-weights was given an empty file name", hint="give --save-weights FILE")])
     if args.save_weights:
         from schedc.plan import check_output_file
 

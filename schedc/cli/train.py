@@ -14,7 +14,7 @@ import sys
 
 from schedc.cli import sigterm_as_interrupt
 from schedc.cli.output import check_writable, write_atomic
-from schedc.diagnostics import RunError
+from schedc.diagnostics import RunError, error
 from schedc.live.options import FAIL_SLOW_MODES, RECOVERY_METHODS
 from schedc.live.options import TrainOptions as D  # the defaults, one place
 
@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     from schedc.runtime.processes import stop_forkserver
 
     for path, what in ((args.save_weights, "--save-weights"), (args.log, "--log")):
+        if path == "":  # (an empty name: it wrote nothing, and said nothing)
+            raise RunError([error("E558", f"{what} was given an empty file name", hint=f"give {what} FILE")])
         if path:
             check_writable(path, what)  # before the run, not after an hour of it
     options = TrainOptions(
