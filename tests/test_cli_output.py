@@ -57,8 +57,8 @@ def test_a_failed_command_whose_reader_left_still_exits_1(tmp_path):
     read, write = os.pipe()
     os.close(read)  # (every write to the pipe now fails: EPIPE)
     try:
-        proc = subprocess.run([sys.executable, "-m", "schedc", "compile", str(bad), "--json", "-o", str(tmp_path / "o")],
-                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-m", "schedc", "compile", str(bad), "--json", "-o",
+                               str(tmp_path / "o")], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(write)
     assert proc.returncode == 1, proc.stderr

@@ -97,7 +97,8 @@ def test_two_gpus_of_one_stage_back_at_once_both_rejoin_in_turn_exactly(tmp_path
     out = compiled(tmp_path, dp=3, pp=2, optimizer="adam")
     iterations = 40
     result = train(out, iterations=iterations, want_weights=True, fail_slow="detect",
-                   inject=["at iteration 2 during B: fail gpu(dp=1, pp=0)", "at iteration 2 during B: fail gpu(dp=2, pp=0)",
+                   inject=["at iteration 2 during B: fail gpu(dp=1, pp=0)",
+                           "at iteration 2 during B: fail gpu(dp=2, pp=0)",
                            "at iteration 6: recover gpu(dp=1, pp=0)", "at iteration 6: recover gpu(dp=2, pp=0)"])
     assert sorted(r for sw in result.switches if sw.kind == "rejoin" for r in sw.ranks) == [2, 4], _kinds(result)
     assert any("waits for a donor" in e["message"] for e in result.events), _kinds(result)

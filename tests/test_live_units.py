@@ -565,10 +565,11 @@ def test_a_damaged_checkpoint_is_a_diagnostic(tmp_path):
     done.stage_file(0).write_bytes(b"not a checkpoint")
     with pytest.raises(schedc.RunError, match="cannot read stage 0"):
         checkpoint.load_stage(done, 0)
-    done.stage_file(0).write_bytes(b"\x80\x04garbage" * 10)  # (a pickle's start: torch's advice was to load it unsafely)
+    done.stage_file(0).write_bytes(b"\x80\x04garbage" * 10)  # (a pickle's start: torch advised loading it unsafely)
     with pytest.raises(schedc.RunError) as exc:
         checkpoint.load_stage(done, 0)
-    assert "it is damaged, or not a file schedc wrote" in exc.value.render() and "weights_only" not in exc.value.render()
+    text = exc.value.render()
+    assert "it is damaged, or not a file schedc wrote" in text and "weights_only" not in text
     with pytest.raises(schedc.RunError, match="E570|not a complete"):
         checkpoint.read(tmp_path)
 

@@ -27,7 +27,8 @@ def connect(text: str, timeout: float, *, hint: str):
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise RunError([error("E557", f"--store `{text}` is not HOST:PORT", hint="e.g. --store 10.0.0.1:29500")])
     if not (math.isfinite(timeout) and 0 < timeout <= 1e6):
-        raise RunError([error("E557", f"--timeout must be a positive number of seconds (at most 1e+06), got {timeout}")])
+        raise RunError([error("E557", f"--timeout must be a positive number of seconds (at most 1e+06), "
+                                      f"got {timeout}")])
     try:
         with _native_stderr_discarded():
             return JobStore.connect(host, int(port), timeout=timeout)
