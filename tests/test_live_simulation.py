@@ -169,6 +169,20 @@ def test_a_generation_plan_that_cannot_be_written_is_a_warning_not_the_end_of_th
     assert any("warning: could not write the plan of generation 1 (for the record)" in e for e in out.events)
 
 
+#: Seed 728 of the suite's campaign (CI, the first version of the test above): rank 2 hangs after
+#: the last iteration, while it finishes (its last checkpoint written, its Done not sent). A
+#: finishing rank was given 600 s: the run went silent past the simulation's bound. Fix: 120 s
+#: (ten stall bounds if longer): found, and the run still ends.
+HANG_WHILE_FINISHING = [Fault("training", 0.93, "starve", (8,), duration=2.9, factor=3.0),
+                        Fault("training", 1.39, "hang", (2,))]
+
+
+def test_a_rank_hung_while_it_finishes_is_found_within_the_bound():
+    out = simulate(728, faults=HANG_WHILE_FINISHING)
+    assert not out.violations, out.describe()
+    assert any("rank 2 GPU (dp=0, pp=2) failed: stuck finishing" in e for e in out.events), out.describe()
+
+
 #: A GPU lost and asked back dies during its own switch: no GPU of the plan that ran failed, yet
 #: the recovery policy was asked what to do after no failure ("replan:  -> generation 3"; under
 #: --recovery restart every survivor was restarted from the checkpoint). Fix: that plan goes on.

@@ -344,14 +344,13 @@ def test_a_stall_blames_the_rank_in_compute_not_those_waiting_for_it():
 def test_a_rank_writing_the_runs_last_checkpoint_is_not_stuck_until_its_own_bound():
     # The run's last iteration is done: rank 1 waits for its side thread to write its stage's last
     # checkpoint (state "finish", no ops counted) while rank 0 is done. The stall rule's 10 s would
-    # kill it mid-write; a finishing rank is stuck only after FINISH_STALL_S.
-    from schedc.live.detect import FINISH_STALL_S
-
+    # kill it mid-write; a finishing rank is stuck only after `finish_timeout` (120 s here).
     d = _detector(stall_timeout=10.0)
+    assert d.finish_timeout == 120.0
     for r in (0, 1):
         d.watch(r, 0.0)
     t = 0.0
-    while t <= FINISH_STALL_S:
+    while t <= d.finish_timeout:
         d.beat(0, f"{int(t)} 0 3 40 idle", t)
         d.beat(1, f"{int(t)} 0 3 40 finish", t)
         assert d.check(t, running=True) == [], t

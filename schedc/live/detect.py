@@ -113,10 +113,12 @@ class Suspect:
     silent: bool = False  # declared for its silence (no heartbeat), which load can cause too
 
 
-#: Seconds a rank may finish (state "finish": its last checkpoint and weights written, no op
-#: counted) before it counts as stuck: a big stage's checkpoint takes minutes on a slow disk, and
-#: the stall rule's bound (ten iterations) would kill the writers of the run's last checkpoint.
-FINISH_STALL_S = 600.0
+#: The least time a rank may finish (state "finish": its last checkpoint and weights written, no
+#: op counted) before it counts as stuck (`Detector.finish_timeout`: ten stall bounds if longer):
+#: the stall rule's own bound (ten iterations) killed the writers of the run's last checkpoint, a
+#: big stage's write takes tens of seconds (2.6 GB at 100 MB/s: 26 s), and a rank really stuck
+#: there must still be found within a bound (the simulation's 400 s).
+FINISH_STALL_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -349,14 +351,19 @@ class Detector:
         for rank, gaps in self._gaps.items():
             self._gaps[rank] = deque(((min(end + gap, now), g) for end, g in gaps), maxlen=WINDOW)
 
+    @property
+    def finish_timeout(self) -> float:
+        """Seconds a finishing rank may go without an op before it counts as stuck."""
+        return max(FINISH_STALL_S, 10 * self.stall_timeout)
+
     def _stalled(self, now: float) -> list[Suspect]:
         # Only ranks inside an iteration can stall it; the others (finished, joining the next
         # generation, catching up on standby) neither stall it nor excuse a rank that does. A rank
-        # finishing (writing its last checkpoint and weights: no ops) is stuck only after FINISH_STALL_S.
+        # finishing (writing its last checkpoint and weights: no ops) is stuck only after `finish_timeout`.
         finishing = [Suspect(r, f"stuck finishing (its last checkpoint or weights) for "
                                 f"{now - self._progress_at[r]:.1f} s", fence=True, at=now)
                      for r in self._since if r not in self._declared and r in self._beat
-                     and self._beat[r].state == "finish" and now - self._progress_at[r] > FINISH_STALL_S]
+                     and self._beat[r].state == "finish" and now - self._progress_at[r] > self.finish_timeout]
         if finishing:
             return finishing
         ranks = [r for r in self._since if r not in self._declared and r in self._beat

@@ -284,7 +284,7 @@ class LiveWorker(StageFiles, SpeedProbe):
                 self.donor.after_step(self.rt)
                 self._maybe_checkpoint(gen)
             transport.flush()
-            self.state = "finish"  # (no ops counted: the stall rule gives it longer, `detect.FINISH_STALL_S`)
+            self.state = "finish"  # (no ops counted: the stall rule gives it longer, `Detector.finish_timeout`)
             self._finish(gen)
         except (Interrupted, RunError) as exc:
             if isinstance(exc, RunError) and not _lost_peer(exc):
