@@ -70,11 +70,9 @@ class Rejoins:
                 self._start_session(rank)
 
     def _start_waiting(self) -> None:
-        """A donor is free again: sessions for the ranks that waited for one."""
+        """A donor is free again: the ranks that waited for one get their sessions (`resume`)."""
         if self.ctl.phase == Phase.RUNNING:
-            for rank in sorted(self._waiting & self.wanted.keys()):
-                if rank not in self.sessions and self.ctl.is_running(rank):
-                    self._start_session(rank)
+            self.resume()
 
     def _start_session(self, rank: int) -> None:
         ctl = self.ctl
