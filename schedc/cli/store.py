@@ -4,7 +4,10 @@ While torch's TCPStore client retries an address that does not answer, its C++
 code logs each failed try to the process's stderr (file descriptor 2, below
 Python), with the whole C++ stack of the exception (~40 "frame #N" lines);
 the exception itself, which E557 quotes, says the same in one line. So the
-connection is made with descriptor 2 pointed at a scratch file, thrown away.
+connection is made with descriptor 2 pointed at a scratch file, thrown away,
+and torch's C++ log is set to errors only before torch is imported: a store
+that goes away later (the supervisor ended) is a diagnostic of the command's
+own, not a warning with a C++ stack for each call that found it gone.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import tempfile
 
 from schedc.diagnostics import RunError, error
 
+# Before the command imports torch (its C++ log level is read once, then): see the module docstring.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
 
 def connect(text: str, timeout: float, *, hint: str):
     """The `JobStore` at ``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:29500``), or E557."""
-    from schedc.live.membership import JobStore
 
     host, _, port = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
@@ -29,6 +34,8 @@ def connect(text: str, timeout: float, *, hint: str):
     if not (math.isfinite(timeout) and 0 < timeout <= 1e6):
         raise RunError([error("E557", f"--timeout must be a positive number of seconds (at most 1e+06), "
                                       f"got {timeout}")])
+    from schedc.live.membership import JobStore
+
     try:
         with _native_stderr_discarded():
             return JobStore.connect(host, int(port), timeout=timeout)

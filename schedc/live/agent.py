@@ -30,18 +30,25 @@ its ranks.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
+import uuid
 
+from schedc.diagnostics import RunError, error
 from schedc.live.inject import Injection
 from schedc.live.membership import JobStore
-from schedc.live.protocol import (AgentUp, Exited, FireInjection, Injected, RenameRanks, SignalRanks, StartRanks,
-                                  StopAgent)
+from schedc.live.protocol import (AgentLeft, AgentUp, Exited, FireInjection, Injected, RenameRanks, SignalRanks,
+                                  StartRanks, StopAgent)
 from schedc.runtime.processes import LocalProcesses, StartError
 
 #: Seconds between an agent's beats (`JobStore.agent_beat`): the supervisor asks for two more
 #: beats before it counts on a host to start a replacement process (`Fleet.answers`).
 AGENT_BEAT = 0.1
+
+#: Seconds a host's agent may go without a beat before another agent given the same host takes
+#: it over (`Agent.claim`); one that still beats keeps the host, and the second is refused.
+LEASE_STALE = 1.0
 
 
 class Agent:
@@ -55,6 +62,7 @@ class Agent:
         self._fired: set[int] = set()
         self._injections: dict[int, Injection] | None = None
         self.stopping = False
+        self.token: str | None = None  # this host's lease, once `claim` took it (`schedc agent` only)
         # The epoch its ranks are numbered in (`RenameRanks`): the newest one, for an agent started
         # mid-run (restarted, or for a host found gone): the ranks it starts are numbered in that one.
         self.epoch = job.epoch_now()
@@ -72,8 +80,6 @@ class Agent:
                 self.local.start(rank, worker_main, (self.job.host, self.job.port, rank, self.host),
                                  f"schedc-train-rank-{rank}")
             except StartError as exc:
-                from schedc.diagnostics import RunError, error
-
                 raise RunError([error("E564", f"host {self.host}: {exc}",
                                       hint="something ends the worker forkserver (a process killer, a memory "
                                            "limit: see `dmesg`); rerun once it is stopped, with --resume if "
@@ -141,26 +147,85 @@ class Agent:
         self.local.stop_all(grace)
 
     def serve(self, poll: float = 0.005) -> None:
-        """Run as a host's agent process until the supervisor stops the run (or goes away). Its
-        forkserver is warmed before it registers: the supervisor starts the workers once every
-        agent has, and judges their start-up against host 0's, which fork from a warm one."""
+        """Run as a host's agent process until the supervisor stops the run. Its forkserver is
+        warmed before it registers: the supervisor starts the workers once every agent has, and
+        judges their start-up against host 0's, which fork from a warm one.
+
+        Never ends silently: a run that stopped is said so to the supervisor (`AgentLeft`); a
+        store that goes away before the run said stop (the supervisor's process or host is gone),
+        another agent that took this host over, or a second agent given the same `--host`, is a
+        `RunError` (E557), once this host's workers are stopped."""
         self.local.warm()
+        self.claim()
         self.register()
         beat = 0.0
+        taken_by = store_lost = None  # why this agent ends before the run said stop
         try:
             while not self.stopping and not self.job.stopped():
                 if time.monotonic() - beat >= AGENT_BEAT:
                     beat = time.monotonic()
                     self.job.agent_beat(self.host)
+                    holder = self.job.agent_lease(self.host)
+                    if holder != self.token:
+                        taken_by = holder
+                        break
                 self.step(poll)
-        except RuntimeError:  # the store is gone: so is the supervisor; stop this host's workers
-            pass
+        except RuntimeError as exc:  # the store is gone before the run said stop: so is the supervisor
+            store_lost = _first_line(exc)
         finally:
+            n = len(self.alive())
             self.stop_all()
             try:
                 self.step(0)  # report the last exits
+                if taken_by is None and store_lost is None:
+                    self.job.event(AgentLeft(host=self.host, t=time.time()))
             except RuntimeError:
                 pass
+        if taken_by is not None:
+            raise RunError([error("E557", f"host {self.host}: another agent ({_who(taken_by)}) took this host over, "
+                                          f"as this one did not beat for {LEASE_STALE:g} s; this one stopped its "
+                                          f"{n} worker(s)",
+                                  hint="run one `schedc agent` per host; an agent that is paused (SIGSTOP, a "
+                                       "swapped-out machine) loses its host to the next one started")])
+        if store_lost is not None:
+            raise RunError([error("E557", f"host {self.host}: lost the run's store at {self.job.host}:{self.job.port} "
+                                          f"before the run ended ({store_lost}); stopped this host's {n} worker(s)",
+                                  hint="the supervisor (`schedc train`) or its host is gone: see its output; rerun "
+                                       "with --resume if checkpoints were written")])
+
+    def claim(self) -> None:
+        """Take this host's lease (``agent/H/lease``): one agent per host. A holder that still beats
+        keeps it (the second agent is refused, E557: two agents of one host would share its command
+        queue); one silent for `LEASE_STALE` seconds (it died, or its host did) is taken over."""
+        self.token = f"pid {os.getpid()} on {socket.gethostname()} #{uuid.uuid4().hex[:8]}"
+        holder = self.job.claim_agent(self.host, "", self.token)
+        if holder == self.token:
+            return
+        seen = self.job.agent_beats(self.host)
+        deadline = time.monotonic() + LEASE_STALE
+        while time.monotonic() < deadline:
+            if self.job.agent_beats(self.host) >= seen + 2:
+                raise RunError([error("E557", f"host {self.host} already has an agent ({_who(holder)}), and it runs",
+                                      hint="give each host its own --host H; stop the other agent first to "
+                                           "replace it")])
+            time.sleep(AGENT_BEAT / 4)
+        taken = self.job.claim_agent(self.host, holder, self.token)
+        if taken != self.token:
+            raise RunError([error("E557", f"host {self.host}: another agent ({_who(taken)}) took this host first",
+                                  hint="give each host its own --host H")])
+        print(f"host {self.host}: took over from an agent that stopped beating ({_who(holder)})",
+              file=sys.stderr, flush=True)
+
+
+def _who(token: str) -> str:
+    """A lease's holder as said to a user: its pid and host name (the nonce left out)."""
+    return token.split(" #")[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line (torch's store errors carry C++ stacks after it)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 class Fleet:
@@ -173,8 +238,6 @@ class Fleet:
         world = spec.dp * spec.pp
         nodes = -(-world // spec.cluster.gpus_per_node)
         if hosts > nodes:  # (each host runs whole nodes: a host past the last would wait for an agent in vain)
-            from schedc.diagnostics import RunError, error
-
             raise RunError([error("E555", f"--hosts {hosts} is more than the job's {nodes} node(s) ({world} GPUs, "
                                           f"gpus_per_node = {spec.cluster.gpus_per_node}): each host runs whole nodes",
                                   hint=f"give --hosts from 1 to {nodes}")])
@@ -183,6 +246,7 @@ class Fleet:
         self.gpu_host = {r: spec.cluster.node_of(r) * hosts // nodes for r in range(world)}
         self.physical: dict[int, int] = {}
         self._gone_at: dict[int, int] = {}  # host found gone -> its agent's beat count then (`back`)
+        self.left: set[int] = set()  # hosts whose agent said it saw the run's stop (`AgentLeft`)
         self.local = Agent(job, 0)
         self.local.register()
 
@@ -220,8 +284,6 @@ class Fleet:
             want -= {ev.host for ev in job.events() if isinstance(ev, AgentUp)}
             time.sleep(0.01)
         if want:
-            from schedc.diagnostics import RunError, error
-
             raise RunError([error("E557", f"agents of host(s) {sorted(want)} did not register within {timeout:g} s",
                                   hint=f"start them with `schedc agent --store {job.host}:{job.port} --host H`, "
                                        "or run with fewer --hosts")])
@@ -285,6 +347,24 @@ class Fleet:
         """Carry out injection `injection` now, on the hosts of `ranks`."""
         for host in self.by_host(ranks):
             self.job.command(host, FireInjection(injection, ranks=tuple(ranks)))
+
+    def wait_left(self, alive: set[int], gone: set[int], within: float) -> None:
+        """After the run's stop: until every rank of `alive` has exited (each is discarded from it)
+        and each other host's agent not in `gone` has said it left (`AgentLeft`: it saw the stop,
+        so the store may go), for at most `within` seconds."""
+        waiting = set(range(1, self.hosts)) - set(gone) - self.left
+        deadline = time.monotonic() + within
+        while (alive or waiting) and time.monotonic() < deadline:
+            try:
+                for ev in self.job.events():
+                    if isinstance(ev, Exited):
+                        alive.discard(ev.rank)
+                    elif isinstance(ev, AgentLeft):
+                        self.left.add(ev.host)
+                        waiting.discard(ev.host)
+                self.step(0.05)
+            except Exception:  # (the store is gone: nobody is left to wait for)
+                break
 
     def stop(self, grace: float) -> None:
         """Every other host's agent is told to stop; host 0's workers end (killed after `grace`)."""

@@ -19,6 +19,8 @@ Keys (values are JSON unless said otherwise):
 | ``progress`` | supervisor | the newest iteration completed (text) |
 | ``hb/E/R`` | worker R (of epoch E) | heartbeat: ``"gen iteration ops state"``, rewritten every interval |
 | ``epoch``, ``rename/E`` | supervisor | the newest epoch (a count); epoch E's ranks of the survivors of epoch E-1 (`put_rename`) |
+| ``agent/H/beats`` | agent of host H | a count it adds 1 to every `AGENT_BEAT` seconds while it runs |
+| ``agent/H/lease`` | agent of host H | the one agent process that holds host H (text: its pid, host name, a nonce) |
 | ``join/N/R`` | worker R | R is ready to build generation N's process groups |
 | ``result/N/S`` | worker | stage S's weights after the last iteration (torch.save bytes) |
 
@@ -280,6 +282,14 @@ class JobStore:
     def agent_beat(self, host: int) -> None:
         """Another host's agent is alive (`schedc.live.agent.Agent.serve`, every AGENT_BEAT seconds)."""
         self.store.add(f"agent/{host}/beats", 1)
+
+    def claim_agent(self, host: int, expected: str, token: str) -> str:
+        """Host `host`'s agent lease: set to `token` if it holds `expected` ("": nobody); returns
+        its holder after the attempt (`token` when it was taken)."""
+        return self.store.compare_set(f"agent/{host}/lease", expected, token).decode()
+
+    def agent_lease(self, host: int) -> str:
+        return self.store.get(f"agent/{host}/lease").decode()
 
     def agent_beats(self, host: int) -> int:
         """How many beats host `host`'s agent has sent (a count that stops when the host is gone)."""

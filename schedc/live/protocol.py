@@ -5,7 +5,7 @@ Every role talks through the job's store queues (`schedc.live.membership`):
 | queue | from -> to | messages |
 |---|---|---|
 | ``reports`` | worker -> supervisor | `Started`, `Ready`, `IterationDone`, `Aborted`, `Left`, `Done`, `CheckpointWritten`, `CheckpointFailed`, `CaughtUp`, `Probe`, `WorkerError`; `RejoinAsked` from `schedc rejoin` |
-| ``events`` | agent -> supervisor | `AgentUp`, `Exited`, `Injected` |
+| ``events`` | agent -> supervisor | `AgentUp`, `Exited`, `Injected`, `AgentLeft` |
 | ``agent/H/cmd`` | supervisor, worker -> agent H | `StartRanks`, `SignalRanks`, `RenameRanks`, `FireInjection`, `StopAgent` |
 
 `schedc run` uses the same `IterationDone`, `Weights` and `WorkerError`
@@ -229,6 +229,16 @@ class RejoinAsked:
 class AgentUp:
     host: int
     pid: int
+    t: float
+
+
+@message("agent_left")
+class AgentLeft:
+    """A host's agent saw the run's stop and ended every worker of its host: the supervisor keeps the
+    store up until each remote agent has said so (an agent whose store goes before it saw the stop
+    counts that as the supervisor lost, and exits with a diagnostic)."""
+
+    host: int
     t: float
 
 

@@ -38,9 +38,9 @@ from schedc.live.inject import Injections, parse_injections
 from schedc.live.ledger import Ledger
 from schedc.live.membership import Generation, JobStore
 from schedc.live.options import TrainOptions
-from schedc.live.protocol import (AgentUp, Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done, Exited,
-                                  Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig, Started,
-                                  WorkerError)
+from schedc.live.protocol import (AgentLeft, AgentUp, Aborted, CaughtUp, CheckpointFailed, CheckpointWritten, Done,
+                                  Exited, Injected, IterationDone, Left, Phase, Probe, Ready, RejoinAsked, RunConfig,
+                                  Started, WorkerError)
 from schedc.live.recovery import RecoveryPolicy, replan_solver
 from schedc.recovery_cost import Costs
 from schedc.live.rejoin import Rejoins
@@ -164,6 +164,7 @@ class Supervisor(Transitions, Relayout, Growth):
             CheckpointFailed: self._on_checkpoint_failed, CaughtUp: lambda m, now: self.rejoins.caught_up(m),
             Probe: self._on_probe, Left: self._on_left, RejoinAsked: self._on_rejoin_asked,
             Exited: self._on_exit, Injected: self._on_injected, Started: self._on_started, AgentUp: self._on_agent_up,
+            AgentLeft: lambda m, now: self.fleet.left.add(m.host),
         }
 
     # -- public --------------------------------------------------------------------------------
@@ -553,16 +554,12 @@ class Supervisor(Transitions, Relayout, Growth):
             pass
         if self.fleet is not None:
             self.fleet.stop(grace=2.0)
-        if self.options.hosts > 1:  # remote agents report their workers' exits: wait a little for them
-            deadline = self._now() + 5.0
-            while self.alive - self.dead and self._now() < deadline:
-                try:
-                    for ev in self.job.events():
-                        if isinstance(ev, Exited):
-                            self.alive.discard(ev.rank)
-                    self.fleet.step(0.05)
-                except Exception:
-                    break
+        if self.options.hosts > 1 and self.fleet is not None:
+            # Remote agents report their workers' exits, then that they saw the stop: the store
+            # (this process's) stays up until then, or they would take its end for a lost supervisor.
+            left = self.alive - self.dead
+            self.fleet.wait_left(left, self.hosts_gone, within=5.0)
+            self.alive -= (self.alive - self.dead) - left
         if self._pending_write is not None and self.phase == Phase.DONE:
             self._write_generation(*self._pending_write)
             self._pending_write = None
