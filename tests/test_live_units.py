@@ -882,3 +882,17 @@ def test_the_ledger_says_where_the_run_is_now_after_a_rollback_to_an_older_check
         ledger.add(IterationDone(rank=0, it=it, t0=float(it), t1=it + 0.5, gen=gen, steps=it + 1, compute=0.0,
                                  planned=0.0), [0], {})
     assert ledger.completed == 10 and ledger.now == 5
+
+
+def test_a_step_back_of_the_system_clock_does_not_step_the_supervisors_clock(monkeypatch):
+    """The detector's bounds run on the supervisor's clock: a system clock set back an hour (NTP,
+    an operator) must not hide a dead rank for an hour more."""
+    import time as clock
+
+    from schedc.live.world import LocalWorld
+
+    world = LocalWorld()
+    before = world.time()
+    real = clock.time
+    monkeypatch.setattr(clock, "time", lambda: real() - 3600.0)
+    assert world.time() >= before

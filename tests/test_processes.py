@@ -61,3 +61,25 @@ def test_orphans_are_adopted_while_ranks_run_and_not_after():
     if parent == os.getpid():
         os.waitpid(orphan, 0)  # (reaped, so the failure leaves no zombie behind)
     assert parent != os.getpid(), "this process adopted another program's orphan, and nothing reaps it"
+
+
+def test_a_replacement_for_a_rank_whose_process_has_not_exited_starts_now_and_the_old_exit_is_not_the_ranks():
+    """A replacement is asked for a rank whose process has not exited yet (killed, but in an
+    uninterruptible sleep: a hung driver call): it starts at once, beside the old process, which is
+    sent SIGKILL again; the old one's exit is never reported as the rank's (the new process would
+    be taken for dead), and the line says so. (Here the old process simply still runs.)"""
+    said: list[str] = []
+    local = LocalProcesses(say=said.append)
+    try:
+        local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
+        old = local.processes[0]
+        local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
+        new = local.processes[0]
+        assert new.pid != old.pid and new.exitcode is None
+        assert any(f"rank 0's previous process (pid {old.pid}) has not exited yet" in line for line in said), said
+        old.join(WAIT_S)
+        assert old.exitcode == -9  # (SIGKILL)
+        assert local.exits() == [] and local.alive() == [0]
+    finally:
+        local.stop_all(grace=0)
+    assert local.exits() == [(0, -9)] and not local.alive()

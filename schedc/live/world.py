@@ -35,10 +35,18 @@ class World(Protocol):
 
 
 class LocalWorld:
-    """The real world: wall clock, a TCP store on this machine, worker processes."""
+    """The real world: wall clock, a TCP store on this machine, worker processes.
+
+    Its clock is the wall clock read once, advanced by the monotonic clock: epoch seconds, as the
+    workers' reports carry, but a step of the system clock (NTP, an operator) neither delays nor
+    hastens the supervisor's bounds (a step back of a minute would else hide a dead rank for a
+    minute more)."""
+
+    def __init__(self) -> None:
+        self._wall0, self._mono0 = time.time(), time.monotonic()
 
     def time(self) -> float:
-        return time.time()
+        return self._wall0 + (time.monotonic() - self._mono0)
 
     def serve(self, host: str, port: int) -> "JobStore":
         from schedc.live.membership import JobStore

@@ -390,15 +390,28 @@ class LocalProcesses:
         self.say = say
         self.processes: dict[int, mp.Process] = {}
         self._reported: set[int] = set()  # pids whose exit `exits` returned
+        self._set_aside: list[mp.Process] = []  # replaced before they exited (`start`): killed, never reported
         self._server: int | None = None  # the forkserver the last rank was started from
         self._holding = False  # this process is a subreaper on its behalf (`_hold`)
 
-    def start(self, rank: int, target: Callable, args: tuple, name: str) -> bool:
-        """Start `target(*args)` as rank `rank`'s process unless one runs; whether it started one.
-        `StartError` if it could not (the forkserver ended at every try)."""
+    def start(self, rank: int, target: Callable, args: tuple, name: str) -> None:
+        """Start `target(*args)` as rank `rank`'s process. `StartError` if it could not (the
+        forkserver ended at every try).
+
+        A rank is started again only as a replacement (its process was killed, or found dead).
+        One whose process has not exited yet (in an uninterruptible sleep: a hung driver call, an
+        unreachable file server) is not waited for: it is sent SIGKILL again and set aside, its
+        exit never reported as the rank's, and the replacement starts now; said in one line."""
         old = self.processes.get(rank)
         if old is not None and old.exitcode is None:
-            return False
+            self._set_aside.append(old)
+            del self.processes[rank]
+            try:
+                os.kill(old.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.say(f"rank {rank}'s previous process (pid {old.pid}) has not exited yet: sent SIGKILL again, "
+                     "and its replacement starts beside it")
         watched = isinstance(self.context, WatchedForkServerContext)
         if watched and not self._holding:
             self._holding = True
@@ -427,7 +440,7 @@ class LocalProcesses:
                 self._note_server(rank, seen, broke)
             self.processes[rank] = p
             _STARTED.add(p.pid)
-            return True
+            return
         raise StartError(f"could not start rank {rank}'s process: its forkserver ended at each of "
                          f"{len(broke)} tries ({'; '.join(broke)})")
 
@@ -554,6 +567,9 @@ class LocalProcesses:
         self.signal(self.alive(), "kill")
         for p in self.processes.values():
             p.join(5.0)
+        for p in self._set_aside:  # (killed when set aside: reaped if they ended, never waited for long)
+            p.join(0.1)
+        self._set_aside = [p for p in self._set_aside if p.exitcode is None]
         if self._holding and not self.alive():
             self._holding = False
             _release()

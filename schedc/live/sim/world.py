@@ -99,7 +99,11 @@ class SimWorld:
     def start(self, rank: int) -> None:
         old = self.workers.get(rank)
         if old is not None and old.alive:
-            return  # one process per rank, as LocalProcesses
+            # As LocalProcesses: a process not exited yet is killed and set aside (its exit never
+            # reported as the rank's), and the replacement starts now.
+            old.exit(-9)
+            old.exit_reported = True
+            self.note(f"rank {rank}'s previous process set aside (it had not exited)")
         startup = self.rng.uniform(*self.startup_s) + max(0.0, self.forkserver_down_until - self.now)
         self.workers[rank] = SimWorker(self, rank, startup)
         self.note(f"start rank {rank} (up in {startup:.2f} s)")
