@@ -83,3 +83,31 @@ def test_a_replacement_for_a_rank_whose_process_has_not_exited_starts_now_and_th
     finally:
         local.stop_all(grace=0)
     assert local.exits() == [(0, -9)] and not local.alive()
+
+
+def test_a_process_that_outlives_sigkill_is_left_behind_said_and_not_joined_at_exit(monkeypatch):
+    """A process in an uninterruptible sleep ignores SIGKILL until it wakes: `stop_all` waits for
+    it a bounded time, says so, and drops it from multiprocessing's children (whose join at
+    interpreter exit would else wait for it forever). Here SIGKILL is withheld instead."""
+    import multiprocessing
+    import signal as signals
+
+    from schedc.runtime import processes
+
+    real_kill = os.kill
+    monkeypatch.setattr(processes, "KILL_WAIT", 0.2)
+    monkeypatch.setattr(processes.os, "kill",
+                        lambda pid, sig: None if sig == signals.SIGKILL else real_kill(pid, sig))
+    said: list[str] = []
+    local = LocalProcesses(say=said.append)
+    local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
+    p = local.processes[0]
+    try:
+        local.stop_all(grace=0)
+        assert p.exitcode is None and p not in multiprocessing.active_children()
+        assert any(f"rank 0's process (pid {p.pid}) has not exited" in line for line in said), said
+    finally:
+        monkeypatch.undo()
+        real_kill(p.pid, signals.SIGKILL)
+        p.join(WAIT_S)
+    assert p.exitcode == -9

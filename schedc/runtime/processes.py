@@ -377,6 +377,17 @@ class WatchedForkServerContext(mp_context.ForkServerContext):
     Process = WatchedForkServerProcess
 
 
+#: Seconds `LocalProcesses.stop_all` waits for killed processes to exit before it leaves them behind.
+KILL_WAIT = 5.0
+
+
+def _children_of_multiprocessing() -> set:
+    """The processes multiprocessing joins at interpreter exit (`multiprocessing.process._children`,
+    private but unchanged since Python 3.4), or an empty set if a later Python renames it."""
+    children = getattr(mp.process, "_children", None)
+    return children if isinstance(children, set) else set()
+
+
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -391,6 +402,7 @@ class LocalProcesses:
         self.processes: dict[int, mp.Process] = {}
         self._reported: set[int] = set()  # pids whose exit `exits` returned
         self._set_aside: list[mp.Process] = []  # replaced before they exited (`start`): killed, never reported
+        self._left_behind: set[int] = set()  # pids that outlived SIGKILL at `stop_all` (said once each)
         self._server: int | None = None  # the forkserver the last rank was started from
         self._holding = False  # this process is a subreaper on its behalf (`_hold`)
 
@@ -560,16 +572,28 @@ class LocalProcesses:
 
     def stop_all(self, grace: float = 2.0) -> None:
         """End every process started here: those still running after `grace` seconds (they were
-        asked to exit by other means, or are stopped or stuck) are killed. Waits for all."""
+        asked to exit by other means, or are stopped or stuck) are killed, and waited for up to
+        `KILL_WAIT` seconds. One that has not exited by then (an uninterruptible sleep) is left
+        behind, said in one line, and dropped from multiprocessing's children, whose join at
+        interpreter exit would else wait for it without bound."""
         deadline = time.monotonic() + grace
         while self.alive() and time.monotonic() < deadline:
             wait_sentinels([self.processes[r].sentinel for r in self.alive()], 0.05)
         self.signal(self.alive(), "kill")
+        deadline = time.monotonic() + KILL_WAIT
         for p in self.processes.values():
-            p.join(5.0)
+            p.join(max(0.0, deadline - time.monotonic()))
         for p in self._set_aside:  # (killed when set aside: reaped if they ended, never waited for long)
             p.join(0.1)
         self._set_aside = [p for p in self._set_aside if p.exitcode is None]
+        for rank, p in sorted(self.processes.items()):
+            if p.exitcode is None and p.pid not in self._left_behind:
+                self._left_behind.add(p.pid)
+                _children_of_multiprocessing().discard(p)
+                self.say(f"rank {rank}'s process (pid {p.pid}) has not exited {KILL_WAIT:g} s after SIGKILL "
+                         "(an uninterruptible sleep: a hung driver call or file system?): left behind")
+        for p in self._set_aside:
+            _children_of_multiprocessing().discard(p)
         if self._holding and not self.alive():
             self._holding = False
             _release()
