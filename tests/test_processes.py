@@ -111,3 +111,37 @@ def test_a_process_that_outlives_sigkill_is_left_behind_said_and_not_joined_at_e
         real_kill(p.pid, signals.SIGKILL)
         p.join(WAIT_S)
     assert p.exitcode == -9
+
+
+def test_a_start_through_a_forkserver_that_does_not_answer_ends_it_and_starts_from_a_new_one(monkeypatch):
+    """A stopped (or wedged) forkserver never says the pid of the process it was asked for: the
+    start waits a bounded time, ends that forkserver and starts the rank from a new one, said in
+    one line (without the bound, the agent's loop and the whole run would wait forever)."""
+    import signal as signals
+    import threading
+
+    from schedc.runtime import watched
+    from schedc.runtime.processes import forkserver_pid
+
+    said: list[str] = []
+    local = LocalProcesses(say=said.append)
+    local.warm()  # (its torch import first: then it answers in milliseconds)
+    monkeypatch.setattr(watched, "ANSWER_WAIT", 0.5)
+    server = forkserver_pid()
+    assert server is not None
+    os.kill(server, signals.SIGSTOP)
+    starting = threading.Thread(target=local.start, args=(0, time.sleep, (WAIT_S,), "schedc-test-rank-0"),
+                                daemon=True)
+    try:
+        starting.start()
+        starting.join(WAIT_S)
+        assert not starting.is_alive(), "the start still waits for the stopped forkserver"
+        assert local.alive() == [0] and forkserver_pid() not in (None, server)
+        assert any("did not answer within 0.5 s" in line for line in said), said
+    finally:
+        try:
+            os.kill(server, signals.SIGCONT)  # (if it was never ended: the start above then returns)
+        except ProcessLookupError:
+            pass
+        starting.join(WAIT_S)
+        local.stop_all(grace=0)

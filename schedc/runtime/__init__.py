@@ -18,6 +18,9 @@
   the iteration loop, progress reports); `torchrun_main` for `torchrun OUT/main.py`.
 - `schedc.runtime.processes`: the rank processes of one host (start from the
   warm forkserver, signal, watch, stop), for `schedc run` and live agents.
+- `schedc.runtime.watched`: a forkserver child watched by its own pidfd (its
+  exit seen even when the forkserver is gone); a start's wait for the
+  forkserver's answer bounded.
 - `schedc.runtime.launcher`: `launch(out_dir, ...) -> RunResult`, every live
   rank as a local process (gloo), what `schedc run` uses.
 - `schedc.runtime.result`: `IterationRecord` and `RunResult`, what `schedc

@@ -18,8 +18,8 @@ status still comes from the forkserver, or, if the forkserver is gone, from
 descendants, so the orphaned ranks are its children then; not otherwise, or
 it would adopt, and never reap, the orphans of every program it runs). A
 dead forkserver is replaced the next time a rank is started, and said so in
-one line; one that dies while a rank is being started is replaced and the
-start retried.
+one line; one that dies while a rank is being started, or does not answer
+(`schedc.runtime.watched`), is replaced and the start retried.
 """
 
 from __future__ import annotations
@@ -30,21 +30,15 @@ import signal
 import sys
 import time
 import warnings
-from multiprocessing import context as mp_context
 from multiprocessing import forkserver as mp_forkserver
-from multiprocessing import popen_forkserver, resource_tracker, util
+from multiprocessing import resource_tracker, util
 from multiprocessing.connection import wait as wait_sentinels
 from typing import Callable
 
+from schedc.runtime.watched import ForkserverSilent, WatchedForkServerContext
+
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT, "term": signal.SIGTERM}
 
-#: Seconds an ended rank's exit status may take to arrive (from the forkserver that reaps it, or,
-#: with the forkserver gone, until the orphan is re-parented to this process) before it is read
-#: from /proc, or reported as UNKNOWN_STATUS. It arrives within milliseconds unless the forkserver
-#: is stopped or this process could not become a subreaper (not Linux).
-STATUS_WAIT = 2.0
-#: The exit status reported for a rank whose real status could not be learnt (as the stdlib does).
-UNKNOWN_STATUS = 255
 #: Tries at starting one rank while forkservers keep dying (each try after the first starts a new one).
 START_TRIES = 3
 #: Seconds `LocalProcesses.warm` waits for the forkserver's first fork (its torch import).
@@ -284,99 +278,6 @@ def _child_pids(parent: str) -> list[int]:
     return [pid for pid, fields in _proc_stats() if fields[1] == parent]
 
 
-def _zombie_status(pid: int) -> int | None:
-    """The exit status of `pid` if it is a zombie nobody reaped yet (/proc/PID/stat, field 52)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if len(fields) < 50 or fields[0] != "Z":
-        return None
-    try:
-        return os.waitstatus_to_exitcode(int(fields[49]))
-    except ValueError:
-        return None
-
-
-class WatchedPopen(popen_forkserver.Popen):
-    """A forkserver child whose end is seen by its own pidfd (`sentinel`), never inferred
-    from the forkserver's pipe; its status is read from that pipe or, when the forkserver is
-    gone, waited for here (see the module docstring)."""
-
-    def _launch(self, process_obj):
-        super()._launch(process_obj)
-        self._status_fd = self.sentinel  # the forkserver's pipe: the pid, later the exit status
-        self._server_gone = False
-        self._ended_at: float | None = None
-        self._pidfd: int | None = None
-        self._pidfd_closer = None
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # no pidfds here, or it has ended and been reaped already:
-            return  # the forkserver's pipe says when (the stdlib's way)
-        self.sentinel = self._pidfd
-        self._pidfd_closer = util.Finalize(self, os.close, (self._pidfd,))
-
-    def poll(self, flag=os.WNOHANG):
-        if self.returncode is not None or getattr(self, "_pidfd", None) is None:
-            return super().poll(flag)
-        block = flag != os.WNOHANG
-        if not wait_sentinels([self._pidfd], None if block else 0):
-            return None  # still running, whatever became of the forkserver
-        self.returncode = self._exit_status(block)
-        return self.returncode
-
-    def _exit_status(self, block: bool) -> int | None:
-        """The status of this ended process: None while it may still arrive (not `block`)."""
-        if self._ended_at is None:
-            self._ended_at = time.monotonic()
-        deadline = self._ended_at + STATUS_WAIT
-        while True:
-            code = self._reported_status()
-            if code is not None:
-                return code
-            now = time.monotonic()
-            if now >= deadline:
-                code = _zombie_status(self.pid)
-                return UNKNOWN_STATUS if code is None else code
-            if not block:
-                return None
-            wait_sentinels([self._status_fd], min(0.01, deadline - now))
-            if self._server_gone:
-                time.sleep(0.005)  # (the pipe at EOF is always ready: do not spin)
-
-    def _reported_status(self) -> int | None:
-        if not self._server_gone and wait_sentinels([self._status_fd], 0):
-            try:
-                return mp_forkserver.read_signed(self._status_fd)
-            except (OSError, EOFError):  # the forkserver ended before it reaped this process
-                self._server_gone = True
-        if self._server_gone:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # not (yet) re-parented to this process
-                return None
-            if pid:
-                return os.waitstatus_to_exitcode(status)
-        return None
-
-    def close(self):
-        super().close()
-        if getattr(self, "_pidfd_closer", None) is not None:
-            self._pidfd_closer()
-
-
-class WatchedForkServerProcess(mp_context.ForkServerProcess):
-    @staticmethod
-    def _Popen(process_obj):
-        return WatchedPopen(process_obj)
-
-
-class WatchedForkServerContext(mp_context.ForkServerContext):
-    Process = WatchedForkServerProcess
-
-
 #: Seconds `LocalProcesses.stop_all` waits for killed processes to exit before it leaves them behind.
 KILL_WAIT = 5.0
 
@@ -441,7 +342,10 @@ class LocalProcesses:
                 if not watched:
                     raise
                 broke.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-                self._end_strays(forkserver_pid())  # (it may have forked the rank before it died)
+                if isinstance(exc, ForkserverSilent):  # alive but mute: ended, so the next try starts a new one
+                    self._abandon_start()
+                else:
+                    self._end_strays(forkserver_pid())  # (it may have forked the rank before it died)
                 continue
             except BaseException:  # Ctrl-C while the forkserver was asked for this process
                 if watched:
@@ -453,8 +357,8 @@ class LocalProcesses:
             self.processes[rank] = p
             _STARTED.add(p.pid)
             return
-        raise StartError(f"could not start rank {rank}'s process: its forkserver ended at each of "
-                         f"{len(broke)} tries ({'; '.join(broke)})")
+        raise StartError(f"could not start rank {rank}'s process: its forkserver ended or went silent at each "
+                         f"of {len(broke)} tries ({'; '.join(broke)})")
 
     def _start_server(self) -> None:
         with warnings.catch_warnings(record=True) as caught:  # the stdlib's would be a UserWarning and its source line
@@ -551,7 +455,12 @@ class LocalProcesses:
             _hold()
         self._start_server()
         p = self.context.Process(target=_nothing, name="schedc-warm-up")
-        p.start()
+        try:
+            p.start()
+        except ForkserverSilent as exc:  # (a warm-up only: the first start tries again, from a new one)
+            self.say(f"the forkserver did not warm up: {exc}; ended it")
+            self._abandon_start()
+            return
         _STARTED.add(p.pid)
         p.join(timeout)
 
