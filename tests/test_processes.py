@@ -94,10 +94,9 @@ def test_a_process_that_outlives_sigkill_is_left_behind_said_and_not_joined_at_e
 
     from schedc.runtime import processes
 
-    real_kill = os.kill
+    real_send, real_kill = processes._send, os.kill
     monkeypatch.setattr(processes, "KILL_WAIT", 0.2)
-    monkeypatch.setattr(processes.os, "kill",
-                        lambda pid, sig: None if sig == signals.SIGKILL else real_kill(pid, sig))
+    monkeypatch.setattr(processes, "_send", lambda p, sig: None if sig == signals.SIGKILL else real_send(p, sig))
     said: list[str] = []
     local = LocalProcesses(say=said.append)
     local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
@@ -144,4 +143,28 @@ def test_a_start_through_a_forkserver_that_does_not_answer_ends_it_and_starts_fr
         except ProcessLookupError:
             pass
         starting.join(WAIT_S)
+        local.stop_all(grace=0)
+
+
+def test_ranks_are_signalled_through_their_pidfd_never_by_a_pid_that_may_be_reused(monkeypatch):
+    """Once a rank's process has ended and been reaped its pid may be another program's: a signal
+    goes through the process's own pidfd (Linux), never `os.kill` of a number."""
+    import signal as signals
+
+    from schedc.runtime import processes
+
+    local = LocalProcesses()
+    local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
+    p = local.processes[0]
+    try:
+        def no_kill(pid, sig):
+            raise AssertionError(f"signal {sig} sent to pid {pid} by number")
+
+        monkeypatch.setattr(processes.os, "kill", no_kill)
+        assert local.signal([0], "kill") == [0]
+        p.join(WAIT_S)
+        assert p.exitcode == -signals.SIGKILL
+        assert local.signal([0], "kill") == []  # (ended: nothing is signalled)
+    finally:
+        monkeypatch.undo()
         local.stop_all(grace=0)

@@ -6,7 +6,7 @@ from one `multiprocessing` context (a forkserver that imported torch once, so
 L ranks do not pay L torch imports; "spawn" where CUDA is used), watched so
 an exit is seen within milliseconds, signalled by name, and stopped together
 (a grace period to exit, then SIGKILL). Only processes started here are ever
-signalled: the caller's own, by id.
+signalled: the caller's own, through their pidfds (a pid can be reused; a pidfd cannot).
 
 A rank's process is watched by itself, not through the forkserver: the
 forkserver is the ranks' parent and passes on their exit statuses, so the
@@ -289,6 +289,16 @@ def _children_of_multiprocessing() -> set:
     return children if isinstance(children, set) else set()
 
 
+def _send(p: mp.Process, sig: int) -> None:
+    """Signal `p` through its pidfd where it has one: once `p` has ended and been reaped, its pid
+    may be another process's, its pidfd never is. ProcessLookupError if it has ended."""
+    fd = getattr(getattr(p, "_popen", None), "_pidfd", None)
+    if fd is not None and hasattr(signal, "pidfd_send_signal"):
+        signal.pidfd_send_signal(fd, sig)
+    else:
+        os.kill(p.pid, sig)
+
+
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -320,7 +330,7 @@ class LocalProcesses:
             self._set_aside.append(old)
             del self.processes[rank]
             try:
-                os.kill(old.pid, signal.SIGKILL)
+                _send(old, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self.say(f"rank {rank}'s previous process (pid {old.pid}) has not exited yet: sent SIGKILL again, "
@@ -427,7 +437,7 @@ class LocalProcesses:
             p = self.processes.get(rank)
             if p is not None and p.exitcode is None and p.pid is not None:
                 try:
-                    os.kill(p.pid, sig)
+                    _send(p, sig)
                     done.append(rank)
                 except ProcessLookupError:
                     pass
