@@ -28,6 +28,7 @@ class FakeController:
         self.events: list[tuple[str, str, dict]] = []  # the notes with their details
         self.replans: list[tuple] = []
         self.switches: list[dict] = []
+        self.hosts_gone: set[int] = set()  # ranks whose host does not answer (`revive` refuses them)
         self.directives: dict[int, dict | None] = {}
         self.revived: list[int] = []
         self.rejoin_requests: list[int] = []
@@ -85,6 +86,8 @@ class FakeController:
         return self.refuse_switch
 
     def revive(self, rank):
+        if rank in self.hosts_gone:
+            return "its host 1 is gone (its agent does not answer)"
         self.revived.append(rank)
         self.running.add(rank)
 
@@ -298,6 +301,19 @@ def test_a_rejoin_into_a_re_partitioned_layout_names_the_gpu_as_the_job_does(pla
     ctl.running.discard(2)
     Rejoins(ctl).request(2, "asked for")
     assert ("rejoin", "taking GPU (dp=1, pp=1) of the job (rank 2) back: asked for") in ctl.notes, ctl.notes
+
+
+def test_a_rejoin_of_a_gpu_whose_host_is_gone_is_refused_and_said_not_left_waiting(plan):
+    # A start sent to a gone host's agent is never read: the GPU would stay "wanted" forever, in silence.
+    gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
+    ctl = FakeController(gone)
+    ctl.running.discard(2)
+    ctl.hosts_gone.add(2)
+    rejoins = Rejoins(ctl)
+    rejoins.request(2, "asked for")
+    assert 2 not in rejoins.wanted and ctl.revived == []
+    assert any(kind == "rejoin" and "cannot take" in text and "its host 1 is gone" in text
+               for kind, text in ctl.notes), ctl.notes
 
 
 def test_a_refused_rejoin_switch_gives_up_and_says_why(plan):

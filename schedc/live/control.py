@@ -83,8 +83,9 @@ class Controller(Protocol):
         """Announce a planned switch to `plan` at an iteration boundary a little ahead;
         None, or why it was not made."""
 
-    def revive(self, rank: int) -> None:
-        """Start a worker for `rank` if none runs (it waits on standby until a plan names it)."""
+    def revive(self, rank: int) -> str | None:
+        """Start a worker for `rank` if none runs (it waits on standby until a plan names it);
+        None, or why none can be started (its GPU's host is gone: its agent does not answer)."""
 
     def direct(self, rank: int, directive: dict | None) -> None:
         """Give `rank` a catch-up role (``{"role": "donate"|"join", "session", ...}``), or none."""
@@ -157,9 +158,12 @@ class SupervisorControl:
     def switch(self, plan: "Plan", *, kind: str, reason: str, ranks: Sequence[int]) -> str | None:
         return self._sup._switch(plan, kind=kind, reason=reason, ranks=ranks)
 
-    def revive(self, rank: int) -> None:
+    def revive(self, rank: int) -> str | None:
         sup = self._sup
         if rank not in sup.alive:
+            gone = sup._unreachable([rank])  # (a start sent to a gone host's agent would wait there unread)
+            if gone:
+                return f"its host {min(gone)} is gone (its agent does not answer)"
             gpus = sup.plan.spec.gpus
             if not (rank < len(gpus) and gpus[rank].live):
                 sup.dead.discard(rank)

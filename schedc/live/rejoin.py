@@ -51,7 +51,12 @@ class Rejoins:
             return
         self.wanted[rank] = reason
         ctl.note("rejoin", f"taking {ctl.gpu_name(rank)} (rank {rank}) back: {reason}", rank=rank, reason=reason)
-        ctl.revive(rank)
+        why = ctl.revive(rank)
+        if why is not None:
+            del self.wanted[rank]
+            ctl.note("rejoin", f"cannot take {ctl.gpu_name(rank)} back: {why}; start `schedc agent` on that host, "
+                               "then ask again", rank=rank)
+            return
         if ctl.phase == Phase.RUNNING:
             self._start_session(rank)
 
