@@ -44,6 +44,8 @@ def _descendants_of_session(sid: int) -> list[str]:
     (["train", "{tmp}/nope"], "E550", "does not exist: it is not a compiled plan"),
     (["train", "{out}", "--inject", "at iteration 1: fail gpu(dp=7, pp=0)"], "E207", "there is no GPU (dp=7, pp=0)"),
     (["train", "{out}", "--inject", "at iteration 9: fail rank 0"], "E562", "iteration 9 is never reached"),
+    (["train", "{out}", "--inject", "at iteration -1: fail rank 0"], "E560", "a whole number from 0 to 999,999,999"),
+    (["train", "{out}", "--inject", "at 1e300s: fail rank 0"], "E560", "must be from 0 to 1,000,000 s after the start"),
     (["train", "{out}", "--save-weights", "{tmp}/no/such/dir/w.pt"], "E558", "which does not exist"),
     # (as root the permissions say "writable": only creating a file there tells)
     (["train", "{out}", "--log", "/proc/x.json"], "E558", "no file can be created in `/proc`"),
