@@ -96,6 +96,25 @@ def test_a_fresh_run_does_not_write_among_an_earlier_runs_checkpoints(tmp_path):
     assert [r.iteration for r in train(out, iterations=3, checkpoint_every=1, resume=True).iterations] == [2]
 
 
+def test_resume_passes_over_a_damaged_checkpoint_with_a_warning_and_refuses_when_none_is_left(tmp_path):
+    """A corrupt meta.json made --resume start from the checkpoint before it without a word."""
+    out = compiled(tmp_path)
+    train(out, iterations=2, checkpoint_every=1, emulate=True)
+    (out / "checkpoints" / "iter-000002" / "meta.json").write_text("{")
+    proc = _schedc("train", str(out), "--iterations", "3", "--resume", "--emulate")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stdout.splitlines() if "warning" in line]
+    assert len(warnings) == 1, proc.stdout
+    assert f"] warning: skipped checkpoint `{out / 'checkpoints' / 'iter-000002'}`: its meta.json is not valid JSON (" \
+        in warnings[0] and warnings[0].endswith("); resuming from the older `iter-000001`"), warnings
+    assert "4 ranks running from iteration 1" in proc.stdout
+    (out / "checkpoints" / "iter-000001" / "meta.json").write_text("{")
+    proc = _schedc("train", str(out), "--iterations", "3", "--resume", "--emulate")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error[E570]: no checkpoint in `{out / 'checkpoints'}` can be resumed: 2 damaged "
+                                  "one(s), none complete\n  = note: skipped `iter-000001`: its meta.json"), proc.stderr
+
+
 def test_an_injection_error_shows_the_injection_with_a_caret(tmp_path):
     proc = _schedc("train", str(compiled(tmp_path)), "--inject", "at iteraton 1: fail rank 0")
     assert proc.returncode == 1

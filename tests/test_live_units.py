@@ -516,6 +516,36 @@ def test_a_run_killed_while_it_seals_a_step_again_keeps_that_step(tmp_path, monk
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["iter-000002", "iter-000004"]
 
 
+def _sealed(root: Path, *steps: int) -> None:
+    for k in steps:
+        checkpoint.write_stage(root, k, 0, {"steps": k, "model": {}, "optimizer": None})
+        checkpoint.complete(root, k, 1, {"emulate": True}, keep=len(steps))
+
+
+_PLAN = dict(emulate=True, optimizer="sgd", iterations=10)
+
+
+def test_resuming_past_a_damaged_checkpoint_says_which_and_why(tmp_path):
+    """A corrupt meta.json made --resume take the checkpoint before it without a word."""
+    root = tmp_path / "ckpt"
+    _sealed(root, 2, 4, 6)
+    (root / "iter-000006" / "meta.json").write_text('{"format": "schedc.checkpoint/v1", "iter')
+    (root / "iter-000004" / "meta.json").unlink()
+    found, notes = checkpoint.RunCheckpoints(root, stages=1, keep=2).prepare(resume=True, every=0, **_PLAN)
+    assert found.iteration == 2
+    assert len(notes) == 2 and notes[0] == (f"warning: skipped checkpoint `{root / 'iter-000004'}`: it has no "
+                                            "meta.json; resuming from the older `iter-000002`")
+    assert notes[1].startswith(f"warning: skipped checkpoint `{root / 'iter-000006'}`: its meta.json is not valid "
+                               "JSON (Unterminated string") and notes[1].endswith("resuming from the older `iter-000002`")
+    (root / "iter-000002" / "meta.json").write_text("[]")  # JSON, but no checkpoint's (it was E000)
+    with pytest.raises(schedc.RunError) as exc:
+        checkpoint.RunCheckpoints(root, stages=1, keep=2).prepare(resume=True, every=0, **_PLAN)
+    (d,) = exc.value.diagnostics
+    assert d.code == "E570" and d.message == f"no checkpoint in `{root}` can be resumed: 3 damaged one(s), none complete"
+    assert d.detail.splitlines()[0] == "  = note: skipped `iter-000002`: its meta.json is not a schedc.checkpoint/v1 " \
+                                       "checkpoint's"
+
+
 def test_older_checkpoints_are_pruned_and_leftovers_cleaned(tmp_path):
     root = tmp_path / "ckpt"
     for k in (2, 4, 6):
