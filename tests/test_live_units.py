@@ -536,12 +536,14 @@ def test_resuming_past_a_damaged_checkpoint_says_which_and_why(tmp_path):
     assert len(notes) == 2 and notes[0] == (f"warning: skipped checkpoint `{root / 'iter-000004'}`: it has no "
                                             "meta.json; resuming from the older `iter-000002`")
     assert notes[1].startswith(f"warning: skipped checkpoint `{root / 'iter-000006'}`: its meta.json is not valid "
-                               "JSON (Unterminated string") and notes[1].endswith("resuming from the older `iter-000002`")
+                               "JSON (Unterminated string")
+    assert notes[1].endswith("resuming from the older `iter-000002`")
     (root / "iter-000002" / "meta.json").write_text("[]")  # JSON, but no checkpoint's (it was E000)
     with pytest.raises(schedc.RunError) as exc:
         checkpoint.RunCheckpoints(root, stages=1, keep=2).prepare(resume=True, every=0, **_PLAN)
     (d,) = exc.value.diagnostics
-    assert d.code == "E570" and d.message == f"no checkpoint in `{root}` can be resumed: 3 damaged one(s), none complete"
+    assert d.code == "E570"
+    assert d.message == f"no checkpoint in `{root}` can be resumed: 3 damaged one(s), none complete"
     assert d.detail.splitlines()[0] == "  = note: skipped `iter-000002`: its meta.json is not a schedc.checkpoint/v1 " \
                                        "checkpoint's"
 
