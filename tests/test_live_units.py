@@ -71,7 +71,7 @@ def test_injections_parse_to_their_moment_and_targets(spec, text, moment, action
     ("at iteration 3: fail gpu(dp=1, pp=2)", "E561", 17, "already failed in the plan"),
     ("at iteration 5: fail rank 0", "E562", 14, "never reached"),
     ("at iteration 1 during B 3: fail rank 0", "E562", 25, "no microbatch 3"),
-    ("at recovery 0: fail rank 0", "E560", 13, ">= 1"),
+    ("at recovery 0: fail rank 0", "E560", 13, "from 1 to 999,999,999"),
     ("at recovery 1: recover gpu(dp=1, pp=2)", "E560", 16, "`recover` starts at the start of an iteration"),
     ("at iteration 0: recover gpu(dp=1, pp=2)", "E560", 17, "after the first, or at a time"),
     ("at iteration 3: recover gpu(dp=0, pp=0)", "E561", 17, "never fails in this run"),
