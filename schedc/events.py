@@ -29,9 +29,10 @@ columns point inside the event string (file name `<event>`, or
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
-from schedc.diagnostics import Diagnostic, Label, SpecError, error
+from schedc.diagnostics import Diagnostic, Label, SpecError, error, spec_error
 from schedc.failures import describe_failure, failure_from_statement, failure_ranks, validate_failures
 from schedc.parse import parse_statements
 from schedc.spec import Failure, Spec
@@ -80,6 +81,9 @@ def apply_events(spec: Spec, events: str | Failure | Sequence[str | Failure]) ->
     parsed, sources = _parse_events(events)
     failures = list(spec.failures)
     cluster = spec.cluster
+    before = {g.rank for g in spec.gpus if not g.live}
+    down = set(before)
+    fresh: list[tuple[Failure, list[int]]] = []  # each failing event, and the GPUs it fails that were live
     for ev in parsed:
         ranks, problem = failure_ranks(cluster, ev)
         if problem is not None:
@@ -88,8 +92,45 @@ def apply_events(spec: Spec, events: str | Failure | Sequence[str | Failure]) ->
             failures = _apply(spec, failures, ev, ranks)
         except SpecError as exc:
             raise SpecError(exc.diagnostics, sources) from None
+        if ev.kind == "recover_gpu":
+            down.difference_update(ranks)
+        elif ev.kind != "slow_gpu":
+            fresh.append((ev, [r for r in ranks if r not in down]))
+            down.update(ranks)
+    per_stage = Counter(cluster.coords_of(r)[1] for r in down)  # (a pass over the failed GPUs only)
+    lost = sorted(s for s, n in per_stage.items() if n == cluster.dp)
+    if lost:
+        raise spec_error([_lost_stage(spec, s, fresh, before & down) for s in lost], sources)
     # A GPU at full speed is not slow: its line says nothing (kept until here for E216's note).
-    return validate_failures(spec, [f for f in failures if not _full_speed(f)])
+    return validate_failures(spec, [f for f in failures if not _full_speed(f)], sources)
+
+
+def _lost_stage(spec: Spec, stage: int, fresh: list[tuple[Failure, list[int]]], earlier: set[int]) -> Diagnostic:
+    """E301 for a stage the events leave without a live GPU, naming what each event fails of it
+    and the replicas that had failed before. (The spec's check named a `fail node` for GPUs that
+    had failed before it, and pointed each earlier event's note at this call's event text.)"""
+    cluster = spec.cluster
+    takes = [(ev, [r for r in ranks if cluster.coords_of(r)[1] == stage]) for ev, ranks in fresh]
+    takes = [(ev, ranks) for ev, ranks in takes if ranks]
+    said = [f"`{describe_failure(ev)}` fails {_gpus(cluster, ranks)}" for ev, ranks in takes]
+    gone = sorted(r for r in earlier if cluster.coords_of(r)[1] == stage)
+    if gone:
+        said.append(f"{_gpus(cluster, gone)} had failed before")
+    last_ev, last = takes[-1]
+    notes = [Label(ev.span, f"fails {_gpus(cluster, ranks)} of stage {stage}") for ev, ranks in takes[:-1] if ev.span]
+    return error("E301", f"stage {stage} has no live GPU left: " + "; ".join(said), last_ev.span,
+                 label=f"fails {_gpus(cluster, last)}, the last live replica{'s' if len(last) > 1 else ''} of "
+                       f"stage {stage}", notes=notes,
+                 hint=f"the weights of stage {stage} exist on no live GPU: restore from a checkpoint onto "
+                      "replacement GPUs")
+
+
+def _gpus(cluster, ranks: Sequence[int]) -> str:
+    """`GPU (dp=1, pp=0)`, `GPUs (dp=0, pp=0), (dp=1, pp=0)`; past three, how many."""
+    if len(ranks) > 3:
+        return f"{len(ranks):,} GPUs"
+    coords = ", ".join("(dp={}, pp={})".format(*cluster.coords_of(r)) for r in ranks)
+    return f"GPU{'s' if len(ranks) > 1 else ''} {coords}"
 
 
 def _full_speed(f: Failure) -> bool:

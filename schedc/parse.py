@@ -13,6 +13,7 @@ first syntax error is reported, since what follows it is guesswork.
 
 from __future__ import annotations
 
+import difflib
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -143,8 +144,14 @@ RATE_UNITS = {f"{u}/s": f for u, f in SIZE_UNITS.items()}
 #: unit -> factor to FLOP/s
 FLOPS_UNITS = {"FLOPS": 1, "GFLOPS": 10**9, "TFLOPS": 10**12, "PFLOPS": 10**15}
 
-#: Every unit (a space between a number and one of these is a common slip: E104's hint).
+#: Every unit (a space between a number and one of these is a common slip: E204's hint).
 _UNITS = frozenset({*TIME_UNITS, *SIZE_UNITS, *RATE_UNITS, *FLOPS_UNITS})
+#: The units by kind, as a hint lists them.
+_UNIT_KINDS = (("time", tuple(TIME_UNITS)), ("size", tuple(SIZE_UNITS)),
+               ("bandwidth", ("a size unit + /s (GB/s, GiB/s, ...)",)), ("compute", tuple(FLOPS_UNITS)))
+#: Spellings of other languages and habits, and the unit they mean.
+_UNIT_ALIASES = {"sec": "s", "secs": "s", "second": "s", "seconds": "s", "msec": "ms", "msecs": "ms",
+                 "usec": "us", "usecs": "us", "nsec": "ns", "nsecs": "ns", "byte": "B", "bytes": "B"}
 
 _BRACKETS_RE = re.compile(r'"(?:\\.|[^"\\\n])*"?|#[^\n]*|[{(\[]|[})\]]')
 
@@ -311,6 +318,9 @@ def syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[T
         if ch == '"':
             return error("E108", "unterminated string", span, label="this string is never closed",
                          hint='close the string on the same line: "..."')
+        rate = _spaced_rate(text, pos, file) if ch == "/" else None
+        if rate is not None:
+            return rate
         shown = ch if ch.isprintable() and not ch.isspace() else repr(ch)
         hint = _character_hint(ch)
         return error("E101", f"unexpected character `{shown}`", span, label="not part of the spec language",
@@ -358,9 +368,17 @@ def syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[T
                          hint=f"write `{key.value} = {val.value}`")
         if len(recent) == 2 and recent[0].type == "NUMBER" and recent[1].value in _UNITS:
             num, unit = recent
-            return error("E104", f"a space between `{num.value}` and its unit `{unit.value}`",
+            return error("E204", f"a space between `{num.value}` and its unit `{unit.value}`",
                          token_span(unit, file), label="the unit must touch its number",
                          hint=f"write `{num.value}{unit.value}`")
+        if len(recent) == 2 and recent[0].type == "NUMBER" and recent[1].type == "NAME" \
+                and recent[1].line == recent[0].line and token.type not in ("NUMBER", "STRING"):
+            # `memory = 1 gb }`: a word after a number, and no value after it (`dp = 2 pp 4` is a
+            # key missing its `=`): a unit, misspelt and apart, when it looks like one or ends the line.
+            num, word = recent
+            guess = _unit_guess(word.value)
+            if guess or token.type == "RBRACE" or token.line != word.line:
+                return _unknown_unit(num.value, word, guess, file)
         if recent and recent[-1].type == "NAME":
             key = recent[-1]
             return error("E104", f"missing `=` after `{key.value}`", span,
@@ -375,6 +393,45 @@ def syntax_diagnostic(exc: UnexpectedInput, text: str, file: str, recent: list[T
                      hint="values are numbers (with units), strings, true/false, names or layers[a:b]")
     return error("E102", f"unexpected {found}; expected {describe_expected(expected)}", span,
                  label="unexpected here")
+
+
+def _unit_guess(word: str) -> str | None:
+    """The unit `word` likely means: another spelling (`msec`), the same letters in another case
+    (`gib`), or the closest unit (`Gi`); None when nothing is close."""
+    lower = word.lower()
+    by_lower = {u.lower(): u for u in _UNITS}
+    if lower in _UNIT_ALIASES or lower in by_lower:
+        return _UNIT_ALIASES.get(lower) or by_lower[lower]
+    close = difflib.get_close_matches(lower, sorted(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
+
+
+def _spaced_rate(text: str, pos: int, file: str) -> Diagnostic | None:
+    """E204 for `1 GB/s` (its `/` is the character the lexer stops at): a rate apart from its number."""
+    m = re.search(r"(?:^|[\s=])(-?[0-9.][0-9.eE+-]*)[ \t]+([A-Za-z]+)$", text[:pos])
+    if not m or not re.match(r"s(?![\w-])", text[pos + 1:pos + 3]):
+        return None
+    number, unit = m.group(1), m.group(2) + "/s"
+    start = pos - len(m.group(2))
+    span = _point(text, start, file, len(unit))
+    if unit in RATE_UNITS:
+        return error("E204", f"a space between `{number}` and its unit `{unit}`", span,
+                     label="the unit must touch its number", hint=f"write `{number}{unit}`")
+    guess = _unit_guess(unit)
+    tok = Token("NAME", unit, start_pos=start, line=span.line, column=span.column, end_line=span.line,
+                end_column=span.column + len(unit))
+    return _unknown_unit(number, tok, guess, file)
+
+
+def _unknown_unit(number: str, word: Token, guess: str | None, file: str) -> Diagnostic:
+    """E204 for `1 gb`: not a unit of the language, and apart from its number."""
+    kinds = [(k, us) for k, us in _UNIT_KINDS if guess in us or (k == "bandwidth" and guess in RATE_UNITS)] \
+        if guess else []
+    listed = "; ".join(f"{kind}: {', '.join(units)}" for kind, units in (kinds or _UNIT_KINDS))
+    example = f"{number}{guess}" if guess else f"{number}GiB"
+    return error("E204", f"unknown unit `{word.value}` after the number `{number}`", token_span(word, file),
+                 label=f"did you mean `{guess}`?" if guess else "not a unit",
+                 hint=f"a unit touches its number (`{example}`); units: {listed}")
 
 
 def _character_hint(ch: str) -> str:

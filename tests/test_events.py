@@ -57,6 +57,33 @@ def test_fail_node_and_recover_one_gpu_of_it():
     assert _down(r) == {(1, 0), (1, 2)}
 
 
+def test_a_lost_stage_names_what_each_event_fails_and_what_had_failed_before():
+    """Node 0 holds both GPUs of stage 0 (stage_major); GPU (dp=0, pp=0) failed in an earlier
+    replan. `fail node 0` then fails GPU (dp=1, pp=0) alone: E301 said "all 2 of its replicas
+    failed" with two notes, both `<event>:1:1` without a word, one of them the earlier call's."""
+    spec = load((SPECS / "small-2x2.sched").read_text().replace("gpus_per_node = 2", "gpus_per_node = 2  "
+                                                                "placement = stage_major", 1))
+    earlier = apply_events(spec, "fail gpu(dp=0, pp=0)")
+    with pytest.raises(SpecError) as e:
+        apply_events(earlier, "fail node 0")
+    assert e.value.render() == "\n".join([
+        "error[E301]: stage 0 has no live GPU left: `fail node 0` fails GPU (dp=1, pp=0); GPU (dp=0, pp=0) had "
+        "failed before",
+        " --> <event>:1:1",
+        "  |",
+        "1 | fail node 0",
+        "  | ^^^^^^^^^^^ fails GPU (dp=1, pp=0), the last live replica of stage 0",
+        "  = hint: the weights of stage 0 exist on no live GPU: restore from a checkpoint onto replacement GPUs",
+    ])
+    with pytest.raises(SpecError) as e:  # two events of one call: each says what it fails
+        apply_events(spec, ["fail gpu(dp=1, pp=0)", "fail node 0"])
+    (d,) = e.value.diagnostics
+    assert d.message == ("stage 0 has no live GPU left: `fail gpu(dp=1, pp=0)` fails GPU (dp=1, pp=0); "
+                         "`fail node 0` fails GPU (dp=0, pp=0)")
+    assert (d.span.file, d.label) == ("<event 1>", "fails GPU (dp=0, pp=0), the last live replica of stage 0")
+    assert [(n.span.file, n.message) for n in d.notes] == [("<event 0>", "fails GPU (dp=1, pp=0) of stage 0")]
+
+
 def test_losing_a_stage_is_e301_and_bad_targets_fail():
     spec = load(SPECS / "small-2x2.sched")
     with pytest.raises(SpecError) as e:

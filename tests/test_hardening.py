@@ -291,7 +291,7 @@ def test_a_model_beside_the_spec_is_found_and_its_broken_layer_named(tmp_path):
 
 
 @pytest.mark.parametrize("text, code, words", [
-    (BASE.replace("memory = 10GiB", "memory = 16 GiB"), "E104", "write `16GiB`"),
+    (BASE.replace("memory = 10GiB", "memory = 16 GiB"), "E204", "write `16GiB`"),
     (BASE + "failures { fail gpu(0, 1) }", "E102", "write `gpu(dp=0, pp=1)`"),
     (BASE + "failures { fail gpu(dp=0, pp=1), fail gpu(dp=1, pp=1) }", "E102", "one statement per line"),
 ])

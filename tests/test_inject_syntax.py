@@ -84,13 +84,14 @@ def test_spans_locate_the_moments_words_the_event_and_until():
     ("at iteration 1:", "E560", 16, "the injection has no event after `:`", "expected an event"),
     ("at iteration 1", "E560", 15, "missing `:` between the moment and the event", "expected `:` here"),
     ("at iteration", "E560", 13, "the injection needs an iteration number here", "expected an iteration number"),
-    ("at iteration 1.5: fail rank 0", "E560", 14, "an iteration number must be a whole number, got `1.5`",
-     "expected a whole number"),
+    ("at iteration 1.5: fail rank 0", "E560", 14,
+     "an iteration number must be a whole number from 0 to 999,999,999, got `1.5`", "expected 0 to 999,999,999"),
     ("at iteration 1 during: fail rank 0", "E560", 22, "`during` needs an op kind", "expected F, B, W or O"),
     ("at iteration 1 during B 1 2: fail rank 0", "E560", 27, "unexpected `2`; expected `:`", "unexpected here"),
     ("at 3 sec: fail rank 0", "E560", 6, "unexpected `sec` after the time", "expected `:`"),
     ("at 3min: fail rank 0", "E560", 4, "a moment's time is in s or ms, not `min`", "write s or ms"),
-    ("at -1s: fail rank 0", "E560", 4, "the time is out of range", "from 0 to 1000000 s"),
+    ("at -1s: fail rank 0", "E560", 4, "a moment's time must be from 0 to 1,000,000 s after the start (11.6 days), "
+     "got `-1s`", "expected 0 to 1,000,000 s"),
     ("at iteration 1; fail rank 0", "E560", 15, "unexpected character `;`", "not part of an injection"),
     ("at iteration 1: fail rank 1 fail rank 2", "E560", 29, "an injection has exactly one event", "a second event"),
     ("at iteration 1: fail gpu(dp=1, pp=0))", "E560", 37, "unexpected `)` after the event",
@@ -117,6 +118,49 @@ def test_syntax_errors_point_at_the_word(text, code, column, message, label):
     (d,) = _error(text).diagnostics
     assert (d.code, d.span.file, d.span.line, d.span.column, d.message, d.label) == \
         (code, "<inject 1>", 1, column, message, label)
+
+
+@pytest.mark.parametrize("text, column, message, label", [
+    # (each said "must be a whole number" of a whole number, or ">= 1" of one that is)
+    ("at iteration -1: fail rank 0", 14, "an iteration number must be a whole number from 0 to 999,999,999, got `-1`",
+     "expected 0 to 999,999,999"),
+    ("at iteration 99999999999999999999: fail rank 0", 14,
+     "an iteration number must be a whole number from 0 to 999,999,999, got `99999999999999999999`",
+     "expected 0 to 999,999,999"),
+    ("at iteration 2 during B -1: fail rank 0", 25,
+     "a microbatch number must be a whole number from 0 to 999,999,999, got `-1`", "expected 0 to 999,999,999"),
+    ("at recovery 99999999999999999999: fail rank 0", 13,
+     "a generation number must be a whole number from 1 to 999,999,999, got `99999999999999999999`",
+     "expected 1 to 999,999,999"),
+    ("at recovery 0: fail rank 0", 13, "a generation number must be a whole number from 1 to 999,999,999, got `0`",
+     "expected 1 to 999,999,999"),
+    ("at iteration 1: slow gpu(dp=0, pp=0) speed = 0.5 until iteration 99999999999", 66,
+     "an iteration number must be a whole number from 0 to 999,999,999, got `99999999999`",
+     "expected 0 to 999,999,999"),
+    # (said "the time is out of range"; 1e300s was E110, numbers from 1e-30 to 1e30)
+    ("at -2s: fail rank 0", 4, "a moment's time must be from 0 to 1,000,000 s after the start (11.6 days), got `-2s`",
+     "expected 0 to 1,000,000 s"),
+    ("at 1e300s: fail rank 0", 4,
+     "a moment's time must be from 0 to 1,000,000 s after the start (11.6 days), got `1e300s`",
+     "expected 0 to 1,000,000 s"),
+    # (a negative delay was "must be a time such as 5ms"; 1e300s was E110; 2e6s was taken)
+    ("at iteration 1: slow link rank 1 delay = -5ms", 42, "`delay` must be from 0 to 1,000,000 s, got `-5ms`",
+     "expected 0 to 1,000,000 s"),
+    ("at iteration 1: slow link rank 1 delay = 1e300s", 42, "`delay` must be from 0 to 1,000,000 s, got `1e300s`",
+     "expected 0 to 1,000,000 s"),
+    ("at iteration 1: slow link rank 1 delay = 2e6s", 42, "`delay` must be from 0 to 1,000,000 s, got `2e6s`",
+     "expected 0 to 1,000,000 s"),
+])
+def test_numbers_out_of_range_say_the_range(text, column, message, label):
+    (d,) = _error(text).diagnostics
+    assert (d.code, d.span.column, d.message, d.label) == ("E560", column, message, label)
+
+
+def test_the_ends_of_the_ranges_are_taken():
+    assert parse_injection("at iteration 999999999: fail rank 0", 0).moment.iteration == 999_999_999
+    assert parse_injection("at 1000000s: fail rank 0", 0).moment.seconds == 1e6
+    assert parse_injection("at iteration 1: slow link rank 1 delay = 1000000s", 0).delay == 1e6
+    assert parse_injection("at iteration 1: slow link rank 1 delay = 0ms", 0).delay == 0
 
 
 def test_a_near_miss_is_shown_with_a_caret_and_a_suggestion():

@@ -271,6 +271,15 @@ def test_failure_events_name_a_whole_node_once():
     assert failure_events(plan.spec, [1]) == [Failure("fail_gpu", dp=0, pp=1)]
 
 
+def test_failure_events_name_only_the_gpus_that_died_now():
+    """A node whose other GPU failed earlier: the GPU that died now, not `fail node` (the replan: line
+    named node 0 when only GPU (dp=0, pp=1) had died)."""
+    plan = schedc.compile(spec_text(dp=3, pp=2, gpus_per_node=2))
+    later = schedc.replan(plan, "fail gpu(dp=0, pp=0)", solver="greedy")
+    assert failure_events(later.spec, [1]) == [Failure("fail_gpu", dp=0, pp=1)]
+    assert failure_events(later.spec, [2, 3]) == [Failure("fail_node", node=1)]
+
+
 def test_rejoin_revives_catches_up_then_switches(plan):
     gone = schedc.replan(plan, "fail gpu(dp=1, pp=0)", solver="greedy")
     ctl = FakeController(gone)

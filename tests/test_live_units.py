@@ -71,7 +71,7 @@ def test_injections_parse_to_their_moment_and_targets(spec, text, moment, action
     ("at iteration 3: fail gpu(dp=1, pp=2)", "E561", 17, "already failed in the plan"),
     ("at iteration 5: fail rank 0", "E562", 14, "never reached"),
     ("at iteration 1 during B 3: fail rank 0", "E562", 25, "no microbatch 3"),
-    ("at recovery 0: fail rank 0", "E560", 13, ">= 1"),
+    ("at recovery 0: fail rank 0", "E560", 13, "from 1 to 999,999,999"),
     ("at recovery 1: recover gpu(dp=1, pp=2)", "E560", 16, "`recover` starts at the start of an iteration"),
     ("at iteration 0: recover gpu(dp=1, pp=2)", "E560", 17, "after the first, or at a time"),
     ("at iteration 3: recover gpu(dp=0, pp=0)", "E561", 17, "never fails in this run"),
@@ -514,6 +514,38 @@ def test_a_run_killed_while_it_seals_a_step_again_keeps_that_step(tmp_path, monk
     checkpoint.clean_partials(root)
     assert [c.iteration for c in checkpoint.complete_checkpoints(root)] == [2, 4]
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["iter-000002", "iter-000004"]
+
+
+def _sealed(root: Path, *steps: int) -> None:
+    for k in steps:
+        checkpoint.write_stage(root, k, 0, {"steps": k, "model": {}, "optimizer": None})
+        checkpoint.complete(root, k, 1, {"emulate": True}, keep=len(steps))
+
+
+_PLAN = dict(emulate=True, optimizer="sgd", iterations=10)
+
+
+def test_resuming_past_a_damaged_checkpoint_says_which_and_why(tmp_path):
+    """A corrupt meta.json made --resume take the checkpoint before it without a word."""
+    root = tmp_path / "ckpt"
+    _sealed(root, 2, 4, 6)
+    (root / "iter-000006" / "meta.json").write_text('{"format": "schedc.checkpoint/v1", "iter')
+    (root / "iter-000004" / "meta.json").unlink()
+    found, notes = checkpoint.RunCheckpoints(root, stages=1, keep=2).prepare(resume=True, every=0, **_PLAN)
+    assert found.iteration == 2
+    assert len(notes) == 2 and notes[0] == (f"warning: skipped checkpoint `{root / 'iter-000004'}`: it has no "
+                                            "meta.json; resuming from the older `iter-000002`")
+    assert notes[1].startswith(f"warning: skipped checkpoint `{root / 'iter-000006'}`: its meta.json is not valid "
+                               "JSON (Unterminated string")
+    assert notes[1].endswith("resuming from the older `iter-000002`")
+    (root / "iter-000002" / "meta.json").write_text("[]")  # JSON, but no checkpoint's (it was E000)
+    with pytest.raises(schedc.RunError) as exc:
+        checkpoint.RunCheckpoints(root, stages=1, keep=2).prepare(resume=True, every=0, **_PLAN)
+    (d,) = exc.value.diagnostics
+    assert d.code == "E570"
+    assert d.message == f"no checkpoint in `{root}` can be resumed: 3 damaged one(s), none complete"
+    assert d.detail.splitlines()[0] == "  = note: skipped `iter-000002`: its meta.json is not a schedc.checkpoint/v1 " \
+                                       "checkpoint's"
 
 
 def test_older_checkpoints_are_pruned_and_leftovers_cleaned(tmp_path):

@@ -88,6 +88,36 @@ def test_syntax_errors_are_friendly_and_placed(text, code, line, col):
     assert "Unexpected" not in d.message and "Token(" not in d.message  # no raw lark text
 
 
+@pytest.mark.parametrize("value, col, message, label, hint", [
+    # a unit of the language, apart from its number
+    ("1 GB", 22, "a space between `1` and its unit `GB`", "the unit must touch its number", "write `1GB`"),
+    ("1 GB/s", 22, "a space between `1` and its unit `GB/s`", "the unit must touch its number", "write `1GB/s`"),
+    # not a unit of the language (and apart): its kind's units, and the nearest one where one is near
+    ("1 gb", 22, "unknown unit `gb` after the number `1`", "did you mean `GB`?",
+     "a unit touches its number (`1GB`); units: size: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"),
+    ("1 GIB", 22, "unknown unit `GIB` after the number `1`", "did you mean `GiB`?", "(`1GiB`); units: size: B,"),
+    ("2 msec", 22, "unknown unit `msec` after the number `2`", "did you mean `ms`?", "units: time: ns, us, ms, s"),
+    ("1 gb/s", 22, "unknown unit `gb/s` after the number `1`", "did you mean `GB/s`?", "units: bandwidth: a size"),
+    ("1 foo", 22, "unknown unit `foo` after the number `1`", "not a unit",
+     "units: time: ns, us, ms, s; size: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; bandwidth: a size unit + /s"),
+])
+def test_a_unit_apart_from_its_number_is_e204_at_the_unit(value, col, message, label, hint):
+    """`memory = 1 GB` said E104, "missing `=`" (after `gb` for an unknown unit, pointing past it)."""
+    with pytest.raises(SpecError) as e:
+        parse_text(f"cluster {{\n    gpu {{ memory = {value} }}\n    dp = 2\n}}\n", "t")
+    (d,) = e.value.diagnostics
+    assert (d.code, d.span.line, d.span.column, d.message, d.label) == ("E204", 2, col, message, label), \
+        e.value.render()
+    assert hint in d.hint
+
+
+def test_a_word_after_a_number_that_is_no_unit_is_still_a_key_missing_its_equals():
+    for text, col in (("cluster { dp = 2 pp 4 }", 21), ("a { b = 1 c d }", 13)):
+        with pytest.raises(SpecError) as e:
+            parse_text(text, "t")
+        assert [(d.code, d.span.column) for d in e.value.diagnostics] == [("E104", col)], e.value.render()
+
+
 def test_event_statements():
     (st,) = parse_statements("recover gpu(dp=1, pp=2)")
     assert st.verb == "recover" and [a.name for a in st.args] == ["dp", "pp"]

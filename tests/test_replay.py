@@ -329,10 +329,22 @@ def test_cli_diagnostics(files, capsys):
     assert code == 1 and "error[E558]" in err
 
 
-@pytest.mark.parametrize("option, value", [("--restart-cost", "-1"), ("--checkpoint-every", "soon"),
-                                           ("--reconfigure-cost", "nan"), ("--horizon", "0"),
-                                           ("--gpus-per-instance", "0"), ("--seed", "-3"), ("--policy", ",")])
-def test_cli_rejects_bad_option_values(files, capsys, option, value):
+@pytest.mark.parametrize("option, value, words", [
+    ("--restart-cost", "-1", "--restart-cost must be a number of seconds >= 0, got -1"),
+    ("--reconfigure-cost", "nan", "--reconfigure-cost must be a number of seconds >= 0, got nan"),
+    ("--horizon", "0", "--horizon must be a number of seconds > 0, got 0"),
+    ("--gpus-per-instance", "0", "--gpus-per-instance must be a whole number >= 1, got 0"),
+    ("--seed", "-3", "--seed must be a whole number >= 0, got -3"),
+    ("--seed", "2.5", "--seed must be a whole number >= 0, got 2.5"),
+])
+def test_cli_refuses_option_values_out_of_range_with_exit_1(files, capsys, option, value, words):
+    """Values out of range are invalid input (exit 1, as every other command's), not usage (they were exit 2)."""
+    code, out, err = run_cli([str(files / "small.sched"), str(files / "small.csv"), option, value], capsys)
+    assert code == 1 and out == "" and err.startswith(f"error[E206]: {words}\n"), err
+
+
+@pytest.mark.parametrize("option, value", [("--checkpoint-every", "soon"), ("--seed", "x"), ("--policy", ",")])
+def test_cli_rejects_option_text_that_is_no_value_as_usage(files, capsys, option, value):
     with pytest.raises(SystemExit) as exc:
         cli.main(["replay", str(files / "small.sched"), str(files / "small.csv"), option, value])
     err = capsys.readouterr().err

@@ -30,22 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="the job's spec file, or - to read standard input")
     parser.add_argument("trace", metavar="TRACE.csv",
                         help="availability trace: `seconds,available` rows, one per change (docs/replay.md)")
-    parser.add_argument("--seed", type=_whole(0, "a seed is"), default=0,
+    parser.add_argument("--seed", type=_whole, default=0,
                         help="seed of the random picks of lost and returning GPUs, and of the planner (default 0)")
     parser.add_argument("--policy", dest="policies", action="extend", type=_names, metavar="NAME",
                         help=f"a recovery policy to replay: {', '.join(POLICIES)} (repeatable or a comma "
                              "list; default all)")
-    parser.add_argument("--gpus-per-instance", type=_whole(1, "must be"), default=1, metavar="K",
+    parser.add_argument("--gpus-per-instance", type=_whole, default=1, metavar="K",
                         help="GPUs an instance of the trace holds (default 1)")
     spec_or = "default: the spec's `recovery` block, else"
-    parser.add_argument("--checkpoint-every", type=_seconds(0), default=None, metavar="SECONDS",
+    parser.add_argument("--checkpoint-every", type=_seconds, default=None, metavar="SECONDS",
                         help="checkpoint interval; a restore loses half of it on average "
                              f"({spec_or} {d.checkpoint_every_s:g})")
-    parser.add_argument("--restart-cost", type=_seconds(0), default=None, metavar="SECONDS",
+    parser.add_argument("--restart-cost", type=_seconds, default=None, metavar="SECONDS",
                         help=f"fixed cost of a restart from a checkpoint ({spec_or} {d.restart_s:g})")
-    parser.add_argument("--reconfigure-cost", type=_seconds(0), default=None, metavar="SECONDS",
+    parser.add_argument("--reconfigure-cost", type=_seconds, default=None, metavar="SECONDS",
                         help=f"cost of every switch of plan: detect, agree, new groups ({spec_or} {d.reconfigure_s:g})")
-    parser.add_argument("--horizon", type=_seconds(0, strict=True), default=None, metavar="SECONDS",
+    parser.add_argument("--horizon", type=_seconds, default=None, metavar="SECONDS",
                         help="expected time to the next event until two events give a mean gap "
                              f"({spec_or} {d.horizon_s:g})")
     parser.add_argument("--shadow", action="store_true",
@@ -59,31 +59,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable output")
 
 
-def _whole(low: int, what: str):
-    """An argparse type: a whole number >= `low`."""
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = low - 1
-        if n < low:
-            raise argparse.ArgumentTypeError(f"{what} a whole number >= {low}, not {text!r}")
-        return n
-    return parse
+def _whole(text: str) -> int | float:
+    """An argparse type: a number, whole when it can be (`check_options` refuses the rest, exit 1);
+    text that is no number at all is a usage error (exit 2)."""
+    try:
+        return int(text)
+    except ValueError:
+        return _seconds(text)
 
 
-def _seconds(low: float, strict: bool = False):
-    """An argparse type: a finite number of seconds >= `low` (> with `strict`)."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            v = math.nan
-        if not math.isfinite(v) or v < low or (strict and v == low):
-            raise argparse.ArgumentTypeError(f"must be a number of seconds {'>' if strict else '>='} {low:g}, "
-                                             f"not {text!r}")
-        return v
-    return parse
+def _seconds(text: str) -> float:
+    """An argparse type: a number (`check_options` says which are in range)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """E206 for option values out of range (a negative cost or seed, a zero horizon, nan), all
+    at once, before anything is read: values, not usage (they were argparse's exit 2)."""
+    from schedc.diagnostics import RunError, error
+
+    problems = []
+    for option, value, low in (("--seed", args.seed, 0), ("--gpus-per-instance", args.gpus_per_instance, 1)):
+        if not (isinstance(value, int) and value >= low):
+            problems.append(error("E206", f"{option} must be a whole number >= {low}, got {value:g}"))
+    for option, value, strict in (("--checkpoint-every", args.checkpoint_every, False),
+                                  ("--restart-cost", args.restart_cost, False),
+                                  ("--reconfigure-cost", args.reconfigure_cost, False),
+                                  ("--horizon", args.horizon, True)):
+        if value is not None and not (math.isfinite(value) and (value > 0 if strict else value >= 0)):
+            problems.append(error("E206", f"{option} must be a number of seconds {'>' if strict else '>='} 0, "
+                                          f"got {value:g}"))
+    if problems:
+        raise RunError(problems)
 
 
 def _names(text: str) -> list[str]:
@@ -102,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from schedc.trace import check_fits, read_trace
 
     # Every check that needs no planner first: a mistake costs no waiting.
+    check_options(args)
     policies = check_policies(args.policies or POLICIES)
     if args.plot:
         check_output_file(args.plot, "--plot")

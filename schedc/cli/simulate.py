@@ -10,19 +10,40 @@ from __future__ import annotations
 import argparse
 import json
 
+from schedc.diagnostics import RunError, error
+
+#: The most iterations `--iterations` takes. The steady state needs 8 (the period is the mean of
+#: the last 4); every iteration more costs memory (its end time, and until the run turns
+#: periodic the optimizer steps' ends) and, until then, a pass over every op: 1e8 ran out of memory.
+MAX_ITERATIONS = 10_000
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("schedule", metavar="SCHEDULE", help="a schedule.json written by `schedc compile`")
-    parser.add_argument("--iterations", type=_positive, default=8, metavar="K",
-                        help="iterations simulated back to back (default 8)")
+    parser.add_argument("--iterations", type=_number, default=8, metavar="K",
+                        help=f"iterations simulated back to back, 1 to {MAX_ITERATIONS:,} (default 8)")
     parser.add_argument("--json", action="store_true", help="print machine-readable output")
 
 
-def _positive(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
+def _number(text: str) -> int | float:
+    """--iterations as written: a whole number, or another number that `check_iterations` refuses
+    with the range (`1e8`, `2.5`, `nan`); text that is no number at all is a usage error."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+
+
+def check_iterations(value: int | float) -> int:
+    """`value` when it is a whole number from 1 to MAX_ITERATIONS, else E206."""
+    if isinstance(value, int) and 1 <= value <= MAX_ITERATIONS:
+        return value
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    raise RunError([error("E206", f"--iterations must be a whole number from 1 to {MAX_ITERATIONS:,}, got {shown}",
+                          hint="the steady state needs 8 iterations (the default); more change little")])
 
 
 def _ms(us: float) -> str:
@@ -69,9 +90,10 @@ def run(args: argparse.Namespace) -> int:
     from schedc.simulate import metrics_of, simulate
     from schedc.verify import verify_schedule
 
+    iterations = check_iterations(args.iterations)  # before the schedule is read
     schedule, stored = read_schedule(args.schedule)
     verify_schedule(schedule)
-    sim = simulate(schedule, iterations=args.iterations)
+    sim = simulate(schedule, iterations=iterations)
     ff = stored.get("fault_free_iteration_time")
     ff = ff if isinstance(ff, int) and not isinstance(ff, bool) and ff > 0 else None
     ref = stored.get("fault_free_solver") if ff is not None else None

@@ -150,20 +150,36 @@ def _complete(root: Path, iteration: int, stages: int, meta: dict, keep: int, ge
 
 def complete_checkpoints(root: Path) -> list[Checkpoint]:
     """Every complete checkpoint under `root`, oldest first."""
+    return scan(root)[0]
+
+
+def scan(root: Path) -> tuple[list[Checkpoint], list[tuple[Path, str]]]:
+    """Every complete checkpoint under `root`, oldest first, and each `iter-` folder that is not
+    one (its meta.json missing, unreadable, not JSON, or not a checkpoint's) with the reason."""
     root = Path(root)
     if not root.is_dir():
-        return []
-    out = []
+        return [], []
+    out, damaged = [], []
     for p in root.iterdir():
         m = _COMPLETE.match(p.name)
-        if m and (p / "meta.json").is_file():
-            try:
-                meta = json.loads((p / "meta.json").read_text())
-            except (OSError, ValueError):
-                continue
-            if meta.get("format") == FORMAT:
-                out.append(Checkpoint(p, int(m.group(1)), meta))
-    return sorted(out, key=lambda c: c.iteration)
+        if not m or not p.is_dir():
+            continue
+        try:
+            meta = json.loads((p / "meta.json").read_text())
+        except FileNotFoundError:
+            damaged.append((p, "it has no meta.json"))
+            continue
+        except OSError as exc:
+            damaged.append((p, f"its meta.json cannot be read ({exc.strerror or exc})"))
+            continue
+        except ValueError as exc:
+            damaged.append((p, f"its meta.json is not valid JSON ({exc})"))
+            continue
+        if isinstance(meta, dict) and meta.get("format") == FORMAT:
+            out.append(Checkpoint(p, int(m.group(1)), meta))
+        else:
+            damaged.append((p, f"its meta.json is not a {FORMAT} checkpoint's"))
+    return sorted(out, key=lambda c: c.iteration), sorted(damaged)
 
 
 def latest(root: Path) -> Checkpoint | None:
@@ -181,7 +197,7 @@ def read(path: Path) -> Checkpoint:
     except (OSError, ValueError) as exc:
         raise RunError([error("E570", f"`{path}` is not a complete schedc checkpoint ({exc})",
                               hint="pass a directory `iter-NNNNNN` that holds meta.json")])
-    if not m or meta.get("format") != FORMAT:
+    if not m or not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise RunError([error("E570", f"`{path}` is not a {FORMAT} checkpoint")])
     return Checkpoint(path, int(m.group(1)), meta)
 
@@ -255,16 +271,20 @@ class RunCheckpoints:
         self.layout_from = generation
         self.written.clear()
 
-    def prepare(self, *, resume: bool, every: int, **plan) -> tuple[Checkpoint | None, list[Path]]:
+    def prepare(self, *, resume: bool, every: int, **plan) -> tuple[Checkpoint | None, list[str]]:
         """Before the run: the checkpoint to resume from (`resume`; E556/E570 when there is none
         that fits `plan`, as `check_resumable` takes it), refusing another run's checkpoints and
-        an unwritable folder when `every` > 0; removes unfinished files (returned)."""
-        found = None
+        an unwritable folder when `every` > 0; removes unfinished files. Returns the checkpoint
+        and what to tell: a warning for each damaged checkpoint newer than it (passed over for
+        an older one: that fallback said nothing), and the unfinished files removed."""
+        found, notes = None, []
         if resume:
-            found = latest(self.root)
+            complete, damaged = scan(self.root)
+            found = complete[-1] if complete else None
             if found is None:
-                raise RunError([error("E556", f"no complete checkpoint in `{self.root}` to resume from",
-                                      hint="train with --checkpoint-every K first, or drop --resume")])
+                raise RunError([_none_to_resume(self.root, damaged)])
+            notes = [f"warning: skipped checkpoint `{p}`: {why}; resuming from the older `{found.path.name}`"
+                     for p, why in damaged if int(_COMPLETE.match(p.name).group(1)) > found.iteration]
             check_resumable(found, stages=self.stages, **plan)
             self.paths.append(str(found.path))
         elif every and latest(self.root) is not None:
@@ -274,7 +294,10 @@ class RunCheckpoints:
                                        "--checkpoint-dir (or remove the old checkpoints)")])
         if every:
             check_writable(self.root)
-        return found, clean_partials(self.root)
+        removed = clean_partials(self.root)
+        if removed:
+            notes.append(f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
+        return found, notes
 
     def announced(self, generation: int, restore: str | None) -> None:
         """Generation `generation` is announced, restoring `restore` (a checkpoint folder, or
@@ -322,6 +345,19 @@ class RunCheckpoints:
             if Path(path, "meta.json").is_file():
                 return read(Path(path))
         return None
+
+
+def _none_to_resume(root: Path, damaged: list[tuple[Path, str]]):
+    """E556 when `root` holds no checkpoint; E570 naming each one that is damaged."""
+    if not damaged:
+        return error("E556", f"no complete checkpoint in `{root}` to resume from",
+                     hint="train with --checkpoint-every K first, or drop --resume")
+    lines = [f"  = note: skipped `{p.name}`: {why}" for p, why in damaged[:10]]
+    if len(damaged) > 10:
+        lines.append(f"  ... and {len(damaged) - 10:,} more")
+    return error("E570", f"no checkpoint in `{root}` can be resumed: {len(damaged)} damaged one(s), none complete",
+                 detail="\n".join(lines), hint="move the damaged folders out of the way and resume an intact "
+                                                "copy, or train afresh without --resume")
 
 
 def check_resumable(found: Checkpoint, *, stages: int, emulate: bool, optimizer: str, iterations: int,

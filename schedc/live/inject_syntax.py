@@ -36,8 +36,11 @@ SYNTAX = ("write `at iteration I: fail gpu(dp=D, pp=S)`; the moment may also be 
 _VERB_HINT = ("`fail ...` kills the target's processes (SIGKILL), `hang ...` stops them (SIGSTOP), "
               "`slow ...` slows a GPU or link down, `recover gpu(...)` brings a failed GPU back")
 _OP_HINT = "F forward, B backward (input), W backward (weights), O optimizer step"
-#: Seconds after the start a timed moment may be.
+#: Seconds after the start a timed moment may be, and the longest `slow link` delay (11.6 days:
+#: the longest wait a run takes, `schedc.live.options.MAX_SECONDS`).
 MAX_SECONDS = 1e6
+#: The largest iteration, microbatch or generation number an injection names.
+MAX_NUMBER = 999_999_999
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ def _read(tree: Tree, file: str) -> ParsedInjection:
     _at, moment_tree, event, until_word, _iteration, until_number = tree.children
     moment, spans = _moment(moment_tree, file)
     st_tree = event.children[0] if event.data == "event" else event
+    if st_tree.data == "slow_link":
+        _check_delay_number(st_tree, file)
     st = statement_of(st_tree, file)
     spans["event"] = st.span
     action = "slow_link" if st_tree.data == "slow_link" else ACTIONS[st.verb]
@@ -171,8 +176,11 @@ def _moment(tree: Tree, file: str) -> tuple[Moment, dict[str, Span]]:
 
 def _time(tree: Tree, file: str) -> Moment:
     number, unit_word = tree.children
-    value = value_of_token(number, file)
     span = token_span(number, file)
+    try:
+        value = value_of_token(number, file)
+    except SpecError:  # E110: past 1e30 (`1e300s`), far past the range a moment has
+        _time_out_of_range(number, unit_word, span)
     if value.unit and unit_word is not None:
         _stop(f"unexpected `{unit_word}` after the time", token_span(unit_word, file), label="expected `:`",
               hint=SYNTAX)
@@ -185,15 +193,25 @@ def _time(tree: Tree, file: str) -> Moment:
     assert value.number is not None
     seconds = float(value.number) / (1000.0 if unit == "ms" else 1.0)
     if not 0 <= seconds <= MAX_SECONDS:
-        _stop("the time is out of range", span, label=f"from 0 to {MAX_SECONDS:.0f} s")
+        _time_out_of_range(number, unit_word, span)
     return Moment(kind="time", seconds=seconds)
+
+
+def _time_out_of_range(number: Token, unit_word: Token | None, span: Span) -> NoReturn:
+    written = f"{number}{'' if unit_word is None else ' ' + str(unit_word)}"
+    _stop(f"a moment's time must be from 0 to {MAX_SECONDS:,.0f} s after the start (11.6 days), got `{written}`",
+          span, label=f"expected 0 to {MAX_SECONDS:,.0f} s", hint="e.g. `at 2.5s: fail rank 3`")
 
 
 def _whole_number(word: Token, what: str, file: str, minimum: int = 0) -> int:
     if not re.fullmatch(r"[0-9]{1,9}", word) or int(word) < minimum:
-        low = "a whole number" if minimum == 0 else f"a whole number >= {minimum}"
-        _stop(f"{what} must be {low}, got `{word}`", token_span(word, file), label=f"expected {low}")
+        _stop(f"{what} must be {_whole_range(minimum)}, got `{word}`", token_span(word, file),
+              label=f"expected {minimum} to {MAX_NUMBER:,}")
     return int(word)
+
+
+def _whole_range(minimum: int) -> str:
+    return f"a whole number from {minimum} to {MAX_NUMBER:,}"
 
 
 def _link_target(st: Statement) -> Failure:
@@ -216,10 +234,29 @@ def _delay(st: Statement) -> float:
         _stop(f"unknown setting `{key}` of `slow link`", st.setting.key_span,
               label=did_you_mean(key, ("delay",)) or "expected `delay`",
               hint="write `slow link gpu(dp=0, pp=1) delay = 5ms`")
-    if value.kind != "number" or value.unit not in TIME_UNITS or value.number is None or value.number < 0:
+    if value.kind != "number" or value.unit not in TIME_UNITS or value.number is None:
         _stop(f"`delay` must be a time such as 5ms, got `{value.text}`", value.span, label="expected a time",
               hint="a time is a number with its unit: ns, us, ms or s")
-    return float(value.number * TIME_UNITS[value.unit]) / 1e6  # type: ignore[operator]
+    seconds = float(value.number * TIME_UNITS[value.unit]) / 1e6  # type: ignore[operator]
+    if not 0 <= seconds <= MAX_SECONDS:
+        _delay_out_of_range(value.text, value.span)
+    return seconds
+
+
+def _delay_out_of_range(text: str, span: Span | None) -> NoReturn:
+    _stop(f"`delay` must be from 0 to {MAX_SECONDS:,.0f} s, got `{text}`", span,
+          label=f"expected 0 to {MAX_SECONDS:,.0f} s", hint="e.g. `delay = 5ms`")
+
+
+def _check_delay_number(st_tree: Tree, file: str) -> None:
+    """A delay past what numbers may be (`1e300s`, E110 in the statement): said with its range."""
+    value = st_tree.children[-1]
+    tok = value.children[0] if isinstance(value, Tree) and value.children else value
+    if isinstance(tok, Token) and tok.type.rpartition("__")[2] == "NUMBER":
+        try:
+            value_of_token(tok, file)
+        except SpecError:
+            _delay_out_of_range(str(tok), token_span(tok, file))
 
 
 def _between(first: Token, last: Token, file: str) -> Span:
@@ -235,8 +272,7 @@ _NAMES = {**TERMINAL_NAMES, "AT": "`at`", "ITERATION": "`iteration`", "RECOVERY"
 #: Terminals of the injection itself; errors about any other are the spec grammar's (the event).
 _OWN = frozenset({"AT", "COLON", "ITERATION", "RECOVERY", "DURING", "AFTER", "UNTIL", "HANG", "LINK", "TIME_UNIT"})
 _VERBS = frozenset({"FAIL", "HANG", "SLOW", "RECOVER"})
-_NUMBERS = {"ITERATION": ("an iteration number", "a whole number"),
-            "RECOVERY": ("a generation number", "a whole number >= 1")}
+_NUMBERS = {"ITERATION": ("an iteration number", 0), "RECOVERY": ("a generation number", 1)}
 
 
 def _diagnose(exc: UnexpectedInput, text: str, file: str, recent: list[Token]) -> Diagnostic:
@@ -272,7 +308,8 @@ def _diagnose(exc: UnexpectedInput, text: str, file: str, recent: list[Token]) -
         what, low = _NUMBERS[prev]
         if at_end or word == ":":
             return e560(f"the injection needs {what} here", f"expected {what}")
-        return e560(f"{what} must be {low}, got `{word}`", f"expected {low}", hint="")
+        return e560(f"{what} must be {_whole_range(low)}, got `{word}`", f"expected {low} to {MAX_NUMBER:,}",
+                    hint="")
     if "NAME" in expected and prev in ("DURING", "AFTER"):
         return e560(f"`{recent[-1]}` needs an op kind", "expected F, B, W or O", hint=_OP_HINT)
     if "COLON" in expected and (at_end or word in ACTIONS):

@@ -77,13 +77,16 @@ def lost_stages(spec, lost: set[int]) -> list[int]:
 
 
 def failure_events(spec, failed: Sequence[int]) -> list[Failure]:
-    """Replan events for ranks that died: a whole node as `fail node N`, else one GPU each."""
+    """Replan events for ranks that died: a whole node as `fail node N` when every GPU of it died
+    now, else one GPU each. A node one of whose GPUs had failed before is its other GPUs: `fail
+    node N` named GPUs this failure did not take (the `replan:` line said `fail node 0` when only
+    GPU (dp=0, pp=1) had died)."""
     per = spec.cluster.gpus_per_node
     world = spec.dp * spec.pp
     out, covered = [], set()
     for node in sorted({spec.cluster.node_of(r) for r in failed}):
         ranks = range(node * per, min((node + 1) * per, world))
-        if len(ranks) > 1 and all(r in failed or not spec.gpus[r].live for r in ranks):
+        if len(ranks) > 1 and all(r in failed for r in ranks):
             out.append(Failure("fail_node", node=node))
             covered.update(ranks)
     for r in failed:

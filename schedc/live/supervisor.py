@@ -213,7 +213,7 @@ class Supervisor(Transitions, Relayout, Growth):
 
     def _setup(self) -> None:
         opts, spec = self.options, self.plan.spec
-        found, removed = self.checkpoints.prepare(
+        found, notes = self.checkpoints.prepare(
             resume=opts.resume, every=opts.checkpoint_every, emulate=opts.emulate, optimizer=spec.train.optimizer,
             iterations=self.iterations, dp=spec.dp, microbatches=spec.microbatches, partition=spec.partition,
             model_layers=lambda: reshard.plan_model_layers(self.plan, self.out))
@@ -233,8 +233,8 @@ class Supervisor(Transitions, Relayout, Growth):
             cluster=(spec.cluster.dp, spec.cluster.pp), stall_clock=opts.fail_slow != "off", device=opts.device,
             shadow=opts.shadow))
         self.fleet = self.world.fleet(self.job, spec, opts.hosts)
-        if removed:
-            self._note("checkpoint", f"removed {len(removed)} unfinished checkpoint file(s) of an earlier run")
+        for message in notes:  # damaged checkpoints passed over, unfinished files removed
+            self._note("checkpoint", message)
         if found and checkpoint.split_differs(found.meta, spec.pp, spec.partition):
             self._note("checkpoint", f"{found.path.name} was written by {found.meta['stages']} stages; each of the "
                                      f"plan's {spec.pp} re-shards it from the stage files holding its layers",
