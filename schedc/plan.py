@@ -324,10 +324,12 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
     >>> plan.metrics.iteration_time  # doctest: +SKIP
     """
     if time_limit is not None and not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit)
-                                       and time_limit > 0):
+                                       and 0 < time_limit <= 1e6):  # (the spec's `schedule.time_limit` range)
         from schedc.diagnostics import RunError, error
 
-        raise RunError([error("E206", f"the time limit must be a positive number of seconds, got {time_limit}",
+        raise RunError([error("E206", f"the time limit must be a positive number of seconds (at most 1e+06), "
+                                      f"got {time_limit:g}" if isinstance(time_limit, (int, float)) else
+                                      f"the time limit must be a positive number of seconds, got {time_limit!r}",
                               hint="e.g. --time-limit 2 (or leave it out: the spec's `schedule.time_limit`)")])
     spec = _load(spec)
     try:

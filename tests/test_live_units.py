@@ -925,6 +925,9 @@ def test_a_step_back_of_the_system_clock_does_not_step_the_supervisors_clock(mon
 
     world = LocalWorld()
     before = world.time()
-    real = clock.time
-    monkeypatch.setattr(clock, "time", lambda: real() - 3600.0)
+    real_time, real_monotonic = clock.time, clock.monotonic
+    monkeypatch.setattr(clock, "time", lambda: real_time() - 3600.0)
     assert world.time() >= before
+    # ...and it is the monotonic clock that moves it (a clock that never moved would pass above).
+    monkeypatch.setattr(clock, "monotonic", lambda: real_monotonic() + 100.0)
+    assert world.time() >= before + 100.0

@@ -63,24 +63,39 @@ def test_orphans_are_adopted_while_ranks_run_and_not_after():
     assert parent != os.getpid(), "this process adopted another program's orphan, and nothing reaps it"
 
 
-def test_a_replacement_for_a_rank_whose_process_has_not_exited_starts_now_and_the_old_exit_is_not_the_ranks():
-    """A replacement is asked for a rank whose process has not exited yet (killed, but in an
-    uninterruptible sleep: a hung driver call): it starts at once, beside the old process, which is
-    sent SIGKILL again; the old one's exit is never reported as the rank's (the new process would
-    be taken for dead), and the line says so. (Here the old process simply still runs.)"""
+def test_a_replacement_for_a_killed_rank_whose_process_has_not_exited_starts_now_and_the_old_exit_is_not_the_ranks(
+        monkeypatch):
+    """A replacement is asked for a rank whose process was killed but has not exited yet (an
+    uninterruptible sleep: a hung driver call; here SIGKILL is withheld instead): it starts at
+    once, beside the old process, which is sent SIGKILL again; the old one's exit is never reported
+    as the rank's (the new process would be taken for dead), and a line says so. A process that
+    was never killed (a standby process a plan now names) is kept: nothing is started."""
+    import signal as signals
+
+    from schedc.runtime import processes
+
+    real_send = processes._send
     said: list[str] = []
     local = LocalProcesses(say=said.append)
     try:
         local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
         old = local.processes[0]
         local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
+        assert local.processes[0] is old and said == []  # (never killed: kept)
+        monkeypatch.setattr(processes, "_send", lambda p, sig: None if sig == signals.SIGKILL else real_send(p, sig))
+        assert local.signal([0], "kill") == [0] and old.exitcode is None
+        local.start(0, time.sleep, (WAIT_S,), name="schedc-test-rank-0")
         new = local.processes[0]
         assert new.pid != old.pid and new.exitcode is None
-        assert any(f"rank 0's previous process (pid {old.pid}) has not exited yet" in line for line in said), said
+        assert any(f"rank 0's previous process (pid {old.pid}) has not exited since it was killed" in line
+                   for line in said), said
+        monkeypatch.undo()
+        real_send(old, signals.SIGKILL)  # (it wakes from its sleep)
         old.join(WAIT_S)
-        assert old.exitcode == -9  # (SIGKILL)
+        assert old.exitcode == -9
         assert local.exits() == [] and local.alive() == [0]
     finally:
+        monkeypatch.undo()
         local.stop_all(grace=0)
     assert local.exits() == [(0, -9)] and not local.alive()
 
@@ -105,6 +120,7 @@ def test_a_process_that_outlives_sigkill_is_left_behind_said_and_not_joined_at_e
         local.stop_all(grace=0)
         assert p.exitcode is None and p not in multiprocessing.active_children()
         assert any(f"rank 0's process (pid {p.pid}) has not exited" in line for line in said), said
+        assert not local.alive() and not is_subreaper()  # (left behind: no longer one of its ranks)
     finally:
         monkeypatch.undo()
         real_kill(p.pid, signals.SIGKILL)
@@ -150,6 +166,9 @@ def test_ranks_are_signalled_through_their_pidfd_never_by_a_pid_that_may_be_reus
     """Once a rank's process has ended and been reaped its pid may be another program's: a signal
     goes through the process's own pidfd (Linux), never `os.kill` of a number."""
     import signal as signals
+
+    if not hasattr(os, "pidfd_open") or not hasattr(signals, "pidfd_send_signal"):
+        pytest.skip("no pidfds here: signals go by pid")
 
     from schedc.runtime import processes
 

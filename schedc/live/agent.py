@@ -38,8 +38,8 @@ import uuid
 from schedc.diagnostics import RunError, error
 from schedc.live.inject import Injection
 from schedc.live.membership import JobStore
-from schedc.live.protocol import (AgentLeft, AgentUp, Exited, FireInjection, Injected, RenameRanks, SignalRanks,
-                                  StartRanks, StopAgent)
+from schedc.live.protocol import (AgentLeft, AgentUp, Exited, FireInjection, Injected, ProtocolError, RenameRanks,
+                                  SignalRanks, StartRanks, StopAgent)
 from schedc.runtime.processes import LocalProcesses, StartError
 
 #: Seconds between an agent's beats (`JobStore.agent_beat`): the supervisor asks for two more
@@ -47,8 +47,10 @@ from schedc.runtime.processes import LocalProcesses, StartError
 AGENT_BEAT = 0.1
 
 #: Seconds a host's agent may go without a beat before another agent given the same host takes
-#: it over (`Agent.claim`); one that still beats keeps the host, and the second is refused.
-LEASE_STALE = 1.0
+#: it over (`Agent.claim`); one that still beats keeps the host, and the second is refused. An
+#: agent does not beat while it starts a process (a new forkserver imports torch: seconds), and
+#: beats came 3.4 s apart on a loaded machine: well above both, well below a human's restart.
+LEASE_STALE = 5.0
 
 
 class Agent:
@@ -156,11 +158,12 @@ class Agent:
         another agent that took this host over, or a second agent given the same `--host`, is a
         `RunError` (E557), once this host's workers are stopped."""
         self.local.warm()
-        self.claim()
-        self.register()
         beat = 0.0
         taken_by = store_lost = None  # why this agent ends before the run said stop
+        saw_stop = False
         try:
+            self.claim()
+            self.register()
             while not self.stopping and not self.job.stopped():
                 if time.monotonic() - beat >= AGENT_BEAT:
                     beat = time.monotonic()
@@ -170,17 +173,22 @@ class Agent:
                         taken_by = holder
                         break
                 self.step(poll)
-        except RuntimeError as exc:  # the store is gone before the run said stop: so is the supervisor
+            else:
+                saw_stop = True
+        except ProtocolError:
+            raise  # (another version of schedc on the other end: not a lost store)
+        except RuntimeError as exc:  # torch's store errors: the store is gone before the run said stop
             store_lost = _first_line(exc)
         finally:
             n = len(self.alive())
             self.stop_all()
-            try:
-                self.step(0)  # report the last exits
-                if taken_by is None and store_lost is None:
-                    self.job.event(AgentLeft(host=self.host, t=time.time()))
-            except RuntimeError:
-                pass
+            if taken_by is None:  # (once taken over, the host's commands and exits are the new agent's)
+                try:
+                    self.step(0)  # report the last exits
+                    if saw_stop:
+                        self.job.event(AgentLeft(host=self.host, t=time.time()))
+                except RuntimeError:
+                    pass
         if taken_by is not None:
             raise RunError([error("E557", f"host {self.host}: another agent ({_who(taken_by)}) took this host over, "
                                           f"as this one did not beat for {LEASE_STALE:g} s; this one stopped its "
@@ -189,9 +197,9 @@ class Agent:
                                        "swapped-out machine) loses its host to the next one started")])
         if store_lost is not None:
             raise RunError([error("E557", f"host {self.host}: lost the run's store at {self.job.host}:{self.job.port} "
-                                          f"before the run ended ({store_lost}); stopped this host's {n} worker(s)",
-                                  hint="the supervisor (`schedc train`) or its host is gone: see its output; rerun "
-                                       "with --resume if checkpoints were written")])
+                                          f"before the run said stop ({store_lost}); stopped this host's {n} worker(s)",
+                                  hint="the supervisor (`schedc train`) ended or its host is gone: see its output; "
+                                       "rerun with --resume if checkpoints were written")])
 
     def claim(self) -> None:
         """Take this host's lease (``agent/H/lease``): one agent per host. A holder that still beats
@@ -247,6 +255,7 @@ class Fleet:
         self.physical: dict[int, int] = {}
         self._gone_at: dict[int, int] = {}  # host found gone -> its agent's beat count then (`back`)
         self.left: set[int] = set()  # hosts whose agent said it saw the run's stop (`AgentLeft`)
+        self.up: set[int] = set()  # other hosts whose agent registered (`AgentUp`)
         self.local = Agent(job, 0)
         self.local.register()
 
@@ -281,7 +290,9 @@ class Fleet:
                        f"`schedc agent --store {job.host}:{job.port} --host H` (H = {hosts})")
         deadline = time.monotonic() + timeout
         while want and time.monotonic() < deadline:
-            want -= {ev.host for ev in job.events() if isinstance(ev, AgentUp)}
+            up = {ev.host for ev in job.events() if isinstance(ev, AgentUp)}
+            self.up |= up
+            want -= up
             time.sleep(0.01)
         if want:
             raise RunError([error("E557", f"agents of host(s) {sorted(want)} did not register within {timeout:g} s",
@@ -350,9 +361,9 @@ class Fleet:
 
     def wait_left(self, alive: set[int], gone: set[int], within: float) -> None:
         """After the run's stop: until every rank of `alive` has exited (each is discarded from it)
-        and each other host's agent not in `gone` has said it left (`AgentLeft`: it saw the stop,
-        so the store may go), for at most `within` seconds."""
-        waiting = set(range(1, self.hosts)) - set(gone) - self.left
+        and each other host's agent that registered and is not in `gone` has said it left
+        (`AgentLeft`: it saw the stop, so the store may go), for at most `within` seconds."""
+        waiting = self.up - set(gone) - self.left
         deadline = time.monotonic() + within
         while (alive or waiting) and time.monotonic() < deadline:
             try:

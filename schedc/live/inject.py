@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Literal, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 from schedc.diagnostics import Diagnostic, Span, SpecError, error
 from schedc.failures import describe_failure, failure_ranks
@@ -260,8 +260,9 @@ class Injections:
     through its agent (`fired`); the supervisor fires those due at a time or an iteration
     (`due_at`, `due_rejoins`)."""
 
-    def __init__(self, injections: Sequence[Injection]):
+    def __init__(self, injections: Sequence[Injection], clock: Callable[[], float] = time.time):
         self.all = tuple(injections)
+        self.clock = clock  # when an injection fires here (the supervisor's clock: its fault times are its)
         self.fired: dict[int, tuple[float, tuple[int, ...]]] = {}  # index -> (when, ranks)
         self.begun: set[int] = set()  # slowdowns whose window the run has reached (each worker applies its own)
         self._physical: dict[int, int] = {}  # the running layout's rank -> the job's GPU (empty: the identity)
@@ -347,5 +348,5 @@ class Injections:
         self.unplaced.update(i.index for i in due if not i.ranks)  # (its GPUs left the layout: nothing to signal)
         due = [i for i in due if i.ranks]
         for i in due:
-            self.fired[i.index] = (time.time(), tuple(i.ranks))
+            self.fired[i.index] = (self.clock(), tuple(i.ranks))
         return due

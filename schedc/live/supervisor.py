@@ -87,7 +87,8 @@ class Supervisor(Transitions, Relayout, Growth):
         from schedc.runtime.placement import place_live  # (first: a machine without the GPUs asked for hears it)
         place_live(options.device, options.backend, -(-len(spec.gpus) // options.hosts))
         self.iterations = options.iterations or spec.train.iterations
-        self.injections = Injections(parse_injections(options.inject, spec, iterations=self.iterations))
+        self.injections = Injections(parse_injections(options.inject, spec, iterations=self.iterations),
+                                     clock=self.world.time)
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()
         stall = options.stall_timeout or max(10.0, 10 * self.plan.metrics.iteration_time / 1e6)
         self.detector = Detector(heartbeat_timeout=options.detect_timeout, stall_timeout=stall,
@@ -413,6 +414,8 @@ class Supervisor(Transitions, Relayout, Growth):
                    rank=msg.rank, host=msg.host, pid=msg.pid, gpu=self.physical.get(msg.rank, msg.rank))
 
     def _on_agent_up(self, msg: AgentUp, now: float) -> None:
+        self.fleet.up.add(msg.host)
+        self.fleet.left.discard(msg.host)  # (an agent started anew: it has yet to see the stop)
         if msg.host in self.hosts_gone:  # (an agent registered again for a host found gone)
             self.hosts_gone.discard(msg.host)
             self._note("host", f"host {msg.host}'s agent is back: processes can be started there again",

@@ -289,6 +289,12 @@ def _children_of_multiprocessing() -> set:
     return children if isinstance(children, set) else set()
 
 
+def _ended(p: mp.Process) -> bool:
+    """Whether `p` has ended, by its pidfd (readable once it has), its status maybe not read yet."""
+    fd = getattr(getattr(p, "_popen", None), "_pidfd", None)
+    return p.exitcode is not None or (fd is not None and bool(wait_sentinels([fd], 0)))
+
+
 def _send(p: mp.Process, sig: int) -> None:
     """Signal `p` through its pidfd where it has one: once `p` has ended and been reaped, its pid
     may be another process's, its pidfd never is. ProcessLookupError if it has ended."""
@@ -313,7 +319,7 @@ class LocalProcesses:
         self.processes: dict[int, mp.Process] = {}
         self._reported: set[int] = set()  # pids whose exit `exits` returned
         self._set_aside: list[mp.Process] = []  # replaced before they exited (`start`): killed, never reported
-        self._left_behind: set[int] = set()  # pids that outlived SIGKILL at `stop_all` (said once each)
+        self._killed: set[int] = set()  # pids this object sent SIGKILL (`signal`)
         self._server: int | None = None  # the forkserver the last rank was started from
         self._holding = False  # this process is a subreaper on its behalf (`_hold`)
 
@@ -321,20 +327,24 @@ class LocalProcesses:
         """Start `target(*args)` as rank `rank`'s process. `StartError` if it could not (the
         forkserver ended at every try).
 
-        A rank is started again only as a replacement (its process was killed, or found dead).
-        One whose process has not exited yet (in an uninterruptible sleep: a hung driver call, an
-        unreachable file server) is not waited for: it is sent SIGKILL again and set aside, its
-        exit never reported as the rank's, and the replacement starts now; said in one line."""
+        A rank whose process runs and was never killed keeps it (a standby process that a plan now
+        names: nothing is started). One that was killed but has not exited yet (an uninterruptible
+        sleep: a hung driver call, an unreachable file server) is not waited for: it is sent SIGKILL
+        again and set aside, its exit never reported as the rank's, and the replacement starts
+        now, said in one line."""
         old = self.processes.get(rank)
         if old is not None and old.exitcode is None:
+            if old.pid not in self._killed:
+                return
             self._set_aside.append(old)
             del self.processes[rank]
-            try:
-                _send(old, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.say(f"rank {rank}'s previous process (pid {old.pid}) has not exited yet: sent SIGKILL again, "
-                     "and its replacement starts beside it")
+            if not _ended(old):  # (one that has ended, its status on its way, is set aside in silence)
+                try:
+                    _send(old, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.say(f"rank {rank}'s previous process (pid {old.pid}) has not exited since it was killed: "
+                         "sent SIGKILL again, and its replacement starts beside it")
         watched = isinstance(self.context, WatchedForkServerContext)
         if watched and not self._holding:
             self._holding = True
@@ -439,6 +449,8 @@ class LocalProcesses:
                 try:
                     _send(p, sig)
                     done.append(rank)
+                    if sig == signal.SIGKILL:
+                        self._killed.add(p.pid)
                 except ProcessLookupError:
                     pass
         return done
@@ -502,15 +514,16 @@ class LocalProcesses:
         deadline = time.monotonic() + KILL_WAIT
         for p in self.processes.values():
             p.join(max(0.0, deadline - time.monotonic()))
+        for rank, p in sorted(self.processes.items()):
+            if p.exitcode is None:  # set aside: no longer one of this host's ranks
+                del self.processes[rank]
+                self._set_aside.append(p)
+                if not _ended(p):
+                    self.say(f"rank {rank}'s process (pid {p.pid}) has not exited {KILL_WAIT:g} s after SIGKILL "
+                             "(an uninterruptible sleep: a hung driver call or file system?): left behind")
         for p in self._set_aside:  # (killed when set aside: reaped if they ended, never waited for long)
             p.join(0.1)
         self._set_aside = [p for p in self._set_aside if p.exitcode is None]
-        for rank, p in sorted(self.processes.items()):
-            if p.exitcode is None and p.pid not in self._left_behind:
-                self._left_behind.add(p.pid)
-                _children_of_multiprocessing().discard(p)
-                self.say(f"rank {rank}'s process (pid {p.pid}) has not exited {KILL_WAIT:g} s after SIGKILL "
-                         "(an uninterruptible sleep: a hung driver call or file system?): left behind")
         for p in self._set_aside:
             _children_of_multiprocessing().discard(p)
         if self._holding and not self.alive():

@@ -99,11 +99,7 @@ class SimWorld:
     def start(self, rank: int) -> None:
         old = self.workers.get(rank)
         if old is not None and old.alive:
-            # As LocalProcesses: a process not exited yet is killed and set aside (its exit never
-            # reported as the rank's), and the replacement starts now.
-            old.exit(-9)
-            old.exit_reported = True
-            self.note(f"rank {rank}'s previous process set aside (it had not exited)")
+            return  # one process per rank, as LocalProcesses (a killed one here exits at once)
         startup = self.rng.uniform(*self.startup_s) + max(0.0, self.forkserver_down_until - self.now)
         self.workers[rank] = SimWorker(self, rank, startup)
         self.note(f"start rank {rank} (up in {startup:.2f} s)")
@@ -193,6 +189,8 @@ class SimFleet:
 
     def __init__(self, world: SimWorld):
         self.world = world
+        self.up: set[int] = set()  # (no other host: no agent registers, none leaves)
+        self.left: set[int] = set()
 
     def wait_for_agents(self, timeout: float, note) -> None:
         pass
