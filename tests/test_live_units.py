@@ -931,3 +931,18 @@ def test_a_step_back_of_the_system_clock_does_not_step_the_supervisors_clock(mon
     # ...and it is the monotonic clock that moves it (a clock that never moved would pass above).
     monkeypatch.setattr(clock, "monotonic", lambda: real_monotonic() + 100.0)
     assert world.time() >= before + 100.0
+
+
+def test_the_ledger_finds_what_is_missing_from_its_first_gap_not_from_the_start():
+    """The supervisor asks on every tick whether the run is complete: a run of a million
+    iterations must not look every done iteration up each time (0.1 s a tick)."""
+    from schedc.live.ledger import Ledger
+
+    ledger = Ledger(0.0)
+    ledger.first = 0
+    for it in range(50):
+        ledger.add(IterationDone(rank=0, it=it, t0=0.0, t1=0.01, loss=1.0), members=[0], speeds={})
+    assert ledger.missing(10 ** 12, limit=1) == [50]  # (at once: the old scan built a list of 10^12 - 50)
+    assert ledger.missing(53) == [50, 51, 52] and ledger.completed == 50
+    ledger.add(IterationDone(rank=0, it=51, t0=0.0, t1=0.01, loss=1.0), members=[0], speeds={})
+    assert ledger.missing(53) == [50, 52] and ledger.completed == 52

@@ -299,8 +299,8 @@ class Supervisor(Transitions, Relayout, Growth):
         elif self.phase == Phase.RUNNING and self._complete():
             self._finish()
         elif self.phase == Phase.RUNNING and self.gen is not None and self._done >= set(self.gen.members):
-            self._fail([error("E554", f"every rank finished, yet iterations {self.ledger.missing(self.iterations)} "
-                                      "were never completed",
+            never = self.ledger.missing(self.iterations, limit=20)
+            self._fail([error("E554", f"every rank finished, yet iterations {never} were never completed",
                               hint="this is a bug in schedc's live runtime; please report it with the --log file")])
         elif self.phase == Phase.FINISHING and (not (self.alive - self.dead) or now > self._finish_deadline):
             self.phase = Phase.DONE  # (workers still there after the deadline are killed at teardown)
@@ -487,7 +487,7 @@ class Supervisor(Transitions, Relayout, Growth):
     def _complete(self) -> bool:
         if self.gen is None or self.ledger.first is None:
             return False
-        return not self.ledger.missing(self.iterations) and self._done >= set(self.gen.members)
+        return not self.ledger.missing(self.iterations, limit=1) and self._done >= set(self.gen.members)
 
     # -- processes ---------------------------------------------------------------------------------------
 
