@@ -21,9 +21,11 @@ from test_runtime_support import max_weight_diff
 
 pytestmark = pytest.mark.e2e
 TESTS = Path(__file__).parent
-#: For the runs whose GPUs die by injection (their agent reports each exit at once): a heartbeat
-#: silence this long, not the default 3 s, counts as a hang, so that a loaded machine's pauses
-#: (seen: 3.1 s on a host-1 worker beside two busy loops) do not change the scenario.
+#: A heartbeat silence this long, not the default 3 s, counts as a hang, so that a loaded machine's
+#: pauses (seen: 3.1 s on a host-1 worker beside two busy loops) do not change the scenario: for the
+#: runs whose GPUs die by injection (their agent reports each exit at once), and for the host taken
+#: away (found by the silence and the survivors' lost connections), where a false hang of a host-1
+#: worker before the kill once started a fifth process, a rejoin of that GPU.
 PATIENT = ["--detect-timeout", "15"]
 
 
@@ -138,7 +140,7 @@ def test_a_host_taken_back_with_a_whole_stage_is_re_partitioned_around_with_no_w
                                                                                  "placement = stage_major")
     schedc.compile(text).write(out)
     iterations = 40
-    code, stdout, stderr, run_log = _two_hosts(tmp_path, out, [
+    code, stdout, stderr, run_log = _two_hosts(tmp_path, out, PATIENT + [
         "--iterations", str(iterations), "--shadow", "--save-weights", str(tmp_path / "w.pt")],
         kill_host_after="iteration    2 ")
     assert code == 0, stderr + stdout
