@@ -289,16 +289,21 @@ def _children_of_multiprocessing() -> set:
     return children if isinstance(children, set) else set()
 
 
+def _pidfd(p: mp.Process) -> int | None:
+    """`p`'s own pidfd (`schedc.runtime.watched.WatchedPopen`), None where it has none."""
+    return getattr(getattr(p, "_popen", None), "_pidfd", None)
+
+
 def _ended(p: mp.Process) -> bool:
     """Whether `p` has ended, by its pidfd (readable once it has), its status maybe not read yet."""
-    fd = getattr(getattr(p, "_popen", None), "_pidfd", None)
+    fd = _pidfd(p)
     return p.exitcode is not None or (fd is not None and bool(wait_sentinels([fd], 0)))
 
 
 def _send(p: mp.Process, sig: int) -> None:
     """Signal `p` through its pidfd where it has one: once `p` has ended and been reaped, its pid
     may be another process's, its pidfd never is. ProcessLookupError if it has ended."""
-    fd = getattr(getattr(p, "_popen", None), "_pidfd", None)
+    fd = _pidfd(p)
     if fd is not None and hasattr(signal, "pidfd_send_signal"):
         signal.pidfd_send_signal(fd, sig)
     else:
