@@ -962,3 +962,33 @@ def test_the_ledger_keeps_per_rank_detail_for_its_newest_completions_only(monkey
     assert [bool(r.speeds) for r in ledger.history] == [False, False, True, True, True]
     assert [ledger.records[i].speeds == {} for i in range(5)] == [True, True, False, False, False]
     assert [r.loss for r in ledger.history] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_a_stall_while_a_peer_is_silent_waits_for_the_silence_rule_not_stuck_for_all_waiting():
+    # A whole host lost: ranks 2 and 3 stop beating at t=0 (no process exit reaches the supervisor,
+    # its agent died too); ranks 0 and 1 wait for them. With the silence floor (15 s) past the stall
+    # bound (10 s), the stall rule would call the run stuck (everyone waits) at t=10, before the
+    # silence rule found the dead ranks. It defers to the silence rule instead, within a bound.
+    d = _detector(heartbeat_timeout=15.0, stall_timeout=10.0)
+    for r in (0, 1, 2, 3):
+        d.watch(r, 0.0)
+    t, found = 0.0, []
+    while not found and t < 200.0:
+        for r in (0, 1) if t > 0 else (0, 1, 2, 3):
+            d.beat(r, f"{int(t / POLL)} 0 3 5 wait", t)
+        found = d.check(t, running=True)
+        assert not d.stalled_waiting, t
+        t += POLL
+    assert sorted(s.rank for s in found) == [2, 3] and all(s.silent for s in found), found
+    assert 15.0 < t < 20.0, t
+    # A stall with every member beating is still called out, deferral or not.
+    d = _detector(heartbeat_timeout=15.0, stall_timeout=10.0)
+    for r in (0, 1):
+        d.watch(r, 0.0)
+    t = 0.0
+    while t <= 10.5:
+        for r in (0, 1):
+            d.beat(r, f"{int(t / POLL)} 0 3 5 wait", t)
+        assert d.check(t, running=True) == []
+        t += POLL
+    assert d.stalled_waiting

@@ -35,7 +35,10 @@ feeding it numbers). Three rules:
    compute (a hung kernel, an endless loop): failed, fenced. A rank that
    merely waits for a slow or stuck peer is never blamed. (If every member
    waits, nobody is to blame: `stalled_waiting` says so, and the supervisor
-   gives up with a diagnostic rather than kill at random.)
+   gives up with a diagnostic rather than kill at random.) While a member is
+   silent (half the lesser of the two timeouts), the others may be waiting
+   for a dead peer: the stall rule defers to the silence rule, for at most
+   the silence ceiling, so a lost host is recovered, not called stuck.
 
 Time the supervisor itself did not look (its loop or the store stalled, so
 no heartbeat could be read) is not held against the workers: a gap between
@@ -351,6 +354,16 @@ class Detector:
         for rank, gaps in self._gaps.items():
             self._gaps[rank] = deque(((min(end + gap, now), g) for end, g in gaps), maxlen=WINDOW)
 
+    def _stall_explained_by_silence(self, ranks: list[int], latest: float, now: float) -> bool:
+        """Whether a member has gone silent, so the others may be waiting for a dead peer: the
+        silence rule, not the stall rule, judges that (a whole host lost leaves its peers waiting
+        with no beat to blame, and a --detect-timeout past --stall-timeout would else end the run
+        as stuck before the silence is found). Deferred for at most the silence rule's ceiling."""
+        if now - latest > self.stall_timeout + SILENCE_CEILING * self.heartbeat_timeout:
+            return False
+        quiet = min(self.heartbeat_timeout, self.stall_timeout) / 2
+        return any(now - self._beat_at.get(r, now) > quiet for r in ranks)
+
     @property
     def finish_timeout(self) -> float:
         """Seconds a finishing rank may go without an op before it counts as stuck."""
@@ -372,7 +385,7 @@ class Detector:
             self.stalled_waiting = False
             return []
         latest = max(self._progress_at[r] for r in ranks)
-        if now - latest <= self.stall_timeout:
+        if now - latest <= self.stall_timeout or self._stall_explained_by_silence(ranks, latest, now):
             self.stalled_waiting = False
             return []
         busy = [r for r in ranks if self._beat[r].state == "run"]
