@@ -20,7 +20,6 @@ place, so a failure leaves nothing half-written.
 from __future__ import annotations
 
 import errno
-import math
 import os
 import re
 import secrets
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from schedc.diagnostics import SchedcError, SpecError, did_you_mean, error
 from schedc.instance import Instance, from_spec
+from schedc.limits import seconds_problem
 from schedc.printer import print_spec
 from schedc.program_diff import changed_ranks
 from schedc.schedule import Schedule
@@ -323,13 +323,11 @@ def compile(spec: Spec | str | os.PathLike, *, solver: str | None = None,
     >>> plan = compile("specs/example.sched", solver="1f1b")  # doctest: +SKIP
     >>> plan.metrics.iteration_time  # doctest: +SKIP
     """
-    if time_limit is not None and not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit)
-                                       and 0 < time_limit <= 1e6):  # (the spec's `schedule.time_limit` range)
+    problem = None if time_limit is None else seconds_problem(time_limit, "the time limit")
+    if problem:  # (the spec's `schedule.time_limit` range)
         from schedc.diagnostics import RunError, error
 
-        raise RunError([error("E206", f"the time limit must be a positive number of seconds (at most 1e+06), "
-                                      f"got {time_limit:g}" if isinstance(time_limit, (int, float)) else
-                                      f"the time limit must be a positive number of seconds, got {time_limit!r}",
+        raise RunError([error("E206", problem,
                               hint="e.g. --time-limit 2 (or leave it out: the spec's `schedule.time_limit`)")])
     spec = _load(spec)
     try:

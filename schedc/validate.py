@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schedc.diagnostics import Label, Span, error, spec_error
 from schedc.diagnostics import LostStageError  # noqa: F401  (documented as importable from here: docs/errors.md)
 from schedc.failures import failures_from_block, resolve_gpus
+from schedc.limits import MAX_SECONDS
 from schedc.parse import Assign, Block, Document, Statement, Value, display_text
 from schedc.printer import human_bytes
 from schedc.spec import (
@@ -121,7 +122,7 @@ class _Schedule(_Strict):
     decouple_backward: bool = True
     stagger_optimizer: bool = True
     solver: str = "cpsat"
-    time_limit: float = Field(5.0, gt=0, le=1e6)
+    time_limit: float = Field(5.0, gt=0, le=MAX_SECONDS)
 
 
 class _Recovery(_Strict):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import schedc
 from live_support import spec_text, wait_until
-from schedc.diagnostics import SpecError
+from schedc.diagnostics import RunError, SpecError
 from schedc.live import checkpoint
 from schedc.live.detect import Beat, Detector, exit_cause
 from schedc.live.inject import Injection, Injections, Moment, Trigger, parse_injections
@@ -992,3 +992,22 @@ def test_a_stall_while_a_peer_is_silent_waits_for_the_silence_rule_not_stuck_for
         assert d.check(t, running=True) == []
         t += POLL
     assert d.stalled_waiting
+
+
+def test_every_time_option_is_checked_by_one_rule_in_the_same_words():
+    from schedc.limits import MAX_SECONDS, seconds_problem
+
+    assert seconds_problem(0.5, "--timeout") is None and seconds_problem(MAX_SECONDS, "x") is None
+    for bad, shown in ((0, "0"), (-1.5, "-1.5"), (float("nan"), "nan"), (float("inf"), "inf"), (2e6, "2e+06"),
+                       (True, "True"), ("5", "'5'")):
+        assert seconds_problem(bad, "--timeout") == (
+            f"--timeout must be a positive number of seconds (at most 1e+06), got {shown}"), bad
+    # the same words from a library call, a live option and a CLI store connection
+    with pytest.raises(RunError) as e:
+        schedc.compile("specs/mlp-2x2.sched", time_limit=float("nan"))
+    assert e.value.diagnostics[0].code == "E206" and "positive number of seconds" in e.value.diagnostics[0].message
+    from schedc.live.options import TrainOptions
+    with pytest.raises(RunError) as e:
+        TrainOptions(detect_timeout=2e6).check()
+    assert "detect-timeout must be a positive number of seconds (at most 1e+06), got 2e+06" in str(
+        e.value.diagnostics[0].message)

@@ -7,14 +7,12 @@ Argument parsing and printing only; the benchmark is `schedc.bench.compare.run_b
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 from schedc.diagnostics import RunError, error
+from schedc.limits import seconds_problem
 
-#: The longest time limit taken, seconds: what a spec's `schedule.time_limit` may be (E206 past it).
-MAX_TIME_LIMIT = 1e6
 #: The most failure placements per shape: the matrix is built whole, 5 to 6 scenarios per
 #: shape and seed, before any is run.
 MAX_SEEDS = 1000
@@ -41,10 +39,10 @@ def check(args: argparse.Namespace) -> None:
     problems = []
     for name in ("time_limit", "scale_time_limit"):
         value = getattr(args, name)
-        if not (math.isfinite(value) and 0 < value <= MAX_TIME_LIMIT):
-            option = "--" + name.replace("_", "-")
-            problems.append(error("E206", f"{option} must be a positive number of seconds (at most "
-                                          f"{MAX_TIME_LIMIT:g}), got {value:g}", hint=f"e.g. {option} 2"))
+        option = "--" + name.replace("_", "-")
+        problem = seconds_problem(value, option)
+        if problem:
+            problems.append(error("E206", problem, hint=f"e.g. {option} 2"))
     if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
         problems.append(error("E206", f"--seeds must be a whole number from 1 to {MAX_SEEDS}, got {args.seeds}",
                               hint="leave it out for the default (2; 1 with --quick)"))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 from schedc.diagnostics import RunError, error
+from schedc.limits import seconds_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
     if args.save_weights and args.emulate:
         raise RunError([error("E525", "--save-weights needs real compute, not --emulate",
                               hint="drop --emulate to train and save weights")])
-    if not (math.isfinite(args.timeout) and 0 < args.timeout <= 1e6):
-        raise RunError([error("E524", f"--timeout must be a positive number of seconds (at most 1e+06), "
-                                      f"got {args.timeout:g}")])
+    problem = seconds_problem(args.timeout, "--timeout")
+    if problem:
+        raise RunError([error("E524", problem)])
     if args.save_weights == "":  # (an empty name: it wrote nothing, and said nothing)
         raise RunError([error("E558", "--save-weights was given an empty file name", hint="give --save-weights FILE")])
     if args.save_weights:

@@ -13,12 +13,12 @@ own, not a warning with a C++ stack for each call that found it gone.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import tempfile
 
 from schedc.diagnostics import RunError, error
+from schedc.limits import seconds_problem
 
 # Before the command imports torch (its C++ log level is read once, then): see the module docstring.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -31,9 +31,9 @@ def connect(text: str, timeout: float, *, hint: str):
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise RunError([error("E557", f"--store `{text}` is not HOST:PORT", hint="e.g. --store 10.0.0.1:29500")])
-    if not (math.isfinite(timeout) and 0 < timeout <= 1e6):
-        raise RunError([error("E557", f"--timeout must be a positive number of seconds (at most 1e+06), "
-                                      f"got {timeout}")])
+    problem = seconds_problem(timeout, "--timeout")
+    if problem:
+        raise RunError([error("E557", problem)])
     from schedc.live.membership import JobStore
 
     try:

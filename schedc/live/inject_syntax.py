@@ -21,6 +21,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from schedc.diagnostics import Diagnostic, Span, SpecError, did_you_mean, error
 from schedc.failures import failure_from_statement
+from schedc.limits import MAX_SECONDS
 from schedc.parse import (TERMINAL_NAMES, TIME_UNITS, Statement, describe_expected, end_span, run_parser,
                           statement_of, syntax_diagnostic, token_span, value_of_token)
 from schedc.spec import Failure
@@ -36,9 +37,6 @@ SYNTAX = ("write `at iteration I: fail gpu(dp=D, pp=S)`; the moment may also be 
 _VERB_HINT = ("`fail ...` kills the target's processes (SIGKILL), `hang ...` stops them (SIGSTOP), "
               "`slow ...` slows a GPU or link down, `recover gpu(...)` brings a failed GPU back")
 _OP_HINT = "F forward, B backward (input), W backward (weights), O optimizer step"
-#: Seconds after the start a timed moment may be, and the longest `slow link` delay (11.6 days:
-#: the longest wait a run takes, `schedc.live.options.MAX_SECONDS`).
-MAX_SECONDS = 1e6
 #: The largest iteration, microbatch or generation number an injection names.
 MAX_NUMBER = 999_999_999
 

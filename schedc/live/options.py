@@ -8,15 +8,13 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from schedc.diagnostics import RunError, error
+from schedc.limits import seconds_problem
 
 RecoveryMethod = Literal["auto", "reroute", "drop-pipeline", "repartition", "restart"]
 RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "repartition", "restart")
 FAIL_SLOW_MODES = ("act", "detect", "off")
 
 
-#: The longest time option taken (seconds: 11.6 days): longer ones overflow the store's and
-#: threads' waits (a `timedelta`), and no run means them.
-MAX_SECONDS = 1e6
 
 @dataclass(frozen=True)
 class TrainOptions:
@@ -65,15 +63,14 @@ class TrainOptions:
         problems = []
         for name in ("detect_timeout", "heartbeat_interval", "startup_timeout", "replan_deadline", "wait_timeout",
                      "agent_timeout", "transition_timeout"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_SECONDS):
-                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds (at most "
-                                f"{MAX_SECONDS:g}), got {value}")
+            problem = seconds_problem(getattr(self, name), name.replace("_", "-"))
+            if problem:
+                problems.append(problem)
         for name in ("stall_timeout", "horizon"):  # None: a default decided later
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
-                problems.append(f"{name.replace('_', '-')} must be a positive number of seconds (at most "
-                                f"{MAX_SECONDS:g}), got {value}")
+            problem = None if value is None else seconds_problem(value, name.replace("_", "-"))
+            if problem:
+                problems.append(problem)
         if not (isinstance(self.phi, (int, float)) and math.isfinite(self.phi) and self.phi > 0):
             problems.append(f"phi must be a positive number (8: a healthy rank's silence that long is a "
                             f"one-in-10^8 event), got {self.phi}")
