@@ -37,7 +37,7 @@ def test_the_schedules_aim_faults_at_every_kind_of_transition():
     whens = collections.Counter(f.when for f in faults)
     actions = collections.Counter(f.action for f in faults)
     assert whens["switching"] > 20 and whens["recovering"] > 20
-    assert {"kill", "stop", "hang", "slow", "slow_link", "pause", "forkserver", "rejoin"} <= set(actions)
+    assert {"kill", "stop", "hang", "slow", "slow_link", "pause", "forkserver", "rejoin", "host"} <= set(actions)
     assert any(len(f.ranks) == 3 for f in faults)  # a whole stage at once
     assert any(len(f.ranks) == 4 for f in faults)  # ... and a GPU more (survivors equal pipelines cannot all use)
 
@@ -639,3 +639,15 @@ def test_a_fixed_repartition_grows_onto_part_of_the_gpus_back_at_the_next_checkp
     assert "ski rental" not in story and "growing back onto 5 GPUs as 3 x 2 with 1 slot(s) re-routed" in story, story
     assert "growing back onto 6 GPUs as 3 x 3 with 3 slot(s) re-routed" in story, story
     assert out.result == "finished"
+
+
+def test_a_host_lost_on_a_patient_cluster_is_recovered_not_called_stuck():
+    # Every rank of one node goes silent at once, no exit seen (its agent is gone too), their last
+    # beats saying they waited; the silence bound (15 s) is past the stall bound (10 s), so the
+    # survivors all wait for a dead peer before the silence is found. The stall rule once ended
+    # such a run as stuck (E554, "every rank waits"); it defers to the silence rule now.
+    out = simulate(20, faults=[Fault("training", 1.18, "host", (1,))])
+    assert not out.violations and out.result == "finished", out.describe()
+    story = "\n".join(out.events)
+    assert sum("no heartbeat for" in e for e in out.events) == 3, story
+    assert "every rank waits" not in story, story

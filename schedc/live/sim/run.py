@@ -19,7 +19,15 @@ until the run ends or a bound passes. Checked as it goes:
   takes longer because its thread waits for a CPU, is not slowed);
 - **diagnostics that are not bugs**: a run that stops does so with a
   diagnostic, and not with one that says schedc broke its own rules (E551,
-  E552, E590, "every rank finished, yet ...").
+  E552, E590, "every rank finished, yet ..."), nor calls the job stuck
+  (E554, "every rank waits") while a member has been silent for longer than
+  the stall rule waits for (it waited for a dead peer: the silence rule's
+  case).
+
+One scenario in eight (its own random stream, so the other seeds' schedules
+stay as they were) loses a host: every rank of one node stops for good with
+no exit seen (its agent is gone too), on a patient cluster
+(``--detect-timeout`` 15 s, past the 10 s stall bound).
 
 ``python -m schedc.live.sim --schedules N [--first S]`` runs N seeds and
 prints every violation with the seed that replays it.
@@ -79,8 +87,9 @@ class Fault:
 
     when: str
     delay: float
-    action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin, stage
-    # (`stage`: kill every GPU of stage ranks[0] (mod its stage count) of the plan running then)
+    action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin, stage, host
+    # (`stage`: kill every GPU of stage ranks[0] (mod its stage count) of the plan running then;
+    # `host`: stop every rank on node ranks[0] (mod the node count) for good, no exit seen)
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
     factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
@@ -96,6 +105,8 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
     """The faults of run `seed`, in order: half the seeds draw 0-3 faults at random, the others
     follow a scenario that aims a fault at a transition (a planned switch, a recovery, a
     checkpoint restore, a rejoin), where protocols break."""
+    if random.Random(f"{seed}/host").random() < 1 / 8:
+        return host_lost_schedule(seed, world)
     rng = random.Random(seed)
     phase_delay = lambda: rng.choice([0.0, 0.005, 0.02, 0.05, 0.1])  # noqa: E731
     rank = lambda: rng.randrange(world)  # noqa: E731
@@ -161,6 +172,22 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
     return faults
 
 
+#: A host lost is found by silence alone: on a patient cluster (the multi-host runs' setting) that
+#: takes longer than the stall bound, so every survivor waits for a dead peer meanwhile.
+HOST_DETECT_S = 15.0
+
+
+def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
+    """A host lost (every rank of one node silent for good), sometimes then another fault while
+    the run recovers from it."""
+    rng = random.Random(f"{seed}/host-schedule")
+    out = [Fault("training", round(rng.uniform(0.1, 1.2), 3), "host", (rng.randrange(3),))]
+    if rng.random() < 0.5:
+        out.append(Fault("recovering", rng.choice([0.0, 0.02, 0.1]), rng.choice(["kill", "stop"]),
+                         (rng.randrange(world),), duration=rng.choice([1.0, 5.0])))
+    return out
+
+
 @dataclass
 class Outcome:
     seed: int
@@ -173,6 +200,7 @@ class Outcome:
     events: list[str] = field(default_factory=list)  # the supervisor's notes, for the replay
     world_log: list[tuple[float, str]] = field(default_factory=list)
     recoveries: list = field(default_factory=list)  # the supervisor's `Recovery` records
+    checker: object = None  # the run's `_Checker` (what the world did to which rank)
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: {self.result}" + (f" ({self.code})" if self.code else "")
@@ -244,7 +272,19 @@ class _Checker:
             spec = self.sup.plan.spec
             f = replace(f, action="kill", ranks=tuple(g.rank for g in spec.gpus if g.live and g.pp == f.ranks[0] % spec.pp))
             world.note(f"stage {f.ranks} of the running plan")
-        if f.action == "kill":
+        if f.action == "host":
+            spec = self.sup.plan.spec
+            nodes = sorted({g.node for g in spec.gpus if g.live})
+            f = replace(f, ranks=tuple(g.rank for g in spec.gpus if g.live and g.node == nodes[f.ranks[0] % len(nodes)]))
+            world.note(f"host: ranks {f.ranks} of the running plan stop for good")
+            for r in f.ranks:  # (a real rank spends much of an iteration blocked in a receive: its
+                w = world.workers.get(r)  # last beat before its host went says it waited, not computed)
+                if w is not None and w.alive and w.beating and w.state == "run":
+                    world.job.beat(r, w.payload().replace(" run", " wait"))
+            for r in world.signal(f.ranks, "stop"):
+                self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
+                self.slowed.add(r)
+        elif f.action == "kill":
             for r in world.signal(f.ranks, "kill"):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "kill"])
         elif f.action == "stop":
@@ -278,6 +318,14 @@ class _Checker:
         elif f.action == "rejoin":  # `schedc rejoin "recover gpu(...)"` for a rank (lost or not)
             g = self.sup.recovery.initial_plan.spec.gpus[f.ranks[0]]  # (the job names GPUs as at its start)
             world.job.report(RejoinAsked(event=f"recover gpu(dp={g.dp}, pp={g.pp})", t=world.time()))
+
+    def silent_since(self, sup) -> list[tuple[int, float, str]]:
+        """(rank, since when, why) of the running generation's members the world stopped or lost
+        for longer than the stall rule waits for a silent peer, and not continued."""
+        quiet = min(sup.detector.heartbeat_timeout, sup.detector.stall_timeout) / 2
+        members = set(sup.gen.members) if sup.gen is not None else set()
+        return [(r, start, what) for r in sorted(members) for start, end, what in self.trouble.get(r, [])
+                if end == float("inf") and what in ("stop", "host") and self.world.now - start > quiet]
 
     def _trouble_ends(self, ranks, now: float) -> None:
         """A stop of `ranks` ended (SIGCONT): a hang or a death that came with it goes on (seed
@@ -336,12 +384,14 @@ def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outc
     # by cost, which on the simulation's one host means replacement processes. (Its own stream:
     # the other draws of a seed stay as they were.)
     recovery = random.Random(f"{seed}/recovery").choice(["auto", "auto", "repartition"])
+    patient = {"detect_timeout": HOST_DETECT_S} if any(f.action == "host" for f in faults) else {}
     options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt),
-                           **{"shadow": shadow, "recovery": recovery, **OPTIONS})
+                           **{"shadow": shadow, "recovery": recovery, **OPTIONS, **patient})
     outcome = Outcome(seed, faults)
     try:
         sup = _supervisor_class()(out, options, world=world)
         checker = _Checker(sup, world, faults, options)
+        outcome.checker = checker
         world.on_step.append(checker)
         if hook is not None:
             world.on_step.append(lambda: hook(sup, world))
@@ -378,6 +428,9 @@ def _judge(outcome: Outcome, sup, world: SimWorld, ckpt: Path) -> None:
         outcome.code, outcome.hint = d.code, d.hint
         if d.code in ("E551", "E552", "E590") or "yet iterations" in d.message:  # (E551: the sim has no user code)
             v.append(f"stopped with a diagnostic that reports a bug: {d.code} {d.message}")
+        if d.code == "E554" and "every rank waits" in d.message:
+            v += [f"called stuck ({d.message}) while rank {r} had been silent since t={start:.3f} ({what}): it "
+                  "waited for a dead peer" for r, start, what in outcome.checker.silent_since(sup)]
     else:
         outcome.result = "hung"
         v.append(f"no end and no diagnostic after {BOUND_S:g} simulated s (phase {sup.phase})")
