@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default=",".join(TARGETS),
                     help="kinds of target to signal, comma-separated (default: all); a worker stands in for the others")
     ap.add_argument("--shadow", action="store_true", help="train with --shadow (every stage also on the next)")
-    ap.add_argument("--recovery", choices=("auto", "reroute", "drop-pipeline", "restart"),
+    ap.add_argument("--recovery", choices=("auto", "reroute", "drop-pipeline", "repartition", "restart"),
                     help="train with this --recovery (restart: every failure restarts every process, "
                          "after the survivors save their state when --shadow)")
     ap.add_argument("--keep-all", action="store_true", help="keep every run's directory, not only bad ones")
