@@ -25,9 +25,10 @@ until the run ends or a bound passes. Checked as it goes:
   case).
 
 One scenario in eight (its own random stream, so the other seeds' schedules
-stay as they were) loses a host: every rank of one node stops for good with
-no exit seen (its agent is gone too), on a patient cluster
-(``--detect-timeout`` 15 s, past the 10 s stall bound).
+stay as they were) loses a host: every rank of one node stops for good, so
+no exit is seen until the supervisor fences them, on a patient cluster
+(``--detect-timeout`` 15 s, past the 10 s stall bound). (The simulation has
+one agent: replacement processes may start on that node afterwards.)
 
 ``python -m schedc.live.sim --schedules N [--first S]`` runs N seeds and
 prints every violation with the seed that replays it.
@@ -200,7 +201,6 @@ class Outcome:
     events: list[str] = field(default_factory=list)  # the supervisor's notes, for the replay
     world_log: list[tuple[float, str]] = field(default_factory=list)
     recoveries: list = field(default_factory=list)  # the supervisor's `Recovery` records
-    checker: object = None  # the run's `_Checker` (what the world did to which rank)
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: {self.result}" + (f" ({self.code})" if self.code else "")
@@ -319,13 +319,28 @@ class _Checker:
             g = self.sup.recovery.initial_plan.spec.gpus[f.ranks[0]]  # (the job names GPUs as at its start)
             world.job.report(RejoinAsked(event=f"recover gpu(dp={g.dp}, pp={g.pp})", t=world.time()))
 
+    def failing(self, diagnostics) -> None:
+        """The supervisor is about to stop the run: not as stuck while a member is silent."""
+        d = diagnostics[0] if diagnostics else None
+        if d is not None and d.code == "E554" and "every rank waits" in d.message:
+            self.world.violations.extend(
+                f"t={self.world.now:.3f}: called stuck ({d.message}) while rank {r} had been silent since "
+                f"t={start:.3f} ({what}): it waited for a dead peer" for r, start, what in self.silent_since(self.sup))
+
     def silent_since(self, sup) -> list[tuple[int, float, str]]:
-        """(rank, since when, why) of the running generation's members the world stopped or lost
-        for longer than the stall rule waits for a silent peer, and not continued."""
+        """(rank, since when, why) of the running generation's members whose process the world
+        stopped (or lost with its host) longer ago than the stall rule waits for a silent peer, and
+        which is still that stopped process (not a replacement started under its rank since)."""
         quiet = min(sup.detector.heartbeat_timeout, sup.detector.stall_timeout) / 2
         members = set(sup.gen.members) if sup.gen is not None else set()
-        return [(r, start, what) for r in sorted(members) for start, end, what in self.trouble.get(r, [])
-                if end == float("inf") and what in ("stop", "host") and self.world.now - start > quiet]
+        out = []
+        for r in sorted(members):
+            w = self.world.workers.get(r)
+            if w is None or not (w.alive and w.stopped):
+                continue
+            out += [(r, start, what) for start, end, what in self.trouble.get(r, [])
+                    if end == float("inf") and what in ("stop", "host") and self.world.now - start > quiet]
+        return out
 
     def _trouble_ends(self, ranks, now: float) -> None:
         """A stop of `ranks` ended (SIGCONT): a hang or a death that came with it goes on (seed
@@ -391,7 +406,8 @@ def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outc
     try:
         sup = _supervisor_class()(out, options, world=world)
         checker = _Checker(sup, world, faults, options)
-        outcome.checker = checker
+        fail = sup._fail
+        sup._fail = lambda diagnostics: (checker.failing(diagnostics), fail(diagnostics))  # (before the teardown)
         world.on_step.append(checker)
         if hook is not None:
             world.on_step.append(lambda: hook(sup, world))
@@ -428,9 +444,7 @@ def _judge(outcome: Outcome, sup, world: SimWorld, ckpt: Path) -> None:
         outcome.code, outcome.hint = d.code, d.hint
         if d.code in ("E551", "E552", "E590") or "yet iterations" in d.message:  # (E551: the sim has no user code)
             v.append(f"stopped with a diagnostic that reports a bug: {d.code} {d.message}")
-        if d.code == "E554" and "every rank waits" in d.message:
-            v += [f"called stuck ({d.message}) while rank {r} had been silent since t={start:.3f} ({what}): it "
-                  "waited for a dead peer" for r, start, what in outcome.checker.silent_since(sup)]
+
     else:
         outcome.result = "hung"
         v.append(f"no end and no diagnostic after {BOUND_S:g} simulated s (phase {sup.phase})")
