@@ -14,13 +14,18 @@ import math
 
 #: The longest time taken anywhere, seconds (11.6 days).
 MAX_SECONDS = 1e6
+#: The longest a figure of the recovery cost model may be, seconds (31.7 years): the expected time
+#: to the next event (`horizon`), a checkpoint interval, a restart's cost. No wait is made of
+#: these, so they may be longer than `MAX_SECONDS` (a reliable cluster goes weeks between events);
+#: the spec's `recovery` block, `schedc train --horizon` and `schedc replay` take the same range.
+MAX_COST_SECONDS = 1e9
 
 
-def seconds_problem(value: object, what: str) -> str | None:
-    """None when `value` is a positive, finite number of seconds up to `MAX_SECONDS`; else the
-    problem, e.g. "--timeout must be a positive number of seconds (at most 1e+06), got nan"."""
+def seconds_problem(value: object, what: str, most: float = MAX_SECONDS) -> str | None:
+    """None when `value` is a positive, finite number of seconds up to `most`; else the problem,
+    e.g. "--timeout must be a positive number of seconds (at most 1e+06), got nan"."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            and 0 < value <= MAX_SECONDS:
+            and 0 < value <= most:
         return None
     shown = f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
-    return f"{what} must be a positive number of seconds (at most {MAX_SECONDS:g}), got {shown}"
+    return f"{what} must be a positive number of seconds (at most {most:g}), got {shown}"

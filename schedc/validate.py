@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schedc.diagnostics import Label, Span, error, spec_error
 from schedc.diagnostics import LostStageError  # noqa: F401  (documented as importable from here: docs/errors.md)
 from schedc.failures import failures_from_block, resolve_gpus
-from schedc.limits import MAX_SECONDS
+from schedc.limits import MAX_COST_SECONDS, MAX_SECONDS
 from schedc.parse import Assign, Block, Document, Statement, Value, display_text
 from schedc.printer import human_bytes
 from schedc.spec import (
@@ -127,10 +127,10 @@ class _Schedule(_Strict):
 
 class _Recovery(_Strict):
     policy: str = "auto"
-    horizon: float = Field(900.0, gt=0, le=1e9)
-    checkpoint_every: float = Field(1800.0, gt=0, le=1e9)
-    restart_cost: float = Field(30.0, ge=0, le=1e9)
-    reconfigure_cost: float = Field(1.0, ge=0, le=1e9)
+    horizon: float = Field(900.0, gt=0, le=MAX_COST_SECONDS)
+    checkpoint_every: float = Field(1800.0, gt=0, le=MAX_COST_SECONDS)
+    restart_cost: float = Field(30.0, ge=0, le=MAX_COST_SECONDS)
+    reconfigure_cost: float = Field(1.0, ge=0, le=MAX_COST_SECONDS)
 
 
 class _Model(_Strict):

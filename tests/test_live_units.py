@@ -1011,3 +1011,10 @@ def test_every_time_option_is_checked_by_one_rule_in_the_same_words():
         TrainOptions(detect_timeout=2e6).check()
     assert "detect-timeout must be a positive number of seconds (at most 1e+06), got 2e+06" in str(
         e.value.diagnostics[0].message)
+    # A cost-model figure is no wait: the spec's `recovery.horizon` range (up to 1e9 s) is train's too.
+    TrainOptions(horizon=5e6).check()
+    spec = schedc.load(Path("specs/mlp-2x2.sched").read_text() + "\nrecovery { horizon = 5000000s }\n")
+    assert TrainOptions().with_spec(spec).horizon == 5e6
+    with pytest.raises(RunError) as e:
+        TrainOptions(horizon=2e9).check()
+    assert "horizon must be a positive number of seconds (at most 1e+09), got 2e+09" in e.value.diagnostics[0].message

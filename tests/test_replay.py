@@ -330,9 +330,11 @@ def test_cli_diagnostics(files, capsys):
 
 
 @pytest.mark.parametrize("option, value, words", [
-    ("--restart-cost", "-1", "--restart-cost must be a number of seconds >= 0, got -1"),
-    ("--reconfigure-cost", "nan", "--reconfigure-cost must be a number of seconds >= 0, got nan"),
-    ("--horizon", "0", "--horizon must be a number of seconds > 0, got 0"),
+    ("--restart-cost", "-1", "--restart-cost must be a number of seconds >= 0 (at most 1e+09), got -1"),
+    ("--reconfigure-cost", "nan", "--reconfigure-cost must be a number of seconds >= 0 (at most 1e+09), got nan"),
+    ("--horizon", "0", "--horizon must be a number of seconds > 0 (at most 1e+09), got 0"),
+    # (the spec's `recovery` block and `schedc train --horizon` take the same range)
+    ("--horizon", "2e9", "--horizon must be a number of seconds > 0 (at most 1e+09), got 2e+09"),
     ("--gpus-per-instance", "0", "--gpus-per-instance must be a whole number >= 1, got 0"),
     ("--seed", "-3", "--seed must be a whole number >= 0, got -3"),
     ("--seed", "2.5", "--seed must be a whole number >= 0, got 2.5"),

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from schedc.limits import MAX_COST_SECONDS
 from schedc.recovery_cost import Costs
 
 #: Time buckets of the plot: each policy's line is its throughput averaged over each bucket, so a
@@ -89,9 +90,10 @@ def check_options(args: argparse.Namespace) -> None:
                                   ("--restart-cost", args.restart_cost, False),
                                   ("--reconfigure-cost", args.reconfigure_cost, False),
                                   ("--horizon", args.horizon, True)):
-        if value is not None and not (math.isfinite(value) and (value > 0 if strict else value >= 0)):
-            problems.append(error("E206", f"{option} must be a number of seconds {'>' if strict else '>='} 0, "
-                                          f"got {value:g}"))
+        if value is not None and not (math.isfinite(value) and (value > 0 if strict else value >= 0)
+                                      and value <= MAX_COST_SECONDS):
+            problems.append(error("E206", f"{option} must be a number of seconds {'>' if strict else '>='} 0 "
+                                          f"(at most {MAX_COST_SECONDS:g}), got {value:g}"))
     if problems:
         raise RunError(problems)
 

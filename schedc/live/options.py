@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from schedc.diagnostics import RunError, error
-from schedc.limits import seconds_problem
+from schedc.limits import MAX_COST_SECONDS, MAX_SECONDS, seconds_problem
 
 RecoveryMethod = Literal["auto", "reroute", "drop-pipeline", "repartition", "restart"]
 RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "repartition", "restart")
@@ -66,9 +66,9 @@ class TrainOptions:
             problem = seconds_problem(getattr(self, name), name.replace("_", "-"))
             if problem:
                 problems.append(problem)
-        for name in ("stall_timeout", "horizon"):  # None: a default decided later
+        for name, most in (("stall_timeout", MAX_SECONDS), ("horizon", MAX_COST_SECONDS)):  # None: decided later
             value = getattr(self, name)
-            problem = None if value is None else seconds_problem(value, name.replace("_", "-"))
+            problem = None if value is None else seconds_problem(value, name.replace("_", "-"), most)
             if problem:
                 problems.append(problem)
         if not (isinstance(self.phi, (int, float)) and math.isfinite(self.phi) and self.phi > 0):
