@@ -1018,3 +1018,20 @@ def test_every_time_option_is_checked_by_one_rule_in_the_same_words():
     with pytest.raises(RunError) as e:
         TrainOptions(horizon=2e9).check()
     assert "horizon must be a positive number of seconds (at most 1e+09), got 2e+09" in e.value.diagnostics[0].message
+
+
+def test_a_stall_bound_of_a_few_beats_does_not_take_every_gap_between_beats_for_silence():
+    # A stall bound of 0.2 s with beats every 50 ms: half of it (0.1 s) is two beats, so any late
+    # beat would defer the stall rule for up to the silence ceiling. At least ten beats of silence
+    # defer it, so a deadlock of live ranks whose beats come every 150 ms is still called at once.
+    d = _detector(heartbeat_timeout=3.0, stall_timeout=0.2, beat_interval=0.05)
+    assert d.quiet == pytest.approx(0.5)
+    for r in (0, 1):
+        d.watch(r, 0.0)
+    t = 0.0
+    while not d.stalled_waiting and t < 5.0:
+        t = round(t + 0.15, 2)
+        for r in (0, 1):
+            d.beat(r, f"{int(t * 100)} 0 3 5 wait", t)
+        d.check(t + 0.14, running=True)  # (checked just before the next beat: 140 ms of quiet)
+    assert d.stalled_waiting and t < 0.5, t

@@ -36,7 +36,8 @@ feeding it numbers). Three rules:
    merely waits for a slow or stuck peer is never blamed. (If every member
    waits, nobody is to blame: `stalled_waiting` says so, and the supervisor
    gives up with a diagnostic rather than kill at random.) While a member is
-   silent (half the lesser of the two timeouts), the others may be waiting
+   silent (`Detector.quiet`: half the lesser of the two timeouts, at least
+   ten beats), the others may be waiting
    for a dead peer: the stall rule defers to the silence rule, for at most
    the silence ceiling, so a lost host is recovered, not called stuck.
 
@@ -73,6 +74,9 @@ MIN_SAMPLES = 10
 #: Least standard deviation of the gaps, seconds: perfectly regular beats must not make one late
 #: beat infinitely suspicious (the floor decides before this matters at the default 3 s).
 MIN_STD = 0.1
+#: Heartbeat intervals a member may be silent, at least, before the stall rule defers to the silence
+#: rule (`Detector.quiet`).
+QUIET_BEATS = 10
 #: Silence this many floors (`heartbeat_timeout`) long is suspected even when the peers were
 #: silent too: the bound on a pause shared by every rank before someone is blamed.
 SILENCE_CEILING = 10.0
@@ -167,9 +171,10 @@ class Detector:
     """Watches a set of ranks; `check(now)` returns the newly failed ones (each once)."""
 
     def __init__(self, *, heartbeat_timeout: float, stall_timeout: float, startup_timeout: float,
-                 phi: float = 8.0):
+                 phi: float = 8.0, beat_interval: float = 0.05):
         self.heartbeat_timeout = heartbeat_timeout  # the floor: no suspicion of silence shorter than this
         self.stall_timeout = stall_timeout
+        self.beat_interval = beat_interval  # the workers' heartbeat interval (`--heartbeat-interval`)
         self.startup_timeout = startup_timeout  # the ceiling of a start-up
         self.phi_threshold = phi
         self._since: dict[int, float] = {}  # rank -> when watching began
@@ -361,8 +366,14 @@ class Detector:
         as stuck before the silence is found). Deferred for at most the silence rule's ceiling."""
         if now - latest > self.stall_timeout + SILENCE_CEILING * self.heartbeat_timeout:
             return False
-        quiet = min(self.heartbeat_timeout, self.stall_timeout) / 2
-        return any(now - self._beat_at.get(r, now) > quiet for r in ranks)
+        return any(now - self._beat_at.get(r, now) > self.quiet for r in ranks)
+
+    @property
+    def quiet(self) -> float:
+        """How long a member may go without a beat before the stall rule waits for the silence rule:
+        half the lesser of the two timeouts, and at least `QUIET_BEATS` heartbeat intervals (a
+        stall bound of a few beats would else take every ordinary gap between beats for silence)."""
+        return max(min(self.heartbeat_timeout, self.stall_timeout) / 2, QUIET_BEATS * self.beat_interval)
 
     @property
     def finish_timeout(self) -> float:

@@ -91,8 +91,8 @@ class Supervisor(Transitions, Relayout, Growth):
                                      clock=self.world.time)
         self.ckpt_root = (Path(options.checkpoint_dir) if options.checkpoint_dir else self.out / "checkpoints").resolve()
         stall = options.stall_timeout or max(10.0, 10 * self.plan.metrics.iteration_time / 1e6)
-        self.detector = Detector(heartbeat_timeout=options.detect_timeout, stall_timeout=stall,
-                                 startup_timeout=options.startup_timeout, phi=options.phi)
+        self.detector = Detector(heartbeat_timeout=options.detect_timeout, stall_timeout=stall, phi=options.phi,
+                                 startup_timeout=options.startup_timeout, beat_interval=options.heartbeat_interval)
         self.phase = Phase.NEW
         self.job: JobStore | None = None
         self.fleet: Fleet | None = None  # every host's agent

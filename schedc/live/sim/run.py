@@ -331,7 +331,7 @@ class _Checker:
         """(rank, since when, why) of the running generation's members whose process the world
         stopped (or lost with its host) longer ago than the stall rule waits for a silent peer, and
         which is still that stopped process (not a replacement started under its rank since)."""
-        quiet = min(sup.detector.heartbeat_timeout, sup.detector.stall_timeout) / 2
+        quiet = sup.detector.quiet
         members = set(sup.gen.members) if sup.gen is not None else set()
         out = []
         for r in sorted(members):
