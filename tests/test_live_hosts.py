@@ -161,3 +161,26 @@ def test_a_host_taken_back_with_a_whole_stage_is_re_partitioned_around_with_no_w
     # the step a shadow lags its holder (without shadows: every iteration before the loss, again).
     runs = [r["runs"] for r in run_log["iterations"]]
     assert len(runs) == iterations and sum(runs) - iterations <= 2, runs
+
+
+def test_a_host_lost_with_its_pipeline_is_routed_around_and_its_gpus_are_not_taken_back_there(tmp_path):
+    """2 x 2, a pipeline per host: host 1 (agent, forkserver and workers) is taken away mid-run, with
+    the default stall bound (10 s) below the silence one (15 s). Its ranks are found by their
+    silence (not called stuck), fenced (their exits never come), and routed around; since silence
+    may be load, each would get one fresh process, but their host is gone: that is said, and no
+    catch-up waits for a process that cannot start."""
+    out = tmp_path / "out"
+    schedc.compile(spec_text(dp=2, pp=2, optimizer="adam")).write(out)
+    iterations = 30
+    code, stdout, stderr, run_log = _two_hosts(tmp_path, out, PATIENT + [
+        "--iterations", str(iterations), "--save-weights", str(tmp_path / "w.pt")], kill_host_after="iteration    2 ")
+    assert code == 0, stderr + stdout
+    _exact(out, tmp_path / "w.pt", iterations)
+    messages = [e["message"] for e in run_log["events"]]
+    story = "\n".join(messages)
+    assert "host 1 is gone" in story and "every rank waits" not in story, story
+    assert all("no heartbeat for" in e["message"] for e in run_log["events"] if e["kind"] == "failure"), story
+    refused = [m for m in messages if m.startswith("cannot take GPU (dp=1, pp=")]
+    assert len(refused) == 2 and all("its host 1 is gone" in m for m in refused), story
+    assert "catches up" not in story, story
+    assert sorted(run_log["generations"][-1]["members"]) == [0, 1], run_log["generations"][-1]

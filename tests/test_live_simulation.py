@@ -651,3 +651,9 @@ def test_a_host_lost_on_a_patient_cluster_is_recovered_not_called_stuck():
     story = "\n".join(out.events)
     assert sum("no heartbeat for" in e for e in out.events) == 3, story
     assert "every rank waits" not in story, story
+    # Its processes are gone with it: fenced, their exits never come, and their host's agent does not
+    # answer, so they are not taken back (they once were: a catch-up from a donor to nobody).
+    assert "host 1 is gone: its agent has not answered" in story, story
+    assert sum("its host 1 is gone: going on without it" in e for e in out.events) == 3, story
+    assert sum("back: its host 1 is gone (its agent does not answer)" in e for e in out.events) == 3, story
+    assert "catches up" not in story, story

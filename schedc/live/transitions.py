@@ -463,12 +463,15 @@ class Transitions:
     def _fence(self, ranks: Sequence[int]) -> None:
         """Ranks declared failed while their processes may still run (silent, stuck) are killed
         for sure before the survivors move on: their exits are awaited (FENCE_WAIT at most; a
-        process that outlives a SIGKILL that long is on a host that does not answer: said so)."""
-        if not ranks:
-            return
-        for r in sorted(self._kill_and_wait(ranks, FENCE_WAIT)):
+        process that outlives a SIGKILL that long is on a host that does not answer: said so; one
+        whose host is gone is gone with it, so a rejoin does not wait for it to catch up)."""
+        unseen = self._kill_and_wait(ranks, FENCE_WAIT) if ranks else set()
+        gone = {r: h for h, rs in (self._unreachable(unseen) if unseen else {}).items() for r in rs}
+        for r in sorted(unseen):
+            self.alive -= {r} if r in gone else set()
+            why = f": its host {gone[r]} is gone" if r in gone else ""
             self._note("warning", f"warning: rank {r}'s process was killed but its exit is not seen after "
-                                  f"{FENCE_WAIT:g} s (its host's agent does not answer): going on without it")
+                                  f"{FENCE_WAIT:g} s{why}: going on without it")
 
     def _stop_survivors(self) -> None:
         """recovery="restart": every survivor is killed before all restart (their exits are ours)."""

@@ -25,10 +25,10 @@ until the run ends or a bound passes. Checked as it goes:
   case).
 
 One scenario in eight (its own random stream, so the other seeds' schedules
-stay as they were) loses a host: every rank of one node stops for good, so
-no exit is seen until the supervisor fences them, on a patient cluster
-(``--detect-timeout`` 15 s, past the 10 s stall bound). (The simulation has
-one agent: replacement processes may start on that node afterwards.)
+stay as they were) runs on three hosts (a node each) and loses one that is
+not the supervisor's: its agent and every process on it are gone at once,
+no exit is ever reported, nothing can be started there again; on a patient
+cluster (``--detect-timeout`` 15 s, past the 10 s stall bound).
 
 ``python -m schedc.live.sim --schedules N [--first S]`` runs N seeds and
 prints every violation with the seed that replays it.
@@ -90,7 +90,7 @@ class Fault:
     delay: float
     action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin, stage, host
     # (`stage`: kill every GPU of stage ranks[0] (mod its stage count) of the plan running then;
-    # `host`: stop every rank on node ranks[0] (mod the node count) for good, no exit seen)
+    # `host`: host ranks[0] (1 or 2 of three) is lost with its agent and processes, no exit seen)
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
     factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
@@ -182,7 +182,7 @@ def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
     """A host lost (every rank of one node silent for good), sometimes then another fault while
     the run recovers from it."""
     rng = random.Random(f"{seed}/host-schedule")
-    out = [Fault("training", round(rng.uniform(0.1, 1.2), 3), "host", (rng.randrange(3),))]
+    out = [Fault("training", round(rng.uniform(0.1, 1.2), 3), "host", (1 + rng.randrange(2),))]
     if rng.random() < 0.5:
         out.append(Fault("recovering", rng.choice([0.0, 0.02, 0.1]), rng.choice(["kill", "stop"]),
                          (rng.randrange(world),), duration=rng.choice([1.0, 5.0])))
@@ -273,15 +273,12 @@ class _Checker:
             f = replace(f, action="kill", ranks=tuple(g.rank for g in spec.gpus if g.live and g.pp == f.ranks[0] % spec.pp))
             world.note(f"stage {f.ranks} of the running plan")
         if f.action == "host":
-            spec = self.sup.plan.spec
-            nodes = sorted({g.node for g in spec.gpus if g.live})
-            f = replace(f, ranks=tuple(g.rank for g in spec.gpus if g.live and g.node == nodes[f.ranks[0] % len(nodes)]))
-            world.note(f"host: ranks {f.ranks} of the running plan stop for good")
-            for r in f.ranks:  # (a real rank spends much of an iteration blocked in a receive: its
-                w = world.workers.get(r)  # last beat before its host went says it waited, not computed)
-                if w is not None and w.alive and w.beating and w.state == "run":
+            fleet = world.agents
+            for r, w in sorted(world.workers.items()):  # (a real rank spends much of an iteration blocked
+                # in a receive: its last beat before its host went says it waited, not computed)
+                if fleet.host_of(r) == f.ranks[0] and w.alive and w.beating and w.state == "run":
                     world.job.beat(r, w.payload().replace(" run", " wait"))
-            for r in world.signal(f.ranks, "stop"):
+            for r in fleet.lose(f.ranks[0]):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
                 self.slowed.add(r)
         elif f.action == "kill":
@@ -336,7 +333,7 @@ class _Checker:
         out = []
         for r in sorted(members):
             w = self.world.workers.get(r)
-            if w is None or not (w.alive and w.stopped):
+            if w is None or not (w.alive and w.stopped or w.host_lost):
                 continue
             out += [(r, start, what) for start, end, what in self.trouble.get(r, [])
                     if end == float("inf") and what in ("stop", "host") and self.world.now - start > quiet]
@@ -358,6 +355,9 @@ class _Checker:
         for e in events[self.seen_events:]:
             if e["kind"] == "failure":
                 self._check_failure(e["rank"], e["t"], e["message"])
+            elif e["kind"] == "catch-up" and e.get("donor") is not None and world_lost(self.world, e["rank"]):
+                self.world.violations.append(f"t={now:.3f}: rank {e['rank']} is to catch up on a lost host "
+                                             f"(nothing runs there): {e['message']}")
             elif e["kind"] == "slow" and e.get("speed", 1.0) < 0.9 and e["rank"] not in self.slowed:
                 self.world.violations.append(f"t={now:.3f}: rank {e['rank']} reported slow but the world never "
                                              f"slowed it: {e['message']}")
@@ -384,6 +384,12 @@ class _Checker:
                                          f"(iterations {running}, switch at {start_at})")
 
 
+def world_lost(world: SimWorld, rank: int) -> bool:
+    """Whether `rank` runs (as the running layout numbers it) on a host the world lost."""
+    fleet = getattr(world, "agents", None)
+    return fleet is not None and fleet.host_of(rank) in fleet.gone
+
+
 def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outcome:
     """Run seed `seed` (or `faults`, if given) to its end or the bound; see the module docstring.
     `hook(supervisor, world)`, if given, runs after every step (a test's way to act at a moment)."""
@@ -399,7 +405,8 @@ def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outc
     # by cost, which on the simulation's one host means replacement processes. (Its own stream:
     # the other draws of a seed stay as they were.)
     recovery = random.Random(f"{seed}/recovery").choice(["auto", "auto", "repartition"])
-    patient = {"detect_timeout": HOST_DETECT_S} if any(f.action == "host" for f in faults) else {}
+    patient = ({"detect_timeout": HOST_DETECT_S, "hosts": 3} if any(f.action == "host" for f in faults)
+               else {})
     options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt),
                            **{"shadow": shadow, "recovery": recovery, **OPTIONS, **patient})
     outcome = Outcome(seed, faults)

@@ -140,6 +140,7 @@ class SimWorker:
         self.hung = False  # stuck (in an op, a connect, a wait): alive, beating, no progress
         self.exit_code: int | None = None
         self.exit_reported = False  # (its agent reported the exit)
+        self.host_lost = False  # (died with its host: no exit reported, ever)
         self.beating = False
         self.next_beat = 0.0
         self._seq = 0
@@ -213,7 +214,8 @@ class SimWorker:
         yield from self._sleep(startup_s)  # interpreter, imports, the model
         self.beating, self.state = True, "idle"
         self.next_beat = self.now
-        self.job.report(Started(rank=self.rank, pid=100000 + self.rank, host=0))
+        fleet = self.world.agents
+        self.job.report(Started(rank=self.rank, pid=100000 + self.rank, host=fleet.host_of(self.rank) if fleet else 0))
         after = -1
         while True:
             yield lambda: self.job.stopped() or self.job.latest_generation() > after

@@ -48,6 +48,7 @@ class SimWorld:
         self._later: list[tuple[float, int, Callable[[], None]]] = []  # (when, order, what): side work
         self.forkserver_down_until = -1.0
         self.pause_s = 0.0  # a pause of the whole machine, to happen at the next step
+        self.agents: SimFleet | None = None  # the run's agents (`fleet`)
         self.on_step: list[Callable[[], None]] = []
         self.log: list[tuple[float, str]] = []  # what the world did, for a failure's replay
         self.violations: list[str] = []
@@ -63,7 +64,8 @@ class SimWorld:
         return self.job
 
     def fleet(self, job: JobStore, spec, hosts: int) -> "SimFleet":
-        return SimFleet(self)
+        self.agents = SimFleet(self, spec, hosts)
+        return self.agents
 
     # -- what the workers see -------------------------------------------------------------------
 
@@ -185,44 +187,81 @@ class SimWorld:
 
 
 class SimFleet:
-    """`schedc.live.agent.Fleet` over simulated processes (one host)."""
+    """`schedc.live.agent.Fleet` over simulated processes: `hosts` hosts (the spec's nodes spread
+    over them as `schedc train --hosts` does), every agent in this process. Host 0 is the
+    supervisor's; another can be lost (`lose`: its agent and processes are gone at once, and no
+    exit is ever reported), after which its agent answers no more and nothing starts there."""
 
-    def __init__(self, world: SimWorld):
+    def __init__(self, world: SimWorld, spec, hosts: int = 1):
         self.world = world
-        self.up: set[int] = set()  # (no other host: no agent registers, none leaves)
+        self.hosts = hosts
+        nodes = max(1, -(-len(spec.gpus) // spec.cluster.gpus_per_node))
+        self._gpu_host = {g.rank: spec.cluster.node_of(g.rank) * hosts // nodes for g in spec.gpus}
+        self.physical: dict[int, int] = {}
+        self.gone: set[int] = set()  # hosts lost (`lose`)
+        self.up: set[int] = set()  # (no agent registers through the store, none leaves)
         self.left: set[int] = set()
 
     def wait_for_agents(self, timeout: float, note) -> None:
         pass
 
+    def wait_left(self, alive: set[int], gone: set[int], within: float) -> None:
+        pass  # (every agent is in this process)
+
+    def lose(self, host: int) -> list[int]:
+        """Host `host` is gone with its agent: its processes die and no exit is reported."""
+        self.gone.add(host)
+        lost = sorted(r for r, w in self.world.workers.items() if w.alive and self.host_of(r) == host)
+        for r in lost:
+            w = self.world.workers[r]
+            w.exit(-9)
+            w.exit_reported = w.host_lost = True  # (nobody is left there to report it)
+        self.world.note(f"host {host} lost with rank(s) {lost}")
+        return lost
+
     def by_host(self, ranks) -> dict[int, list[int]]:
-        return {0: sorted(ranks)}
+        out: dict[int, list[int]] = {}
+        for r in sorted(ranks):
+            out.setdefault(self.host_of(r), []).append(r)
+        return out
 
     def place(self, physical: dict[int, int]) -> None:
-        pass  # (one host: every rank's process is on it)
+        self.physical = {r: p for r, p in physical.items() if r != p}
+
+    def host_of(self, rank: int) -> int:
+        return self.host_of_gpu(self.physical.get(rank, rank))
 
     def host_of_gpu(self, gpu: int) -> int:
-        return 0
+        return self._gpu_host.get(gpu, 0)
 
     def rename(self, epoch: int, renamed: dict[int, int]) -> None:
         self.world.rename(epoch, renamed)
 
     def answers(self, hosts, within: float, note) -> set[int]:
-        return set(hosts)  # (its one host is the supervisor's)
+        """The real one waits up to `within` for two beats of each agent: a lost one costs that."""
+        hosts = set(hosts)
+        if hosts & self.gone:
+            self.world.advance(within)
+        for h in sorted(hosts & self.gone):
+            note(h)
+        return hosts - self.gone
 
     def back(self, hosts) -> set[int]:
-        return set()  # (never gone)
+        return set()  # (a lost host does not come back)
 
     def step(self, timeout: float) -> None:
         self.world.advance(max(timeout, QUANTUM))
 
     def start(self, ranks) -> None:
         for r in ranks:
+            if self.host_of(r) in self.gone:
+                self.world.note(f"start of rank {r} on lost host {self.host_of(r)}: nobody reads it")
+                continue
             self.world.job.forget_heartbeat(r)
             self.world.start(r)
 
     def signal(self, ranks, name: str) -> None:
-        self.world.signal(ranks, name)
+        self.world.signal([r for r in ranks if self.host_of(r) not in self.gone], name)
 
     def fire(self, injection: int, ranks) -> None:
         pass
