@@ -179,10 +179,14 @@ HOST_DETECT_S = 15.0
 
 
 def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
-    """A host lost (every rank of one node silent for good), sometimes then another fault while
-    the run recovers from it."""
+    """A host lost (not the supervisor's), sometimes then another fault while the run recovers
+    from it, or lost itself while the run recovers from a GPU killed first."""
     rng = random.Random(f"{seed}/host-schedule")
-    out = [Fault("training", round(rng.uniform(0.1, 1.2), 3), "host", (1 + rng.randrange(2),))]
+    host = Fault("training", round(rng.uniform(0.1, 1.2), 3), "host", (1 + rng.randrange(2),))
+    if rng.random() < 0.3:  # lost while the run recovers from a GPU killed first
+        return [Fault("training", round(rng.uniform(0.1, 1.2), 3), "kill", (rng.randrange(world),)),
+                replace(host, when="recovering", delay=rng.choice([0.0, 0.02, 0.1, 0.5]))]
+    out = [host]
     if rng.random() < 0.5:
         out.append(Fault("recovering", rng.choice([0.0, 0.02, 0.1]), rng.choice(["kill", "stop"]),
                          (rng.randrange(world),), duration=rng.choice([1.0, 5.0])))
