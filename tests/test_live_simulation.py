@@ -657,3 +657,15 @@ def test_a_host_lost_on_a_patient_cluster_is_recovered_not_called_stuck():
     assert sum("its host 1 is gone: going on without it" in e for e in out.events) == 3, story
     assert sum("back: its host 1 is gone (its agent does not answer)" in e for e in out.events) == 3, story
     assert "catches up" not in story, story
+
+
+def test_a_lost_host_that_comes_back_gets_its_gpus_back_once_asked():
+    # Host 2 is lost (its agent and processes); once the run recovered without it, it comes back (a
+    # new agent registers) and each of its GPUs is asked back: refused while the host was gone, they
+    # now start there, catch up and switch in, and the run ends on all nine.
+    out = simulate(20, faults=[Fault("training", 1.18, "host", (2,)), Fault("recovering", 1.0, "host_back", (2,))])
+    assert not out.violations and out.result == "finished", out.describe()
+    story = "\n".join(out.events)
+    assert "host 2 is gone" in story and "host 2's agent is back: processes can be started there again" in story, story
+    assert sum("runs on host 2" in e for e in out.events) == 3 + 3, story  # at the start, then back
+    assert "9 ranks switched" in story, story

@@ -27,8 +27,9 @@ until the run ends or a bound passes. Checked as it goes:
 One scenario in eight (its own random stream, so the other seeds' schedules
 stay as they were) runs on three hosts (a node each) and loses one that is
 not the supervisor's: its agent and every process on it are gone at once,
-no exit is ever reported, nothing can be started there again; on a patient
-cluster (``--detect-timeout`` 15 s, past the 10 s stall bound).
+no exit is ever reported, nothing can be started there (until, in some,
+it comes back: a new agent registers and its GPUs are asked back); on a
+patient cluster (``--detect-timeout`` 15 s, past the 10 s stall bound).
 
 ``python -m schedc.live.sim --schedules N [--first S]`` runs N seeds and
 prints every violation with the seed that replays it.
@@ -54,6 +55,9 @@ from schedc.live.sim.world import SimWorld
 BOUND_S = 400.0
 TRANSITION_S = 20.0
 ITERATIONS = 40
+#: ... and of a run that loses a host: long enough after the loss is found (15 s of silence) for
+#: the host to come back and its GPUs to rejoin before the run ends.
+HOST_ITERATIONS = 120
 #: The options of every simulated run besides these (tests change them).
 OPTIONS = dict(transition_timeout=TRANSITION_S, replan_deadline=0.5, checkpoint_every=8)
 
@@ -90,7 +94,8 @@ class Fault:
     delay: float
     action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin, stage, host
     # (`stage`: kill every GPU of stage ranks[0] (mod its stage count) of the plan running then;
-    # `host`: host ranks[0] (1 or 2 of three) is lost with its agent and processes, no exit seen)
+    # `host`: host ranks[0] (1 or 2 of three) is lost with its agent and processes, no exit seen;
+    # `host_back`: it is back, a new agent registers, and each of its GPUs is asked back)
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
     factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
@@ -187,7 +192,9 @@ def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
         return [Fault("training", round(rng.uniform(0.1, 1.2), 3), "kill", (rng.randrange(world),)),
                 replace(host, when="recovering", delay=rng.choice([0.0, 0.02, 0.1, 0.5]))]
     out = [host]
-    if rng.random() < 0.5:
+    if rng.random() < 0.4:  # it comes back once the run recovers without it, and its GPUs are asked back
+        out.append(Fault("recovering", rng.choice([0.2, 1.0, 2.0]), "host_back", host.ranks))
+    elif rng.random() < 0.5:
         out.append(Fault("recovering", rng.choice([0.0, 0.02, 0.1]), rng.choice(["kill", "stop"]),
                          (rng.randrange(world),), duration=rng.choice([1.0, 5.0])))
     return out
@@ -285,6 +292,12 @@ class _Checker:
             for r in fleet.lose(f.ranks[0]):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
                 self.slowed.add(r)
+        elif f.action == "host_back":  # (and `schedc rejoin` for each of its GPUs, named as the job named them)
+            world.agents.restore(f.ranks[0])
+            gpus = self.sup.recovery.initial_plan.spec.gpus
+            for r in world.agents.gpus_of(f.ranks[0]):  # (once the agent is seen up, as an operator would)
+                ask = RejoinAsked(event=f"recover gpu(dp={gpus[r].dp}, pp={gpus[r].pp})", t=world.time() + 0.5)
+                world.later(0.5, lambda ask=ask: world.job.report(ask))
         elif f.action == "kill":
             for r in world.signal(f.ranks, "kill"):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "kill"])
@@ -409,9 +422,9 @@ def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outc
     # by cost, which on the simulation's one host means replacement processes. (Its own stream:
     # the other draws of a seed stay as they were.)
     recovery = random.Random(f"{seed}/recovery").choice(["auto", "auto", "repartition"])
-    patient = ({"detect_timeout": HOST_DETECT_S, "hosts": 3} if any(f.action == "host" for f in faults)
-               else {})
-    options = TrainOptions(iterations=ITERATIONS, emulate=True, checkpoint_dir=str(ckpt),
+    hosts = any(f.action == "host" for f in faults)
+    patient = {"detect_timeout": HOST_DETECT_S, "hosts": 3} if hosts else {}
+    options = TrainOptions(iterations=HOST_ITERATIONS if hosts else ITERATIONS, emulate=True, checkpoint_dir=str(ckpt),
                            **{"shadow": shadow, "recovery": recovery, **OPTIONS, **patient})
     outcome = Outcome(seed, faults)
     try:
@@ -447,8 +460,9 @@ def _judge(outcome: Outcome, sup, world: SimWorld, ckpt: Path) -> None:
         outcome.result = "finished"
         for r in sup.gen.members:
             w = world.workers[r]
-            if w.history != list(range(ITERATIONS)):
-                v.append(f"rank {r} finished holding iterations {_runs(w.history)}, not 0..{ITERATIONS - 1}")
+            if w.history != list(range(sup.options.iterations)):
+                v.append(f"rank {r} finished holding iterations {_runs(w.history)}, "
+                         f"not 0..{sup.options.iterations - 1}")
     elif sup._failure:
         outcome.result = "stopped"
         d = sup._failure[0]

@@ -15,7 +15,7 @@ import random
 from typing import Callable
 
 from schedc.live.membership import JobStore
-from schedc.live.protocol import Exited
+from schedc.live.protocol import AgentUp, Exited
 from schedc.live.sim.store import MemoryStore
 from schedc.live.sim.worker import Network, SimWorker
 
@@ -218,6 +218,16 @@ class SimFleet:
             w.exit_reported = w.host_lost = True  # (nobody is left there to report it)
         self.world.note(f"host {host} lost with rank(s) {lost}")
         return lost
+
+    def restore(self, host: int) -> None:
+        """Host `host` is back (the instance returned): a new agent registers there, with no process."""
+        self.gone.discard(host)
+        self.world.job.event(AgentUp(host=host, pid=200000 + host, t=self.world.time()))
+        self.world.note(f"host {host} is back: its agent registers")
+
+    def gpus_of(self, host: int) -> list[int]:
+        """The job's GPUs (ranks of its spec) on `host`."""
+        return sorted(g for g, h in self._gpu_host.items() if h == host)
 
     def by_host(self, ranks) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
