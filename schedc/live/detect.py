@@ -37,9 +37,9 @@ feeding it numbers). Three rules:
    waits, nobody is to blame: `stalled_waiting` says so, and the supervisor
    gives up with a diagnostic rather than kill at random.) While a member is
    silent (`Detector.quiet`: half the lesser of the two timeouts, at least
-   ten beats), the others may be waiting
-   for a dead peer: the stall rule defers to the silence rule, for at most
-   the silence ceiling, so a lost host is recovered, not called stuck.
+   ten beats), the others may be waiting for a dead peer: the stall rule
+   defers to the silence rule, for at most the silence ceiling, so a lost
+   host is recovered, not called stuck.
 
 Time the supervisor itself did not look (its loop or the store stalled, so
 no heartbeat could be read) is not held against the workers: a gap between

@@ -15,7 +15,6 @@ RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "repartition", "restart"
 FAIL_SLOW_MODES = ("act", "detect", "off")
 
 
-
 @dataclass(frozen=True)
 class TrainOptions:
     """How a live run goes (the options of `schedc train`)."""
