@@ -466,9 +466,9 @@ class Transitions:
         process that outlives a SIGKILL that long is on a host that does not answer: said so; one
         whose host is gone is gone with it, so a rejoin does not wait for it to catch up)."""
         unseen = self._kill_and_wait(ranks, FENCE_WAIT) if ranks else set()
-        gone = {r: h for h, rs in (self._unreachable(unseen) if unseen else {}).items() for r in rs}
+        gone = {r: h for h, rs in self._unreachable(unseen).items() for r in rs} if unseen else {}
+        self.alive -= set(gone)
         for r in sorted(unseen):
-            self.alive -= {r} if r in gone else set()
             why = f": its host {gone[r]} is gone" if r in gone else ""
             self._note("warning", f"warning: rank {r}'s process was killed but its exit is not seen after "
                                   f"{FENCE_WAIT:g} s{why}: going on without it")

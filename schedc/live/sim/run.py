@@ -403,8 +403,7 @@ class _Checker:
 
 def world_lost(world: SimWorld, rank: int) -> bool:
     """Whether `rank` runs (as the running layout numbers it) on a host the world lost."""
-    fleet = getattr(world, "agents", None)
-    return fleet is not None and fleet.host_of(rank) in fleet.gone
+    return world.agents is not None and world.agents.host_of(rank) in world.agents.gone
 
 
 def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outcome:

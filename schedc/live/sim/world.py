@@ -194,7 +194,6 @@ class SimFleet:
 
     def __init__(self, world: SimWorld, spec, hosts: int = 1):
         self.world = world
-        self.hosts = hosts
         nodes = max(1, -(-len(spec.gpus) // spec.cluster.gpus_per_node))
         self._gpu_host = {g.rank: spec.cluster.node_of(g.rank) * hosts // nodes for g in spec.gpus}
         self.physical: dict[int, int] = {}
@@ -257,7 +256,7 @@ class SimFleet:
         return hosts - self.gone
 
     def back(self, hosts) -> set[int]:
-        return set()  # (a lost host does not come back)
+        return set()  # (a lost host comes back only by registering anew: `restore`)
 
     def step(self, timeout: float) -> None:
         self.world.advance(max(timeout, QUANTUM))
