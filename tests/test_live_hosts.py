@@ -34,10 +34,12 @@ def _env() -> dict:
                 PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def _two_hosts(tmp_path: Path, out: Path, args: list[str], *, kill_host_after: str | None = None):
+def _two_hosts(tmp_path: Path, out: Path, args: list[str], *, kill_host_after: str | None = None,
+               replace_agent_after: str | None = None):
     """`schedc train OUT --hosts 2 ARGS` with `schedc agent --host 1` beside it, in its own session.
     With `kill_host_after`, host 1 is taken away (SIGKILL to every process of the agent's session)
-    once that text is printed. Returns (supervisor's returncode, stdout, stderr, the run log)."""
+    once that text is printed; with `replace_agent_after`, only its agent is killed then and another
+    started (output in agent-2.txt). Returns (supervisor's returncode, stdout, stderr, the run log)."""
     from schedc.runtime.launcher import free_port
 
     port = free_port()
@@ -45,7 +47,7 @@ def _two_hosts(tmp_path: Path, out: Path, args: list[str], *, kill_host_after: s
     with stdout.open("w") as o, stderr.open("w") as e:
         sup = subprocess.Popen([sys.executable, "-m", "schedc", "train", str(out), "--hosts", "2", "--store-port",
                                 str(port), "--log", str(log), *args], stdout=o, stderr=e, text=True, env=_env())
-    agent = None
+    agent = second = None
     try:
         wait_until(lambda: "schedc agent --store" in stdout.read_text() or sup.poll() is not None,
                    "the supervisor to wait for agents", state=stderr.read_text)
@@ -56,16 +58,26 @@ def _two_hosts(tmp_path: Path, out: Path, args: list[str], *, kill_host_after: s
             wait_until(lambda: kill_host_after in stdout.read_text() or sup.poll() is not None,
                        f"`{kill_host_after}` to be printed", state=stdout.read_text)
             os.killpg(agent.pid, signal.SIGKILL)  # the host is gone: its agent, forkserver and workers
+        if replace_agent_after is not None:
+            wait_until(lambda: replace_agent_after in stdout.read_text() or sup.poll() is not None,
+                       f"`{replace_agent_after}` to be printed", state=stdout.read_text)
+            os.kill(agent.pid, signal.SIGKILL)  # the agent alone: its workers live on
+            agent.wait(timeout=WAIT_S)
+            with (tmp_path / "agent-2.txt").open("w") as e:
+                second = subprocess.Popen([sys.executable, "-m", "schedc", "agent", "--store", f"127.0.0.1:{port}",
+                                           "--host", "1"], stdout=e, stderr=e, env=_env(), start_new_session=True)
         sup.wait(timeout=WAIT_S * 2)
     finally:
         if sup.poll() is None:
             sup.kill()
-        if agent is not None:
+        for a in (agent, second):
+            if a is None:
+                continue
             try:
-                os.killpg(agent.pid, signal.SIGKILL)  # (what is left of the agent's session)
+                os.killpg(a.pid, signal.SIGKILL)  # (what is left of the agent's session)
             except ProcessLookupError:
                 pass
-            agent.wait(timeout=WAIT_S)
+            a.wait(timeout=WAIT_S)
     return sup.returncode, stdout.read_text(), stderr.read_text(), json.loads(log.read_text())
 
 
@@ -186,3 +198,45 @@ def test_a_host_lost_with_its_pipeline_is_routed_around_and_its_gpus_are_not_tak
     assert refused and all("its host 1 is gone" in m for m in refused), story
     assert not [m for m in after if "catches up" in m], story
     assert sorted(run_log["generations"][-1]["members"]) == [0, 1], run_log["generations"][-1]
+
+
+def _ended(pid: int) -> bool:
+    """Whether process `pid` has exited (gone, or a zombie nobody reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_a_host_whose_agent_is_restarted_has_its_old_workers_stop_and_its_gpus_recovered(tmp_path):
+    """2 x 2, a pipeline per host: host 1's agent alone is SIGKILLed mid-run (its workers live on)
+    and another `schedc agent --host 1` started, which takes the host over once the first's lease
+    goes stale. Nobody could signal the old workers or report their exits any more: each stops by
+    itself (one line on the old agent's stderr) and the supervisor counts them lost at the new
+    agent's registration, not after their silence; the run recovers, asks their GPUs back through
+    the new agent, and ends exact. (A slow link from rank 0 keeps the run going while the new
+    agent starts.)"""
+    out = tmp_path / "out"
+    schedc.compile(spec_text(dp=2, pp=2, optimizer="adam")).write(out)
+    iterations = 80
+    code, stdout, stderr, run_log = _two_hosts(tmp_path, out, PATIENT + [
+        "--iterations", str(iterations), "--fail-slow", "off", "--save-weights", str(tmp_path / "w.pt"),
+        "--inject", f"at iteration 1: slow link gpu(dp=0, pp=0) delay = 300ms until iteration {iterations}"],
+        replace_agent_after="iteration    2 ")
+    assert code == 0, stderr + stdout
+    _exact(out, tmp_path / "w.pt", iterations)
+    events = run_log["events"]
+    story = "\n".join(e["message"] for e in events)
+    (new_agent,) = [e for e in events if e["kind"] == "host" and "host 1 has a new agent" in e["message"]]
+    assert new_agent["ranks"] == [2, 3], story
+    lost = [e for e in events if e["kind"] == "failure" and "lost with host 1's old agent" in e["message"]]
+    assert sorted(e["rank"] for e in lost) == [2, 3], story
+    assert [e for e in events if e["kind"] == "failure"] == lost, story  # (none found by its silence first)
+    # Their GPUs may well be healthy (the new agent runs there): each gets one fresh process.
+    assert "taking GPU (dp=1, pp=0) (rank 2) back: its process was lost with host 1's old agent; the GPU may " \
+           "be healthy" in story, story
+    old = [e["pid"] for e in events if e["kind"] == "started" and e["host"] == 1 and e["t"] < new_agent["t"]]
+    assert len(old) == 2 and all(_ended(pid) for pid in old), (old, story)
+    said = (tmp_path / "agent.txt").read_text()
+    assert said.count("host 1 has a new agent") == 2 and "so it stops" in said, said
+    assert len(run_log["iterations"]) == iterations

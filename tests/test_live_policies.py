@@ -926,7 +926,7 @@ def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
     hosts as `unreachable` asks: a GPU on a host found gone is no spare, and the host is said
     gone once."""
     from schedc.live.control import SupervisorControl
-    from schedc.live.transitions import Transitions
+    from schedc.live.hosts import Hosts
 
     class Fleet:
         asked: list[list[int]] = []
@@ -944,7 +944,7 @@ def test_spare_gpus_on_a_host_whose_agent_does_not_answer_are_not_offered():
         def back(self, hosts):
             return set()
 
-    class Sup(Transitions):
+    class Sup(Hosts):
         def __init__(self):
             self.spare, self.hosts_gone, self.fleet, self.notes = {6, 7, 8}, set(), Fleet(), []
 
@@ -995,7 +995,7 @@ def test_a_host_found_gone_whose_agent_beats_again_is_back():
     GPUs with it. Before, a host found gone stayed gone for the rest of the run."""
     from schedc.live.agent import Fleet
     from schedc.live.control import SupervisorControl
-    from schedc.live.transitions import Transitions
+    from schedc.live.hosts import Hosts
 
     class Job:
         beats, beating = {1: 5}, False  # (a beating agent beats between any two reads)
@@ -1007,7 +1007,7 @@ def test_a_host_found_gone_whose_agent_beats_again_is_back():
     fleet = Fleet.__new__(Fleet)  # (its store and host map only: no agent of its own)
     fleet.job, fleet._gone_at, fleet.gpu_host, fleet.physical = Job(), {}, {6: 1}, {}
 
-    class Sup(Transitions):
+    class Sup(Hosts):
         def __init__(self):
             self.spare, self.hosts_gone, self.fleet, self.notes = {6}, set(), fleet, []
 

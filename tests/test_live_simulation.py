@@ -669,3 +669,19 @@ def test_a_lost_host_that_comes_back_gets_its_gpus_back_once_asked():
     assert "host 2 is gone" in story and "host 2's agent is back: processes can be started there again" in story, story
     assert sum("runs on host 2" in e for e in out.events) == 3 + 3, story  # at the start, then back
     assert "9 ranks switched" in story, story
+
+
+def test_a_host_back_before_its_loss_is_found_has_its_old_processes_declared_lost_by_its_new_agent():
+    # Host 2 is lost and back 0.5 s later (a quick reboot), long before its ranks' silence (15 s)
+    # says so. Its new agent runs nothing of the old ones. Before, they stayed "alive": found silent
+    # 15 s later, their kills reached nobody, and the rejoin caught up three processes that were
+    # not there (the checker's "died with its host"). Now the new agent's registration declares
+    # them lost at once; the run re-routes and takes the GPUs back when asked.
+    out = simulate(20, faults=[Fault("training", 1.18, "host", (2,)), Fault("training", 0.5, "host_back", (2,))])
+    assert not out.violations and out.result == "finished", out.describe()
+    story = "\n".join(out.events)
+    assert "host 2 has a new agent (pid 200002): the process(es) of rank(s) [6, 7, 8] that its old agent ran " \
+           "are lost with it" in story, story
+    assert "no heartbeat" not in story, story  # (found by the registration, not by the silence)
+    assert sum("runs on host 2" in e for e in out.events) == 3 + 3, story  # at the start, then back
+    assert "9 ranks switched" in story, story

@@ -666,6 +666,38 @@ def test_a_worker_whose_supervisor_is_gone_leaves(monkeypatch):
         hb.halt()
 
 
+
+def test_a_worker_whose_host_has_a_new_agent_stops_before_it_joins_another_generation():
+    # Host 1's agent died and a new one took its lease (a restarted `schedc agent`): the old one's
+    # workers can no longer be signalled, and their exits would never be reported. The supervisor
+    # counts them lost at the new agent's registration; each stops by itself: at its next beat, or
+    # before it takes part in a generation it found (`check_agent`), whichever comes first.
+    job = JobStore.serve()
+    worker = JobStore.connect(job.host, job.port, timeout=1.0)
+    assert job.claim_agent(1, "", "pid 11 on a #1") == "pid 11 on a #1"
+    replaced, untouched = [], []
+    hb = Heartbeat(worker.clone(), 4, 0.02, lambda: "1 0 0 0 idle", host=1, on_replaced=replaced.append)
+    host0 = Heartbeat(worker.clone(), 0, 0.02, lambda: "1 0 0 0 idle", on_replaced=untouched.append)
+    hb.check_agent(worker)
+    assert not replaced  # (its own agent holds the lease)
+    job.claim_agent(1, "pid 11 on a #1", "pid 12 on a #2")
+    hb.check_agent(worker)  # (the main thread, before its heartbeat thread ever ran)
+    assert replaced == ["schedc train: rank 4: host 1 has a new agent (pid 12 on a); the one that started this "
+                        "process is gone, so it stops\n"]
+    job.claim_agent(1, "pid 12 on a #2", "pid 11 on a #1")  # (the first agent's lease again)
+    hb.start()
+    host0.start()  # (host 0's agent runs in the supervisor: its lease is never read)
+    try:
+        wait_until(lambda: 4 in job.heartbeats([4]), "rank 4's first heartbeat in the store")
+        assert len(replaced) == 1
+        job.claim_agent(1, "pid 11 on a #1", "pid 13 on b #3")
+        wait_until(lambda: len(replaced) == 2, "the heartbeat thread to see the new agent", state=lambda: replaced)
+        assert "new agent (pid 13 on b)" in replaced[1] and not untouched
+    finally:
+        hb.halt()
+        host0.halt()
+
+
 # -- review regressions --------------------------------------------------------------------
 
 class _Transport:

@@ -5,7 +5,9 @@ The modules, from the job down to a rank (docs/live.md):
 - `schedc.live.supervisor`: one per job: a loop over typed messages that
   moves the run through its phases and carries out what the policies decide.
 - `schedc.live.transitions`: how it changes generation (announce, ready,
-  switches, recoveries, deadlines and their escalation, fencing).
+  switches, recoveries, deadlines and their escalation).
+- `schedc.live.hosts`: its processes host by host (starts and signals
+  through the agents, fencing, hosts gone or back, an agent registered anew).
 - `schedc.live.relayout`: the survivors' state across a new layout
   (`--shadow`): re-partitioning in place (the survivors renamed as the new
   layout's ranks, an epoch, their processes kept), or a dump to disk before

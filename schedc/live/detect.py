@@ -118,6 +118,12 @@ class Suspect:
     fence: bool  # still alive: kill it before the run goes on
     at: float  # supervisor clock (seconds) when it was declared
     silent: bool = False  # declared for its silence (no heartbeat), which load can cause too
+    out_of_reach: str = ""  # why its process could not be watched (its host's agent was replaced)
+
+    @property
+    def maybe_healthy(self) -> str:
+        """Why the GPU may well be healthy ("": no reason to think so): it is taken back once."""
+        return self.out_of_reach or ("declared failed by its silence" if self.silent else "")
 
 
 #: The least time a rank may finish (state "finish": its last checkpoint and weights written, no
@@ -271,10 +277,14 @@ class Detector:
 
     def exited(self, rank: int, code: int, now: float) -> Suspect | None:
         """A watched rank's process ended: failed (once)."""
+        return self.lost(rank, exit_cause(code), now)
+
+    def lost(self, rank: int, cause: str, now: float, *, out_of_reach: str = "") -> Suspect | None:
+        """A watched rank's process is gone or out of reach (`cause` says how): failed (once)."""
         if rank not in self._since or rank in self._declared:
             return None
         self._declared.add(rank)
-        return Suspect(rank, exit_cause(code), fence=False, at=now)
+        return Suspect(rank, cause, fence=False, at=now, out_of_reach=out_of_reach)
 
     def check(self, now: float, *, running: bool) -> list[Suspect]:
         """Silent ranks, and (while `running`) ranks stuck in compute."""

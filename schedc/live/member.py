@@ -132,7 +132,7 @@ class LiveWorker(StageFiles, SpeedProbe):
         # How long this process was held stopped or by its CPU quota (a throttle: `schedc.live.stall`).
         self.stall = StallClock(throttled=CgroupThrottle(), process_time=time.process_time)
         self._stall_halt = threading.Event()
-        self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload)
+        self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload, host=host)
 
     # -- what the heartbeat thread sends, and the abort flag it keeps ---------------------
 
@@ -193,6 +193,7 @@ class LiveWorker(StageFiles, SpeedProbe):
                 return None
             latest = self.job.latest_generation()
             if latest > after:
+                self.heartbeat.check_agent(self.job)  # (one whose host has a new agent stops: never joins)
                 return latest
             time.sleep(_POLL * 2)
 

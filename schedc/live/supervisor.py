@@ -49,7 +49,8 @@ from schedc.live.slowness import Slowness
 from schedc.live.world import LocalWorld, World
 from schedc.live.growth import Growth
 from schedc.live.relayout import Relayout
-from schedc.live.transitions import TICK, Transitions
+from schedc.live.hosts import TICK, Hosts
+from schedc.live.transitions import Transitions
 from schedc.live.member import EXIT_ERROR
 from schedc.plan import Plan, read_plan
 
@@ -62,7 +63,7 @@ ERROR_REPORT_WAIT = 1.0
 FINISH_WAIT = 10.0
 
 
-class Supervisor(Transitions, Relayout, Growth):
+class Supervisor(Transitions, Hosts, Relayout, Growth):
     """Runs the compiled plan in `out` on live workers and keeps it training through failures."""
 
     def __init__(self, out: str | Path, options: TrainOptions = TrainOptions(), *,
@@ -99,6 +100,7 @@ class Supervisor(Transitions, Relayout, Growth):
         self.gen: Generation | None = None
         self.dead: set[int] = set()  # ranks lost for good in this run (failed, fenced)
         self.alive: set[int] = set()  # ranks whose worker process runs (started, no exit reported yet)
+        self._unstarted: set[int] = set()  # ... of which those that have not said so (`Started`)
         self.events: list[dict] = []
         self.ledger = Ledger(self.t0, with_loss=not options.emulate)  # which iterations are done
         self.recoveries: list[Recovery] = []
@@ -408,19 +410,6 @@ class Supervisor(Transitions, Relayout, Growth):
         if s:
             self._suspect(s)
 
-    def _on_started(self, msg: Started, now: float) -> None:
-        """Logged (not printed): which host runs each rank's process, and its pid."""
-        self._note("started", f"rank {msg.rank} runs on host {msg.host} (pid {msg.pid})", quiet=True,
-                   rank=msg.rank, host=msg.host, pid=msg.pid, gpu=self.physical.get(msg.rank, msg.rank))
-
-    def _on_agent_up(self, msg: AgentUp, now: float) -> None:
-        self.fleet.up.add(msg.host)
-        self.fleet.left.discard(msg.host)  # (an agent started anew: it has yet to see the stop)
-        if msg.host in self.hosts_gone:  # (an agent registered again for a host found gone)
-            self.hosts_gone.discard(msg.host)
-            self._note("host", f"host {msg.host}'s agent is back: processes can be started there again",
-                       host=msg.host)
-
     def _on_injected(self, msg: Injected, now: float) -> None:
         inj = self.injections.fired_by_agent(msg.id, msg.t, msg.ranks)
         self._note("injected", f"injected `{inj}`: {inj.signal_name} to rank(s) {list(msg.ranks)}", t=msg.t - self.t0,
@@ -490,13 +479,6 @@ class Supervisor(Transitions, Relayout, Growth):
         return not self.ledger.missing(self.iterations, limit=1) and self._done >= set(self.gen.members)
 
     # -- processes ---------------------------------------------------------------------------------------
-
-    def _start_workers(self, ranks) -> None:
-        self.fleet.start(ranks)
-        self.alive.update(ranks)
-
-    def _signal(self, ranks, name: str) -> None:
-        self.fleet.signal(ranks, name)
 
     def _note_slowdowns(self, starting: int) -> None:
         """Say when an injected slowdown begins (its workers apply it themselves, by the iteration)."""

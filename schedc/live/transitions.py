@@ -19,6 +19,7 @@ from typing import Sequence
 
 from schedc.diagnostics import RunError, error
 from schedc.live.detect import Beat
+from schedc.live.hosts import TICK
 from schedc.live.membership import Generation
 from schedc.live.protocol import Phase
 from schedc.live.layouts import layout_words
@@ -35,14 +36,6 @@ from schedc.spec import Failure
 SETTLE = 0.02
 #: A planned switch starts this many iterations after the furthest rank's current one.
 SWITCH_MARGIN = 2
-#: Seconds between two turns of a wait inside a transition (an exit wakes it at once).
-TICK = 0.005
-#: Seconds to wait for the exit of a fenced (SIGKILLed) rank before the survivors go on: a local
-#: kill is seen in milliseconds; this bounds a remote host whose agent does not answer.
-FENCE_WAIT = 5.0
-#: Seconds another host's agent has to beat once more (it beats every `agent.AGENT_BEAT`) before
-#: its host counts as gone, when a replacement process would be started there.
-AGENT_ANSWER = 1.0
 
 
 class Transitions:
@@ -369,50 +362,29 @@ class Transitions:
         self._take_back_silent(suspects, gpu_of, change.method)
 
     def _take_back_silent(self, suspects: dict, gpu_of: dict[int, int], method: str) -> None:
-        """Each of `suspects` declared failed by its silence (what load looks like too) gets one
-        more chance: after a re-partition by growing onto its GPU (`gpu_of`: the failed plan's
-        ranks -> the job's GPUs), else by a fresh process through the rejoin path."""
+        """Each of `suspects` whose GPU may be healthy (declared failed by its silence, what load
+        looks like too; or out of reach when its host's agent was replaced) gets one more chance:
+        after a re-partition by growing onto its GPU (`gpu_of`: the failed plan's ranks -> the
+        job's GPUs), else by a fresh process through the rejoin path."""
         for r, s in sorted(suspects.items()):
-            if s.silent and method == "repartition":
+            why = s.maybe_healthy
+            if why and method == "repartition":
                 # (the ranks are the new layout's now: the GPU, named as the job named it, is taken
                 # back by growing onto it, once, like any GPU the job lost)
                 gpu = gpu_of.get(r)
                 if gpu is not None and ("gpu", gpu) not in self._taken_back:
                     self._taken_back.add(("gpu", gpu))
-                    self._user_rejoin(gpu, "declared failed by its silence; the GPU may be healthy")
+                    self._user_rejoin(gpu, f"{why}; the GPU may be healthy")
                 continue
-            if s.silent and r not in self.gen.members and r not in self._taken_back:
-                # Silence is what load looks like too: the GPU may be healthy. It gets one fresh
-                # process through the rejoin path (catch-up, then a switch); silent again, it stays out.
+            if why and r not in self.gen.members and r not in self._taken_back:
+                # It gets one fresh process through the rejoin path (catch-up, then a switch); lost
+                # again, it stays out.
                 self._taken_back.add(r)
-                self.rejoins.request(r, "declared failed by its silence; the GPU may be healthy: one fresh "
-                                        "process takes it back")
+                self.rejoins.request(r, f"{why}; the GPU may be healthy: one fresh process takes it back")
 
     def _failed_since_plan(self) -> list[int]:
         """The ranks of the running plan lost since it was announced (what the next plan routes around)."""
         return [g.rank for g in self.plan.spec.gpus if g.live and g.rank in self.dead]
-
-    def _unreachable(self, ranks) -> dict[int, list[int]]:
-        """The hosts of `ranks` that are gone, with their ranks: a host found gone once stays so
-        until its agent registers again; any other asks its agent for two more beats
-        (`Fleet.answers`, AGENT_ANSWER seconds at most)."""
-        by_host = self.fleet.by_host(ranks)
-        self._ask_hosts(by_host)
-        return {h: rs for h, rs in by_host.items() if h in self.hosts_gone}
-
-    def _ask_hosts(self, hosts) -> None:
-        """Ask the agents of `hosts` not known gone for two more beats; those that do not beat
-        within AGENT_ANSWER seconds join `hosts_gone` (said once each)."""
-        def gone(host: int) -> None:
-            self.hosts_gone.add(host)
-            self._note("host", f"host {host} is gone: its agent has not answered for {AGENT_ANSWER:g} s, so no "
-                               "process can be started on its GPUs", host=host)
-
-        hosts = set(hosts)
-        for h in sorted(self.fleet.back(self.hosts_gone & hosts)):
-            self.hosts_gone.discard(h)
-            self._note("host", f"host {h} answers again: its agent beats (it was busy, not gone)", host=h)
-        self.fleet.answers([h for h in sorted(hosts) if h not in self.hosts_gone], AGENT_ANSWER, gone)
 
     def _note_replan(self, rec: Recovery, change: Change, old: int) -> None:
         plan, s = change.plan, change.plan.schedule.solver
@@ -460,36 +432,9 @@ class Transitions:
                 return None
         return dict(moved, stage=stage, shadows=sorted(shadows), retry=True)
 
-    def _fence(self, ranks: Sequence[int]) -> None:
-        """Ranks declared failed while their processes may still run (silent, stuck) are killed
-        for sure before the survivors move on: their exits are awaited (FENCE_WAIT at most; a
-        process that outlives a SIGKILL that long is on a host that does not answer: said so; one
-        whose host is gone is gone with it, so a rejoin does not wait for it to catch up)."""
-        unseen = self._kill_and_wait(ranks, FENCE_WAIT) if ranks else set()
-        gone = {r: h for h, rs in self._unreachable(unseen).items() for r in rs} if unseen else {}
-        self.alive -= set(gone)
-        for r in sorted(unseen):
-            why = f": its host {gone[r]} is gone" if r in gone else ""
-            self._note("warning", f"warning: rank {r}'s process was killed but its exit is not seen after "
-                                  f"{FENCE_WAIT:g} s{why}: going on without it")
-
     def _stop_survivors(self) -> None:
         """recovery="restart": every survivor is killed before all restart (their exits are ours)."""
         self._kill_and_wait([r for r in self.gen.members if r not in self.dead])
-
-    def _kill_and_wait(self, ranks: Sequence[int], seconds: float = 10.0) -> set[int]:
-        """SIGKILL `ranks`' processes and wait (`seconds` at most) until their exits are seen;
-        those exits are expected (the ranks are no longer watched), not failures. Returns the
-        ranks whose exit was not seen."""
-        for r in ranks:
-            self.detector.forget(r)
-        self._signal(ranks, "kill")
-        deadline = self._now() + seconds
-        while self.alive & set(ranks) and self._now() < deadline:
-            self.fleet.step(TICK)
-            for ev in self.job.events():
-                self._dispatch(ev, self._now())
-        return self.alive & set(ranks)
 
     # -- deadlines: a transition that does not end is tried again, then restarted, then reported -----
 

@@ -38,6 +38,7 @@ prints every violation with the seed that replays it.
 from __future__ import annotations
 
 import functools
+import math
 import random
 import shutil
 import tempfile
@@ -185,7 +186,8 @@ HOST_DETECT_S = 15.0
 
 def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
     """A host lost (not the supervisor's), sometimes then another fault while the run recovers
-    from it, or lost itself while the run recovers from a GPU killed first."""
+    from it, or back (before or after its loss is found), or lost itself while the run recovers
+    from a GPU killed first."""
     rng = random.Random(f"{seed}/host-schedule")
     host = Fault("training", round(rng.uniform(0.1, 1.2), 3), "host", (1 + rng.randrange(2),))
     if rng.random() < 0.3:  # lost while the run recovers from a GPU killed first
@@ -194,6 +196,9 @@ def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
     out = [host]
     if rng.random() < 0.4:  # it comes back once the run recovers without it, and its GPUs are asked back
         out.append(Fault("recovering", rng.choice([0.2, 1.0, 2.0]), "host_back", host.ranks))
+        early = random.Random(f"{seed}/host-early")  # (its own stream: the draws above stay as they were)
+        if early.random() < 0.4:  # ... or before its loss is found (a quick reboot): its new agent says so
+            out[-1] = Fault("training", early.choice([0.5, 3.0, 8.0]), "host_back", host.ranks)
     elif rng.random() < 0.5:
         out.append(Fault("recovering", rng.choice([0.0, 0.02, 0.1]), rng.choice(["kill", "stop"]),
                          (rng.randrange(world),), duration=rng.choice([1.0, 5.0])))
@@ -372,9 +377,9 @@ class _Checker:
         for e in events[self.seen_events:]:
             if e["kind"] == "failure":
                 self._check_failure(e["rank"], e["t"], e["message"])
-            elif e["kind"] == "catch-up" and e.get("donor") is not None and world_lost(self.world, e["rank"]):
-                self.world.violations.append(f"t={now:.3f}: rank {e['rank']} is to catch up on a lost host "
-                                             f"(nothing runs there): {e['message']}")
+            elif e["kind"] == "catch-up" and e.get("donor") is not None and died_with_host(self.world, e["rank"]):
+                self.world.violations.append(f"t={now:.3f}: rank {e['rank']} is to catch up, but its process died "
+                                             f"with its host (nothing of it runs there): {e['message']}")
             elif e["kind"] == "slow" and e.get("speed", 1.0) < 0.9 and e["rank"] not in self.slowed:
                 self.world.violations.append(f"t={now:.3f}: rank {e['rank']} reported slow but the world never "
                                              f"slowed it: {e['message']}")
@@ -401,9 +406,15 @@ class _Checker:
                                          f"(iterations {running}, switch at {start_at})")
 
 
-def world_lost(world: SimWorld, rank: int) -> bool:
-    """Whether `rank` runs (as the running layout numbers it) on a host the world lost."""
-    return world.agents is not None and world.agents.host_of(rank) in world.agents.gone
+def died_with_host(world: SimWorld, rank: int) -> bool:
+    """Whether `rank`'s process (as the running layout numbers it) died with its host, and the
+    supervisor could know: the host is still lost, or its new agent registered over a second ago
+    (its `AgentUp` has arrived) and nothing was started under that rank since."""
+    w, fleet = world.workers.get(rank), world.agents
+    if w is None or w.alive or not w.host_lost or fleet is None:
+        return False
+    host = fleet.host_of(rank)
+    return host in fleet.gone or world.now > fleet.back_at.get(host, math.inf) + 1.0
 
 
 def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outcome:

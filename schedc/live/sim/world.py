@@ -198,6 +198,7 @@ class SimFleet:
         self._gpu_host = {g.rank: spec.cluster.node_of(g.rank) * hosts // nodes for g in spec.gpus}
         self.physical: dict[int, int] = {}
         self.gone: set[int] = set()  # hosts lost (`lose`)
+        self.back_at: dict[int, float] = {}  # host -> when its new agent registered (`restore`)
         self.up: set[int] = set()  # (no agent registers through the store, none leaves)
         self.left: set[int] = set()
 
@@ -221,6 +222,7 @@ class SimFleet:
     def restore(self, host: int) -> None:
         """Host `host` is back (the instance returned): a new agent registers there, with no process."""
         self.gone.discard(host)
+        self.back_at[host] = self.world.now
         self.world.job.event(AgentUp(host=host, pid=200000 + host, t=self.world.time()))
         self.world.note(f"host {host} is back: its agent registers")
 
