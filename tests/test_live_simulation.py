@@ -685,3 +685,17 @@ def test_a_host_back_before_its_loss_is_found_has_its_old_processes_declared_los
     assert "no heartbeat" not in story, story  # (found by the registration, not by the silence)
     assert sum("runs on host 2" in e for e in out.events) == 3 + 3, story  # at the start, then back
     assert "9 ranks switched" in story, story
+
+
+def test_a_process_lost_with_its_host_before_it_said_it_runs_is_started_again_by_the_new_agent():
+    # As above, and host 2 is lost again while rank 6's fresh process (its take-back) is starting:
+    # that process never says it runs. At the second return, the new agent's registration cannot
+    # tell whether the old agent started it (lost) or the new one will: it is started again (an
+    # agent starts none for a rank it runs). Before, rank 6 was counted alive to the end with
+    # nothing of it running, and its GPU was never taken back.
+    out = simulate(20, faults=[Fault("training", 1.18, "host", (2,)), Fault("training", 0.5, "host_back", (2,)),
+                               Fault("training", 0.9, "host", (2,)), Fault("training", 0.5, "host_back", (2,))])
+    assert not out.violations and out.result == "finished", out.describe()
+    story = "\n".join(out.events)
+    assert "the process(es) of rank(s) [7, 8] that its old agent ran are lost with it" in story, story
+    assert sum("rank 6 runs on host 2" in e for e in out.events) == 2, story  # (at the start, then again)

@@ -670,13 +670,15 @@ def test_a_worker_whose_supervisor_is_gone_leaves(monkeypatch):
 def test_a_worker_whose_host_has_a_new_agent_stops_before_it_joins_another_generation():
     # Host 1's agent died and a new one took its lease (a restarted `schedc agent`): the old one's
     # workers can no longer be signalled, and their exits would never be reported. The supervisor
-    # counts them lost at the new agent's registration; each stops by itself: at its next beat, or
-    # before it takes part in a generation it found (`check_agent`), whichever comes first.
+    # counts them lost at the new agent's registration; each stops by itself: at its next beat
+    # (before it beats), or before it takes part in a generation it found (`check_agent`). A worker
+    # knows its starter's lease from its start, so one that starts late does not take the new one's.
     job = JobStore.serve()
     worker = JobStore.connect(job.host, job.port, timeout=1.0)
     assert job.claim_agent(1, "", "pid 11 on a #1") == "pid 11 on a #1"
     replaced, untouched = [], []
-    hb = Heartbeat(worker.clone(), 4, 0.02, lambda: "1 0 0 0 idle", host=1, on_replaced=replaced.append)
+    hb = Heartbeat(worker.clone(), 4, 0.02, lambda: "1 0 0 0 idle", (1, "pid 11 on a #1"),
+                   on_replaced=replaced.append)
     host0 = Heartbeat(worker.clone(), 0, 0.02, lambda: "1 0 0 0 idle", on_replaced=untouched.append)
     hb.check_agent(worker)
     assert not replaced  # (its own agent holds the lease)
@@ -684,15 +686,12 @@ def test_a_worker_whose_host_has_a_new_agent_stops_before_it_joins_another_gener
     hb.check_agent(worker)  # (the main thread, before its heartbeat thread ever ran)
     assert replaced == ["schedc train: rank 4: host 1 has a new agent (pid 12 on a); the one that started this "
                         "process is gone, so it stops\n"]
-    job.claim_agent(1, "pid 12 on a #2", "pid 11 on a #1")  # (the first agent's lease again)
-    hb.start()
-    host0.start()  # (host 0's agent runs in the supervisor: its lease is never read)
+    hb.start()  # (its first turn finds the new agent before it beats: no beat of it ever reaches the store)
+    host0.start()  # (host 0's agent runs in the supervisor: no lease is read)
     try:
-        wait_until(lambda: 4 in job.heartbeats([4]), "rank 4's first heartbeat in the store")
-        assert len(replaced) == 1
-        job.claim_agent(1, "pid 11 on a #1", "pid 13 on b #3")
-        wait_until(lambda: len(replaced) == 2, "the heartbeat thread to see the new agent", state=lambda: replaced)
-        assert "new agent (pid 13 on b)" in replaced[1] and not untouched
+        wait_until(lambda: len(replaced) == 2 and 0 in job.heartbeats([0]), "the heartbeat thread to see the "
+                   "new agent", state=lambda: replaced)
+        assert 4 not in job.heartbeats([4]) and not untouched
     finally:
         hb.halt()
         host0.halt()
@@ -902,11 +901,12 @@ def test_a_rename_carries_a_members_failure_over_to_its_new_number():
     sup.job = SimpleNamespace(put_rename=lambda epoch, renamed: renames.append((epoch, renamed)), epoch=0)
     sup.fleet = SimpleNamespace(rename=lambda epoch, renamed: None)
     sup.detector = SimpleNamespace(watching=lambda: [], forget=lambda r: None)
-    sup.alive, sup.shadows_held, sup._error_exits = {0, 3, 5}, set(), {}
+    sup.alive, sup.shadows_held, sup._error_exits, sup._started_by = {0, 3, 5}, set(), {}, {3: "a", 4: "b"}
     sup._suspects = {2: Suspect(2, "killed by SIGKILL", False, 1.78), 6: Suspect(6, "killed by SIGKILL", False, 1.8)}
     sup._rename({0: 0, 2: 1, 3: 2})  # (old rank 6 has no place in the new layout)
     assert sup._suspects == {1: Suspect(1, "killed by SIGKILL", False, 1.78)}
     assert sup.alive == {0, 2} and sup.dead == set() and renames == [(1, {0: 0, 2: 1, 3: 2})]
+    assert sup._started_by == {2: "a"}  # (which agent started each process: under its new number)
 
 
 def test_an_agent_started_mid_run_numbers_its_ranks_in_the_newest_epoch():

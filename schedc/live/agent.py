@@ -70,7 +70,7 @@ class Agent:
         self.epoch = job.epoch_now()
 
     def register(self) -> None:
-        self.job.event(AgentUp(host=self.host, pid=os.getpid(), t=time.time()))
+        self.job.event(AgentUp(host=self.host, pid=os.getpid(), t=time.time(), agent=self.token or ""))
 
     # -- processes -------------------------------------------------------------------
 
@@ -79,7 +79,7 @@ class Agent:
 
         for rank in ranks:
             try:
-                self.local.start(rank, worker_main, (self.job.host, self.job.port, rank, self.host),
+                self.local.start(rank, worker_main, (self.job.host, self.job.port, rank, self.host, self.token or ""),
                                  f"schedc-train-rank-{rank}")
             except StartError as exc:
                 raise RunError([error("E564", f"host {self.host}: {exc}",

@@ -9,9 +9,13 @@ supervisor's (its `__init__` lists it).
 A host's processes are watched through its agent alone. So an agent that registers while the
 run goes on (the host came back from a reboot, or its agent was restarted) means the processes
 its old agent ran are out of reach: gone with the host, or ending by themselves
-(`membership.Heartbeat` stops a worker whose host has a new agent). They are declared lost at
-once, not left looking alive until their silence is found: a kill would reach nobody, and a
-rejoin would catch up a process that is not there.
+(`membership.Heartbeat` stops a worker whose host's lease another agent holds). Each worker says
+which agent started it (`Started.agent`, that agent's lease), so those of an old agent are
+declared lost at once, not left looking alive until their silence is found: a kill would reach
+nobody, and a rejoin would catch up a process that is not there. A process started there that
+has not said so yet may be the old agent's (lost, or ending by itself) or the new one's (which
+carries out the host's queued commands): it is started again, which the new agent does only if
+it runs none for that rank.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class Hosts:
     def _start_workers(self, ranks) -> None:
         self.fleet.start(ranks)
         self.alive.update(ranks)
-        self._unstarted.update(ranks)  # (until their processes say they run: `_on_started`)
+        for r in ranks:
+            self._started_by.pop(r, None)  # (until the new process says it runs: `_on_started`)
 
     def _signal(self, ranks, name: str) -> None:
         self.fleet.signal(ranks, name)
@@ -45,7 +50,9 @@ class Hosts:
 
     def _on_started(self, msg: Started, now: float) -> None:
         """Logged (not printed): which host runs each rank's process, and its pid."""
-        self._unstarted.discard(msg.rank)
+        rank = msg.rank if msg.epoch == self.epoch else self._current_rank(msg.rank, msg.epoch)
+        if rank is not None and rank in self.alive:
+            self._started_by[rank] = msg.agent
         self._note("started", f"rank {msg.rank} runs on host {msg.host} (pid {msg.pid})", quiet=True,
                    rank=msg.rank, host=msg.host, pid=msg.pid, gpu=self.physical.get(msg.rank, msg.rank))
 
@@ -60,9 +67,11 @@ class Hosts:
                        host=msg.host)
         if msg.host == 0:
             return  # (host 0's agent runs in this process: it never registers anew)
-        # Processes that said they run (one whose start the old agent never carried out is started by
-        # the new one: the host's commands are its now) and have not exited.
-        lost = sorted(r for r in self.alive - self._unstarted if self.fleet.host_of(r) == msg.host)
+        here = [r for r in sorted(self.alive) if self.fleet.host_of(r) == msg.host]
+        unsaid = [r for r in here if r not in self._started_by]
+        if unsaid and self.phase not in (Phase.FINISHING, Phase.DONE):
+            self.fleet.start(unsaid)  # (the new agent starts those it does not run already)
+        lost = [r for r in here if self._started_by.get(r, msg.agent) != msg.agent]
         if not lost:
             return
         self.alive -= set(lost)

@@ -63,8 +63,8 @@ CONNECT_TIMEOUT = 15.0
 _POLL = 0.005
 
 
-def worker_main(store_host: str, store_port: int, rank: int, host: int) -> None:
-    """Entry of a worker process (started by an agent)."""
+def worker_main(store_host: str, store_port: int, rank: int, host: int, agent: str = "") -> None:
+    """Entry of a worker process (started by the agent of `host` that holds lease `agent`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     import torch
@@ -73,7 +73,7 @@ def worker_main(store_host: str, store_port: int, rank: int, host: int) -> None:
     job = None
     try:
         job = JobStore.connect(store_host, store_port, timeout=CONNECT_TIMEOUT)
-        LiveWorker(job, rank, host).run()
+        LiveWorker(job, rank, host, agent).run()
     except SchedcError as exc:
         _report_error(job, rank, [d.to_json() for d in exc.diagnostics])
         os._exit(EXIT_ERROR)
@@ -99,11 +99,11 @@ def _report_error(job: JobStore | None, rank: int, diagnostics: list[dict]) -> N
 class LiveWorker(StageFiles, SpeedProbe):
     """One schedule rank's process across generations (see the module docstring)."""
 
-    def __init__(self, job: JobStore, rank: int, host: int):
+    def __init__(self, job: JobStore, rank: int, host: int, agent: str = ""):
         self.job = job
         job.epoch = job.epoch_now()  # (`rank` is numbered in the newest epoch: `_follow_renames`)
         self.rank = rank
-        self.host = host
+        self.host, self.agent = host, agent
         self.config = job.config()
         latest = job.latest_generation()  # (announced before its processes start)
         self.device = own_device(self.config.device, rank, job.generation(latest).gpu(rank) if latest >= 0 else rank)
@@ -132,7 +132,7 @@ class LiveWorker(StageFiles, SpeedProbe):
         # How long this process was held stopped or by its CPU quota (a throttle: `schedc.live.stall`).
         self.stall = StallClock(throttled=CgroupThrottle(), process_time=time.process_time)
         self._stall_halt = threading.Event()
-        self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload, host=host)
+        self.heartbeat = Heartbeat(job.clone(), rank, self.config.heartbeat_interval, self._payload, (host, agent))
 
     # -- what the heartbeat thread sends, and the abort flag it keeps ---------------------
 
@@ -159,7 +159,7 @@ class LiveWorker(StageFiles, SpeedProbe):
         self.heartbeat.start()
         if self.config.probe:  # (--fail-slow act only)
             threading.Thread(target=self._probe_loop, name="schedc-probe", daemon=True).start()
-        self.job.report(Started(rank=self.rank, pid=os.getpid(), host=self.host))
+        self.job.report(Started(self.rank, os.getpid(), self.host, agent=self.agent, epoch=self.job.epoch))
         number = self._next_generation(after=-1)
         while number is not None:
             gen = self.job.generation(number)

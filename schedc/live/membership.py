@@ -291,10 +291,6 @@ class JobStore:
     def agent_lease(self, host: int) -> str:
         return self.store.get(f"agent/{host}/lease").decode()
 
-    def has_agent_lease(self, host: int) -> bool:
-        """Whether an agent of `host` ever took its lease (`schedc agent` does; host 0's does not)."""
-        return self.store.check([f"agent/{host}/lease"])
-
     def agent_beats(self, host: int) -> int:
         """How many beats host `host`'s agent has sent (a count that stops when the host is gone)."""
         return self.store.add(f"agent/{host}/beats", 0)
@@ -356,20 +352,20 @@ class Heartbeat:
     `on_orphaned` is called (the worker exits rather than live on alone).
 
     A worker of another host than 0 also reads its host's agent lease at
-    every beat: once another agent holds it (the host's agent died and a new
-    one registered), nobody can signal this process or report its exit, and
-    the supervisor counts it lost (`schedc.live.hosts`), so `on_replaced` is
-    called (the worker exits). The lease is read before the newest generation
-    is: a worker never takes part in a generation announced after its agent
-    was replaced.
+    every beat, before it beats: once an agent other than the one that
+    started it (`starter`: its host and lease) holds it (that agent died and
+    a new one registered), nobody can signal this process or report its exit,
+    and the supervisor counts it lost (`schedc.live.hosts`), so `on_replaced`
+    is called (the worker exits). The worker reads it too before it takes
+    part in a generation (`check_agent`).
     """
 
     job: JobStore  # a connection of its own
     rank: int
     interval: float
     payload: Callable[[], str]
+    starter: tuple[int, str] = (0, "")  # the host and lease of the agent that started it ("": none)
     on_orphaned: Callable[[], None] = field(default=lambda: os._exit(3))
-    host: int = 0  # the host whose agent started this worker
     on_replaced: Callable[[str], None] = field(default=lambda why: _leave(why))
     aborted: int = -1
     stopped: bool = False
@@ -380,7 +376,6 @@ class Heartbeat:
 
     def __post_init__(self) -> None:
         self._halt = threading.Event()
-        self._agent: str | None = None  # its host's agent lease at its first beat ("": none there)
         self._renaming = threading.Lock()  # the rank and its epoch change together (`rename`)
         self._thread = threading.Thread(target=self._run, name=f"schedc-heartbeat-{self.rank}", daemon=True)
 
@@ -391,7 +386,6 @@ class Heartbeat:
             self.directive = None
 
     def start(self) -> "Heartbeat":
-        self._agent_replaced()  # (its host's lease now, before the worker says it runs: `_agent`)
         self._thread.start()
         return self
 
@@ -403,13 +397,13 @@ class Heartbeat:
         last_ok = time.monotonic()
         while not self._halt.is_set():
             try:
-                with self._renaming:
-                    self.job.beat(self.rank, self.payload())
-                    self.directive = self.job.directive(self.rank)
-                why = self._agent_replaced()
+                why = self._agent_replaced(self.job)
                 if why:
                     self.on_replaced(why)
                     return
+                with self._renaming:
+                    self.job.beat(self.rank, self.payload())
+                    self.directive = self.job.directive(self.rank)
                 self.aborted = self.job.aborted()
                 self.stopped = self.stopped or self.job.stopped()
                 self.latest = self.job.latest_generation()
@@ -428,18 +422,15 @@ class Heartbeat:
         if why:
             self.on_replaced(why)
 
-    def _agent_replaced(self, job: JobStore | None = None) -> str | None:
-        """Why this worker must stop, if another agent took its host's lease since its first beat."""
-        job = job or self.job
-        if self.host == 0 or self._agent == "":
+    def _agent_replaced(self, job: JobStore) -> str | None:
+        """Why this worker must stop, if an agent other than its starter holds its host's lease."""
+        host, agent = self.starter
+        if host == 0 or not agent:
             return None
-        if self._agent is None:  # (the first read: the lease of the agent that started it, if any)
-            self._agent = job.agent_lease(self.host) if job.has_agent_lease(self.host) else ""
+        holder = job.agent_lease(host)
+        if holder == agent:
             return None
-        holder = job.agent_lease(self.host)
-        if holder == self._agent:
-            return None
-        return (f"schedc train: rank {self.rank}: host {self.host} has a new agent ({holder.split(' #')[0]}); "
+        return (f"schedc train: rank {self.rank}: host {host} has a new agent ({holder.split(' #')[0]}); "
                 "the one that started this process is gone, so it stops\n")
 
 

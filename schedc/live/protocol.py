@@ -89,9 +89,14 @@ def decode(blob: bytes | str):
 
 @message("started")
 class Started:
+    """A worker's process runs: on `host`, started by the agent whose lease is `agent` ("": host
+    0's, which holds none), its rank numbered in `epoch`."""
+
     rank: int
     pid: int
     host: int
+    agent: str = ""
+    epoch: int = 0
 
 
 @message("ready")
@@ -227,9 +232,12 @@ class RejoinAsked:
 
 @message("agent")
 class AgentUp:
+    """A host's agent registered, holding the lease `agent` ("": host 0's, in the supervisor)."""
+
     host: int
     pid: int
     t: float
+    agent: str = ""
 
 
 @message("agent_left")

@@ -158,6 +158,7 @@ class Relayout:
         for r in list(self.detector.watching()):
             self.detector.forget(r)
         self.alive = {renamed[r] for r in self.alive if r in renamed}
+        self._started_by = {renamed[r]: a for r, a in self._started_by.items() if r in renamed}
         self.shadows_held = {renamed[r] for r in self.shadows_held if r in renamed}
         self._error_exits = {renamed[r]: t for r, t in self._error_exits.items() if r in renamed}
         # A member of the new layout found failed since the decision (its exit came in while the

@@ -100,7 +100,7 @@ class Supervisor(Transitions, Hosts, Relayout, Growth):
         self.gen: Generation | None = None
         self.dead: set[int] = set()  # ranks lost for good in this run (failed, fenced)
         self.alive: set[int] = set()  # ranks whose worker process runs (started, no exit reported yet)
-        self._unstarted: set[int] = set()  # ... of which those that have not said so (`Started`)
+        self._started_by: dict[int, str] = {}  # ... that said so: the lease of the agent that started it
         self.events: list[dict] = []
         self.ledger = Ledger(self.t0, with_loss=not options.emulate)  # which iterations are done
         self.recoveries: list[Recovery] = []
@@ -397,6 +397,7 @@ class Supervisor(Transitions, Hosts, Relayout, Growth):
                 return  # a process without a place in the new layout: its end was expected
             msg = dataclasses.replace(msg, rank=rank, epoch=self.epoch)
         self.alive.discard(msg.rank)
+        self._started_by.pop(msg.rank, None)
         if self.phase in (Phase.FINISHING, Phase.DONE):
             return  # an expected exit: the run is over
         if msg.rank not in self.detector.watching():  # fenced, or a standby process

@@ -466,6 +466,8 @@ def _judge(outcome: Outcome, sup, world: SimWorld, ckpt: Path) -> None:
     from schedc.live import checkpoint
 
     v = world.violations
+    v += [f"the run ended counting rank {r} alive, but its process died with its host (nothing of it runs there)"
+          for r in sorted(sup.alive) if died_with_host(world, r)]
     if sup.phase == Phase.DONE and not sup._failure:
         outcome.result = "finished"
         for r in sup.gen.members:

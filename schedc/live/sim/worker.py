@@ -215,7 +215,7 @@ class SimWorker:
         self.beating, self.state = True, "idle"
         self.next_beat = self.now
         fleet = self.world.agents
-        self.job.report(Started(rank=self.rank, pid=100000 + self.rank, host=fleet.host_of(self.rank) if fleet else 0))
+        self.job.report(fleet.started(self.rank, self.epoch) if fleet else Started(self.rank, 100000 + self.rank, 0))
         after = -1
         while True:
             yield lambda: self.job.stopped() or self.job.latest_generation() > after

@@ -15,7 +15,7 @@ import random
 from typing import Callable
 
 from schedc.live.membership import JobStore
-from schedc.live.protocol import AgentUp, Exited
+from schedc.live.protocol import AgentUp, Exited, Started
 from schedc.live.sim.store import MemoryStore
 from schedc.live.sim.worker import Network, SimWorker
 
@@ -199,6 +199,8 @@ class SimFleet:
         self.physical: dict[int, int] = {}
         self.gone: set[int] = set()  # hosts lost (`lose`)
         self.back_at: dict[int, float] = {}  # host -> when its new agent registered (`restore`)
+        self.lease = {h: f"sim agent {h}.0" if h else "" for h in range(hosts)}  # each host's agent now
+        self.queued: dict[int, list[int]] = {}  # a lost host's commands: its next agent starts these
         self.up: set[int] = set()  # (no agent registers through the store, none leaves)
         self.left: set[int] = set()
 
@@ -223,8 +225,15 @@ class SimFleet:
         """Host `host` is back (the instance returned): a new agent registers there, with no process."""
         self.gone.discard(host)
         self.back_at[host] = self.world.now
-        self.world.job.event(AgentUp(host=host, pid=200000 + host, t=self.world.time()))
+        self.lease[host] = f"sim agent {host}.{int(self.lease[host].rsplit('.', 1)[1]) + 1}"
+        self.world.job.event(AgentUp(host=host, pid=200000 + host, t=self.world.time(), agent=self.lease[host]))
         self.world.note(f"host {host} is back: its agent registers")
+        self.start(self.queued.pop(host, []))  # (the host's commands are the new agent's)
+
+    def started(self, rank: int, epoch: int) -> Started:
+        """What the worker of `rank` says once it runs (started by its host's agent now)."""
+        host = self.host_of(rank)
+        return Started(rank, 100000 + rank, host, agent=self.lease[host], epoch=epoch)
 
     def gpus_of(self, host: int) -> list[int]:
         """The job's GPUs (ranks of its spec) on `host`."""
@@ -266,7 +275,8 @@ class SimFleet:
     def start(self, ranks) -> None:
         for r in ranks:
             if self.host_of(r) in self.gone:
-                self.world.note(f"start of rank {r} on lost host {self.host_of(r)}: nobody reads it")
+                self.world.note(f"start of rank {r} on lost host {self.host_of(r)}: queued there, unread")
+                self.queued.setdefault(self.host_of(r), []).append(r)
                 continue
             self.world.job.forget_heartbeat(r)
             self.world.start(r)
