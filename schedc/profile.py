@@ -220,8 +220,12 @@ def profile(spec: Spec, *, device: str = "cpu", repeats: int = 10, warmup: int =
     `clock`: what times the ops (default: CUDA events on a GPU, `time.perf_counter` on the
     CPU); an object with `start(op) -> token`, `stop(token) -> raw` and `resolve(raw) -> us`,
     where op is one of F, B, W, BW, O."""
-    if repeats < 1 or warmup < 0:
-        raise RunError([error("E582", f"profile needs repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")])
+    from schedc.limits import MAX_ROUNDS, count_problem
+
+    problems = [p for p in (count_problem(repeats, "--repeats", 1, MAX_ROUNDS),
+                            count_problem(warmup, "--warmup", 0, MAX_ROUNDS)) if p]
+    if problems:
+        raise RunError([error("E582", p) for p in problems])
     _check_model(spec)
     import torch
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from schedc.diagnostics import Label, Span, error, spec_error
 from schedc.diagnostics import LostStageError  # noqa: F401  (documented as importable from here: docs/errors.md)
 from schedc.failures import failures_from_block, resolve_gpus
-from schedc.limits import MAX_COST_SECONDS, MAX_SECONDS
+from schedc.limits import MAX_COST_SECONDS, MAX_ITERATIONS, MAX_SECONDS
 from schedc.parse import Assign, Block, Document, Statement, Value, display_text
 from schedc.printer import human_bytes
 from schedc.spec import (
@@ -115,7 +115,7 @@ class _Train(_Strict):
     microbatches: int = Field(ge=1, le=1_000_000)
     optimizer: Literal["sgd", "adam", "adamw"] = "adam"
     lr: float = Field(1e-3, gt=0, le=1e6)
-    iterations: int = Field(1, ge=1, le=10**9)
+    iterations: int = Field(1, ge=1, le=MAX_ITERATIONS)
 
 
 class _Schedule(_Strict):

@@ -158,6 +158,10 @@ def test_ordinary_bad_paths_and_numbers_are_diagnostics_not_internal_errors(spec
     for bad in ("inf", "nan", "1e300"):
         assert run_cli(["run", "out", "--timeout", bad]) == 1
         assert "error[E524]: --timeout must be a positive number of seconds" in capsys.readouterr().err
+    for bad in ("0", "1000000001"):  # (a mistyped count is answered at once, not by a run that never ends)
+        assert run_cli(["run", "out", "--iterations", bad]) == 1
+        assert f"error[E524]: --iterations must be a whole number from 1 to 1,000,000,000, got {bad}" \
+            in capsys.readouterr().err
 
 
 def test_summary_shows_the_proven_bound(spec_path, tmp_path, run_cli, capsys):

@@ -50,7 +50,8 @@ def _descendants_of_session(sid: int) -> list[str]:
     # (as root the permissions say "writable": only creating a file there tells)
     (["train", "{out}", "--log", "/proc/x.json"], "E558", "no file can be created in `/proc`"),
     (["train", "{out}", "--save-weights", "/proc/w.pt"], "E558", "no file can be created in `/proc`"),
-    (["train", "{out}", "--iterations", "0"], "E555", "iterations must be at least 1"),
+    (["train", "{out}", "--iterations", "0"], "E555", "iterations must be a whole number from 1 to 1,000,000,000, got 0"),
+    (["train", "{out}", "--iterations", "10000000000"], "E555", "from 1 to 1,000,000,000, got 10000000000"),
     (["train", "{out}", "--recovery", "restart"], "E555", "give --checkpoint-every K"),
     (["train", "{out}", "--resume"], "E556", "no complete checkpoint"),
     (["agent", "--store", "nowhere", "--host", "1"], "E557", "is not HOST:PORT"),

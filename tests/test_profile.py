@@ -194,6 +194,8 @@ def test_cli_writes_the_block_into_the_spec_and_compile_uses_it(tmp_path, monkey
 
 @pytest.mark.parametrize("args, code", [
     (["--repeats", "0"], "E582"),
+    (["--repeats", "1000000000000"], "E582"),
+    (["--warmup", "-1"], "E582"),
     (["--device", "tpu"], "E580"),
     (["--write"], "E583"),  # with the spec on stdin
 ])

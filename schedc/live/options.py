@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from schedc.diagnostics import RunError, error
-from schedc.limits import MAX_COST_SECONDS, MAX_SECONDS, seconds_problem
+from schedc.limits import MAX_COST_SECONDS, MAX_ITERATIONS, MAX_SECONDS, count_problem, seconds_problem
 
 RecoveryMethod = Literal["auto", "reroute", "drop-pipeline", "repartition", "restart"]
 RECOVERY_METHODS = ("auto", "reroute", "drop-pipeline", "repartition", "restart")
@@ -73,8 +73,9 @@ class TrainOptions:
         if not (isinstance(self.phi, (int, float)) and math.isfinite(self.phi) and self.phi > 0):
             problems.append(f"phi must be a positive number (8: a healthy rank's silence that long is a "
                             f"one-in-10^8 event), got {self.phi}")
-        if self.iterations is not None and self.iterations < 1:
-            problems.append(f"iterations must be at least 1, got {self.iterations}")
+        problem = None if self.iterations is None else count_problem(self.iterations, "iterations", 1, MAX_ITERATIONS)
+        if problem:
+            problems.append(problem)
         for name in ("checkpoint_every", "max_restarts", "store_port"):
             if getattr(self, name) < 0:
                 problems.append(f"{name.replace('_', '-')} must be 0 or more, got {getattr(self, name)}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from schedc.diagnostics import Diagnostic, RunError, error
+from schedc.limits import MAX_ITERATIONS, count_problem
 from schedc.live.protocol import IterationDone, Weights, WorkerError
 from schedc.runtime.manifest import Manifest, load_manifest, refuse_tensor_parallel
 from schedc.runtime.processes import LocalProcesses, forkserver_context
@@ -56,8 +57,9 @@ class Launch:
         self.manifest = load_manifest(self.out_dir)
         refuse_tensor_parallel(self.manifest.tp)
         self.iterations = self.manifest.iterations if iterations is None else iterations
-        if self.iterations < 1:
-            raise RunError([error("E524", f"--iterations must be at least 1, got {self.iterations}")])
+        problem = count_problem(self.iterations, "--iterations", 1, MAX_ITERATIONS)
+        if problem:
+            raise RunError([error("E524", problem)])
         self.timeout = timeout
         self.want_weights = want_weights and not emulate
         from schedc.runtime.placement import place
