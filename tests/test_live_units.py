@@ -697,6 +697,64 @@ def test_a_worker_whose_host_has_a_new_agent_stops_before_it_joins_another_gener
         host0.halt()
 
 
+
+class _HostsSup:
+    """A supervisor's host bookkeeping alone (`schedc.live.hosts.Hosts`) over fakes: rank r runs on
+    host r // 2; what it starts, notes and suspects is recorded."""
+
+    def __new__(cls):
+        from types import SimpleNamespace
+
+        from schedc.live.hosts import Hosts
+        from schedc.live.protocol import Phase
+
+        class Sup(Hosts):
+            pass
+
+        sup = Sup()
+        sup.started, sup.notes, sup.suspects = [], [], []
+        sup.fleet = SimpleNamespace(up=set(), left=set(), leases={1: "old"}, retired=set(), host_of=lambda r: r // 3,
+                                    start=sup.started.extend)
+        sup.alive, sup._started_by, sup.hosts_gone = set(), {}, set()
+        sup.epoch, sup.phase, sup.physical = 0, Phase.RUNNING, {}
+        sup.detector = Detector(heartbeat_timeout=3.0, stall_timeout=10.0, startup_timeout=60.0)
+        sup._note = lambda kind, message, **details: sup.notes.append(message)
+        sup._suspect = sup.suspects.append
+        sup.rejoins = sup.slowness = SimpleNamespace(lost=lambda r: None)
+        return sup
+
+
+def test_a_new_agent_fails_only_its_old_agents_processes_and_starts_again_those_that_never_said_they_run():
+    # Host 1 runs ranks 3, 4 and 5 (host of rank r: r // 3): rank 3 said it runs under the old agent
+    # ("old"); rank 4's process was commanded and never said it runs (lost with the old agent, or
+    # to be started by the new one, which carries out the host's queued commands); rank 5's
+    # replacement, started by the new agent ("new"), said so before the new agent's registration
+    # was read (reports and events are two queues). A late `Started` of an old agent's process
+    # after the new agent registered is not the rank's.
+    from schedc.live.protocol import AgentUp, Started
+
+    sup = _HostsSup()
+    sup.alive = {0, 1, 3, 4, 5, 6}
+    for r in sup.alive:
+        sup.detector.watch(r, 0.0)
+    for r, agent in ((0, ""), (1, ""), (3, "old"), (5, "new"), (6, "other")):  # (rank 6: host 2's)
+        sup._on_started(Started(r, 100 + r, r // 3, agent=agent), 1.0)
+    assert sup._started_by == {0: "", 1: "", 3: "old", 5: "new", 6: "other"}
+    sup._on_agent_up(AgentUp(host=1, pid=7, t=0.0, agent="new"), 2.0)
+    assert sup.started == [4]  # (the new agent starts it unless it runs it already)
+    assert sup.alive == {0, 1, 4, 5, 6} and sup.fleet.leases[1] == "new" and sup.fleet.retired == {"old"}
+    assert [(s.rank, s.maybe_healthy) for s in sup.suspects] == [(3, "its process was lost with host 1's old agent")]
+    assert "the process(es) of rank(s) [3] that its old agent ran are lost with it" in sup.notes[-1]
+    sup._on_started(Started(4, 104, 1, agent="old"), 3.0)  # (late, from the old agent: it stops by itself)
+    assert 4 not in sup._started_by
+    sup._on_started(Started(4, 204, 1, agent="new"), 3.1)
+    assert sup._started_by[4] == "new"
+    # The new agent's processes survive its registration read again; host 0's never registers anew.
+    sup.suspects.clear()
+    sup._on_agent_up(AgentUp(host=1, pid=7, t=0.0, agent="new"), 4.0)
+    sup._on_agent_up(AgentUp(host=0, pid=1, t=0.0), 4.0)
+    assert sup.suspects == [] and sup.alive == {0, 1, 4, 5, 6} and sup.started == [4]
+
 # -- review regressions --------------------------------------------------------------------
 
 class _Transport:

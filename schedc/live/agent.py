@@ -256,6 +256,8 @@ class Fleet:
         self._gone_at: dict[int, int] = {}  # host found gone -> its agent's beat count then (`back`)
         self.left: set[int] = set()  # hosts whose agent said it saw the run's stop (`AgentLeft`)
         self.up: set[int] = set()  # other hosts whose agent registered (`AgentUp`)
+        self.leases: dict[int, str] = {}  # ... and the lease their newest agent holds
+        self.retired: set[str] = set()  # leases of agents replaced since (`schedc.live.hosts`)
         self.local = Agent(job, 0)
         self.local.register()
 
@@ -290,8 +292,9 @@ class Fleet:
                        f"`schedc agent --store {job.host}:{job.port} --host H` (H = {hosts})")
         deadline = time.monotonic() + timeout
         while want and time.monotonic() < deadline:
-            up = {ev.host for ev in job.events() if isinstance(ev, AgentUp)}
-            self.up |= up
+            up = {ev.host: ev.agent for ev in job.events() if isinstance(ev, AgentUp)}
+            self.up |= set(up)
+            self.leases.update(up)
             want -= up
             time.sleep(0.01)
         if want:

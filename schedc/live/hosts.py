@@ -51,7 +51,9 @@ class Hosts:
     def _on_started(self, msg: Started, now: float) -> None:
         """Logged (not printed): which host runs each rank's process, and its pid."""
         rank = msg.rank if msg.epoch == self.epoch else self._current_rank(msg.rank, msg.epoch)
-        if rank is not None and rank in self.alive:
+        # (a process of an agent replaced since says so late: it stops by itself, and is not the rank's;
+        # one of a new agent may say so before the agent's registration is read: another queue)
+        if rank is not None and rank in self.alive and msg.agent not in self.fleet.retired:
             self._started_by[rank] = msg.agent
         self._note("started", f"rank {msg.rank} runs on host {msg.host} (pid {msg.pid})", quiet=True,
                    rank=msg.rank, host=msg.host, pid=msg.pid, gpu=self.physical.get(msg.rank, msg.rank))
@@ -60,6 +62,10 @@ class Hosts:
         """An agent registered: every other host's first before any worker starts, or a new one
         of a host whose agent died, whose old processes are lost (the module docstring)."""
         self.fleet.up.add(msg.host)
+        old = self.fleet.leases.get(msg.host)
+        if old not in (None, msg.agent):
+            self.fleet.retired.add(old)
+        self.fleet.leases[msg.host] = msg.agent
         self.fleet.left.discard(msg.host)  # (an agent started anew: it has yet to see the stop)
         if msg.host in self.hosts_gone:  # (an agent registered again for a host found gone)
             self.hosts_gone.discard(msg.host)
