@@ -991,6 +991,68 @@ def test_an_agent_started_mid_run_numbers_its_ranks_in_the_newest_epoch():
     assert agent.epoch == 3
 
 
+
+def test_an_agent_busy_starting_a_process_still_beats_so_its_host_is_not_taken_for_gone():
+    # A remote agent's loop blocks while it starts a worker (a new forkserver imports torch for
+    # seconds). Its beats come from a thread of their own, so the supervisor's question "two more
+    # beats within a second?" (`Fleet.answers`) is answered meanwhile: the host is busy, not gone.
+    import threading
+
+    from schedc.live.agent import Agent, Fleet
+    from schedc.live.protocol import AgentLeft
+
+    job = JobStore.serve()
+    agent = Agent(JobStore.connect(job.host, job.port, timeout=5.0), 1)
+    agent.local.warm = lambda: None  # (no forkserver: nothing is started here)
+    starting, release = threading.Event(), threading.Event()
+    agent.start = lambda ranks: (starting.set(), release.wait(30.0))  # (the loop blocks, as in a slow start)
+    served = threading.Thread(target=agent.serve, daemon=True)
+    served.start()
+    try:
+        wait_until(lambda: job.agent_beats(1) > 0, "the agent's first beat")
+        job.command(1, StartRanks((4,)))
+        wait_until(starting.is_set, "the agent to begin the start")
+        fleet = Fleet.__new__(Fleet)  # (its store only: no agent of its own)
+        fleet.job, fleet._gone_at = job, {}
+        gone = []
+        assert fleet.answers([1], 5.0, gone.append) == {1} and gone == []
+    finally:
+        release.set()
+        job.stop("finished")
+        served.join(timeout=10.0)
+    assert not served.is_alive()
+    assert any(isinstance(ev, AgentLeft) and ev.host == 1 for ev in job.events())
+
+
+def test_the_supervisor_keeps_its_store_up_while_a_remote_agent_still_beats_and_not_for_a_silent_one():
+    # At the run's end the store stays up until each remote agent said it left: 5 s, or as long as
+    # it still beats (busy, it sees the stop once done: 150 s at most), so that a busy agent does
+    # not take the store's end for a lost supervisor (E557 after a run that finished).
+    from types import SimpleNamespace
+
+    from schedc.live.agent import Fleet
+    from schedc.live.protocol import AgentLeft
+
+    class Job:
+        def __init__(self, busy_for: int | None):
+            self.reads, self.busy_for = 0, busy_for  # (None: silent, it never leaves)
+
+        def agent_beats(self, host):  # (busy: one more beat at each read, until it is done)
+            self.reads += 1
+            return 0 if self.busy_for is None else min(self.reads, self.busy_for)
+
+        def events(self):
+            done = self.busy_for is not None and self.reads > self.busy_for
+            return [AgentLeft(host=1, t=0.0)] if done else []
+
+    for busy_for, leaves in ((20, True), (None, False)):
+        fleet = Fleet.__new__(Fleet)
+        fleet.job, fleet.up, fleet.left = Job(busy_for), {1}, set()
+        fleet.local = SimpleNamespace(step=lambda timeout: __import__("time").sleep(timeout))
+        fleet.wait_left(set(), set(), within=0.05, busy=60.0)
+        assert (1 in fleet.left) == leaves, (busy_for, fleet.left)
+
+
 def test_the_ledger_says_where_the_run_is_now_after_a_rollback_to_an_older_checkpoint():
     """After a restore of the checkpoint at 4 (iterations 0-9 done), the run is at 5 once 4 is
     done again, not at 10: a planned switch there would start 5 iterations ahead of the ranks'

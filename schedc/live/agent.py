@@ -14,9 +14,10 @@ through the job's store (`schedc.live.membership`):
   every worker, then the agent);
 * events on ``events``: `AgentUp` (registered), `Exited` (rank, status),
   `Injected` (which injection, ranks, signal, time);
-* beats on ``agent/H/beats`` (a count, every AGENT_BEAT seconds): an agent
-  that stops beating is gone with its host, and the supervisor starts no
-  process there (`Fleet.answers`).
+* beats on ``agent/H/beats`` (a count, every AGENT_BEAT seconds, from a
+  thread of its own, so an agent busy starting a process still beats): an
+  agent that stops beating is gone with its host (or paused with it), and
+  the supervisor starts no process there (`Fleet.answers`).
 
 (The messages are those of `schedc.live.protocol`.)
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 
@@ -47,10 +49,14 @@ from schedc.runtime.processes import LocalProcesses, StartError
 AGENT_BEAT = 0.1
 
 #: Seconds a host's agent may go without a beat before another agent given the same host takes
-#: it over (`Agent.claim`); one that still beats keeps the host, and the second is refused. An
-#: agent does not beat while it starts a process (a new forkserver imports torch: seconds), and
-#: beats came 3.4 s apart on a loaded machine: well above both, well below a human's restart.
+#: it over (`Agent.claim`); one that still beats keeps the host, and the second is refused. Beats
+#: came 3.4 s apart on a loaded machine (before they had a thread of their own): well above that,
+#: well below a human's restart.
 LEASE_STALE = 5.0
+#: Seconds the supervisor keeps its store up at the end for a remote agent to say it left, and for
+#: one that still beats (busy: a worker start waits up to 120 s for a new forkserver's first
+#: answer), at most: an agent whose store goes before it saw the stop reports a lost supervisor.
+LEAVE_WAIT, LEAVE_WAIT_BUSY = 5.0, 150.0
 
 
 class Agent:
@@ -158,16 +164,17 @@ class Agent:
         another agent that took this host over, or a second agent given the same `--host`, is a
         `RunError` (E557), once this host's workers are stopped."""
         self.local.warm()
-        beat = 0.0
+        checked = 0.0
         taken_by = store_lost = None  # why this agent ends before the run said stop
         saw_stop = False
+        halt = threading.Event()
         try:
             self.claim()
+            self._beat_until(halt)
             self.register()
             while not self.stopping and not self.job.stopped():
-                if time.monotonic() - beat >= AGENT_BEAT:
-                    beat = time.monotonic()
-                    self.job.agent_beat(self.host)
+                if time.monotonic() - checked >= AGENT_BEAT:
+                    checked = time.monotonic()
                     holder = self.job.agent_lease(self.host)
                     if holder != self.token:
                         taken_by = holder
@@ -189,6 +196,7 @@ class Agent:
                         self.job.event(AgentLeft(host=self.host, t=time.time()))
                 except RuntimeError:
                     pass
+            halt.set()  # (it beat while it stopped its workers: the supervisor waits for its AgentLeft)
         if taken_by is not None:
             raise RunError([error("E557", f"host {self.host}: another agent ({_who(taken_by)}) took this host over, "
                                           f"as this one did not beat for {LEASE_STALE:g} s; this one stopped its "
@@ -200,6 +208,23 @@ class Agent:
                                           f"before the run said stop ({store_lost}); stopped this host's {n} worker(s)",
                                   hint="the supervisor (`schedc train`) ended or its host is gone: see its output; "
                                        "rerun with --resume if checkpoints were written")])
+
+    def _beat_until(self, halt: threading.Event) -> None:
+        """Beat every AGENT_BEAT seconds from a thread of its own (its own store connection) until
+        `halt`: an agent busy starting a process (a new forkserver's torch import takes seconds)
+        still answers `Fleet.answers`, so its host is not taken for gone; one that is paused, or
+        died, does not beat."""
+        job = self.job.clone()
+
+        def run() -> None:
+            while not halt.is_set():
+                try:
+                    job.agent_beat(self.host)
+                except Exception:  # (the store is gone: the agent's loop finds that out and says so)
+                    return
+                halt.wait(AGENT_BEAT)
+
+        threading.Thread(target=run, name=f"schedc-agent-{self.host}-beat", daemon=True).start()
 
     def claim(self) -> None:
         """Take this host's lease (``agent/H/lease``): one agent per host. A holder that still beats
@@ -362,14 +387,26 @@ class Fleet:
         for host in self.by_host(ranks):
             self.job.command(host, FireInjection(injection, ranks=tuple(ranks)))
 
-    def wait_left(self, alive: set[int], gone: set[int], within: float) -> None:
+    def wait_left(self, alive: set[int], gone: set[int], within: float = LEAVE_WAIT,
+                  busy: float = LEAVE_WAIT_BUSY) -> None:
         """After the run's stop: until every rank of `alive` has exited (each is discarded from it)
         and each other host's agent that registered and is not in `gone` has said it left
-        (`AgentLeft`: it saw the stop, so the store may go), for at most `within` seconds."""
+        (`AgentLeft`: it saw the stop, so the store may go), for at most `within` seconds, or
+        `busy` while such an agent still beats (it is busy, e.g. starting a process, and sees
+        the stop once done)."""
         waiting = self.up - set(gone) - self.left
-        deadline = time.monotonic() + within
-        while (alive or waiting) and time.monotonic() < deadline:
+        start = time.monotonic()
+        beats = {h: -1 for h in waiting}
+        beat_at = start
+        while alive or waiting:
+            now = time.monotonic()
             try:
+                if now - start >= within:
+                    counts = {h: self.job.agent_beats(h) for h in waiting}
+                    if any(counts[h] > beats[h] for h in waiting):
+                        beats, beat_at = counts, now
+                    if not waiting or now - beat_at > 1.0 or now - start >= busy:
+                        break
                 for ev in self.job.events():
                     if isinstance(ev, Exited):
                         alive.discard(ev.rank)

@@ -544,7 +544,7 @@ class Supervisor(Transitions, Hosts, Relayout, Growth):
             # Remote agents report their workers' exits, then that they saw the stop: the store
             # (this process's) stays up until then, or they would take its end for a lost supervisor.
             left = self.alive - self.dead
-            self.fleet.wait_left(left, self.hosts_gone, within=5.0)
+            self.fleet.wait_left(left, self.hosts_gone)
             self.alive -= (self.alive - self.dead) - left
         if self._pending_write is not None and self.phase == Phase.DONE:
             self._write_generation(*self._pending_write)

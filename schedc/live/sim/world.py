@@ -209,7 +209,7 @@ class SimFleet:
     def wait_for_agents(self, timeout: float, note) -> None:
         pass
 
-    def wait_left(self, alive: set[int], gone: set[int], within: float) -> None:
+    def wait_left(self, alive: set[int], gone: set[int]) -> None:
         pass  # (every agent is in this process)
 
     def lose(self, host: int) -> list[int]:
