@@ -699,3 +699,15 @@ def test_a_process_lost_with_its_host_before_it_said_it_runs_is_started_again_by
     story = "\n".join(out.events)
     assert "the process(es) of rank(s) [7, 8] that its old agent ran are lost with it" in story, story
     assert sum("rank 6 runs on host 2" in e for e in out.events) == 2, story  # (at the start, then again)
+
+
+def test_a_replaced_agent_has_its_workers_failed_at_its_successors_registration_and_their_gpus_taken_back():
+    # Host 1's agent alone is replaced (restarted by an operator or systemd): its workers stop by
+    # themselves, unseen (no exit is reported). The new agent's registration fails them at once,
+    # and as their GPUs may well be healthy, each gets a fresh process there: the run ends on nine.
+    out = simulate(41, faults=[Fault("training", 0.11, "agent", (1,))])
+    assert not out.violations and out.result == "finished", out.describe()
+    story = "\n".join(out.events)
+    assert "host 1 has a new agent (pid 200001): the process(es) of rank(s) [3, 4, 5]" in story, story
+    assert sum("runs on host 1" in e for e in out.events) == 3 + 3, story  # at the start, then afresh
+    assert "9 ranks switched" in story and "no heartbeat" not in story, story

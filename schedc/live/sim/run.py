@@ -93,10 +93,11 @@ class Fault:
 
     when: str
     delay: float
-    action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin, stage, host
+    action: str  # kill, stop, hang, slow, starve, slow_link, pause, forkserver, rejoin, stage, host, agent
     # (`stage`: kill every GPU of stage ranks[0] (mod its stage count) of the plan running then;
     # `host`: host ranks[0] (1 or 2 of three) is lost with its agent and processes, no exit seen;
-    # `host_back`: it is back, a new agent registers, and each of its GPUs is asked back)
+    # `host_back`: it is back, a new agent registers, and each of its GPUs is asked back;
+    # `agent`: host ranks[0]'s agent alone is replaced: its workers stop a beat later, unseen)
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
     factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
@@ -114,6 +115,8 @@ def fault_schedule(seed: int, world: int = 9, pp: int = 3) -> list[Fault]:
     checkpoint restore, a rejoin), where protocols break."""
     if random.Random(f"{seed}/host").random() < 1 / 8:
         return host_lost_schedule(seed, world)
+    if random.Random(f"{seed}/agent").random() < 1 / 16:
+        return agent_replaced_schedule(seed, world)
     rng = random.Random(seed)
     phase_delay = lambda: rng.choice([0.0, 0.005, 0.02, 0.05, 0.1])  # noqa: E731
     rank = lambda: rng.randrange(world)  # noqa: E731
@@ -203,6 +206,21 @@ def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
         out.append(Fault("recovering", rng.choice([0.0, 0.02, 0.1]), rng.choice(["kill", "stop"]),
                          (rng.randrange(world),), duration=rng.choice([1.0, 5.0])))
     return out
+
+
+def agent_replaced_schedule(seed: int, world: int = 9) -> list[Fault]:
+    """A host's agent alone replaced (restarted by an operator or systemd): its workers stop by
+    themselves a beat later, unseen; sometimes during the recovery from a GPU killed first, or
+    followed by another fault while the run recovers from it."""
+    rng = random.Random(f"{seed}/agent-schedule")
+    agent = Fault("training", round(rng.uniform(0.1, 1.2), 3), "agent", (1 + rng.randrange(2),))
+    if rng.random() < 0.3:
+        return [Fault("training", round(rng.uniform(0.1, 1.2), 3), "kill", (rng.randrange(world),)),
+                replace(agent, when="recovering", delay=rng.choice([0.0, 0.02, 0.1, 0.5]))]
+    if rng.random() < 0.5:
+        return [agent, Fault("recovering", rng.choice([0.0, 0.02, 0.1]), rng.choice(["kill", "stop"]),
+                             (rng.randrange(world),), duration=rng.choice([1.0, 5.0]))]
+    return [agent]
 
 
 @dataclass
@@ -297,6 +315,9 @@ class _Checker:
             for r in fleet.lose(f.ranks[0]):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
                 self.slowed.add(r)
+        elif f.action == "agent":
+            for r in world.agents.replace_agent(f.ranks[0]):
+                self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
         elif f.action == "host_back":  # (and `schedc rejoin` for each of its GPUs, named as the job named them)
             world.agents.restore(f.ranks[0])
             gpus = self.sup.recovery.initial_plan.spec.gpus
@@ -432,7 +453,7 @@ def simulate(seed: int, *, faults: list[Fault] | None = None, hook=None) -> Outc
     # by cost, which on the simulation's one host means replacement processes. (Its own stream:
     # the other draws of a seed stay as they were.)
     recovery = random.Random(f"{seed}/recovery").choice(["auto", "auto", "repartition"])
-    hosts = any(f.action == "host" for f in faults)
+    hosts = any(f.action in ("host", "agent") for f in faults)
     patient = {"detect_timeout": HOST_DETECT_S, "hosts": 3} if hosts else {}
     options = TrainOptions(iterations=HOST_ITERATIONS if hosts else ITERATIONS, emulate=True, checkpoint_dir=str(ckpt),
                            **{"shadow": shadow, "recovery": recovery, **OPTIONS, **patient})

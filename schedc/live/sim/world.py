@@ -227,10 +227,29 @@ class SimFleet:
         """Host `host` is back (the instance returned): a new agent registers there, with no process."""
         self.gone.discard(host)
         self.back_at[host] = self.world.now
-        self.lease[host] = f"sim agent {host}.{int(self.lease[host].rsplit('.', 1)[1]) + 1}"
-        self.world.job.event(AgentUp(host=host, pid=200000 + host, t=self.world.time(), agent=self.lease[host]))
+        self._register(host)
         self.world.note(f"host {host} is back: its agent registers")
         self.start(self.queued.pop(host, []))  # (the host's commands are the new agent's)
+
+    def replace_agent(self, host: int) -> list[int]:
+        """Host `host`'s agent alone died and another took its lease: the workers it started stop
+        when they read the new lease (`membership.Heartbeat`: before their next beat and before
+        they would join a generation, taken here to be at once), and no exit of theirs is ever
+        reported; the new agent registers. Returns their ranks."""
+        old = sorted(r for r, w in self.world.workers.items() if w.alive and self.host_of(r) == host)
+        for r in old:
+            w = self.world.workers[r]
+            w.exit(3)
+            w.exit_reported = w.host_lost = True  # (lost with its agent: nobody reports it)
+        self.back_at[host] = self.world.now
+        self._register(host)
+        self.world.note(f"host {host}'s agent is replaced; its workers {old} stop by themselves")
+        return old
+
+    def _register(self, host: int) -> None:
+        """A new agent of `host` takes its lease and registers."""
+        self.lease[host] = f"sim agent {host}.{int(self.lease[host].rsplit('.', 1)[1]) + 1}"
+        self.world.job.event(AgentUp(host=host, pid=200000 + host, t=self.world.time(), agent=self.lease[host]))
 
     def started(self, rank: int, epoch: int) -> Started:
         """What the worker of `rank` says once it runs (started by its host's agent now)."""
