@@ -210,7 +210,7 @@ def test_a_host_whose_agent_is_restarted_has_its_old_workers_stop_and_its_gpus_r
     agent starts.)"""
     out = tmp_path / "out"
     schedc.compile(spec_text(dp=2, pp=2, optimizer="adam")).write(out)
-    iterations = 80
+    iterations = 120  # (about 38 s: the new agent imports torch twice and waits out the lease, loaded)
     code, stdout, stderr, run_log = _two_hosts(tmp_path, out, PATIENT + [
         "--iterations", str(iterations), "--fail-slow", "off", "--save-weights", str(tmp_path / "w.pt"),
         "--inject", f"at iteration 1: slow link gpu(dp=0, pp=0) delay = 300ms until iteration {iterations}"],
