@@ -1021,7 +1021,7 @@ def test_a_host_found_gone_whose_agent_beats_again_is_back():
     assert ctl.spares() == [] and fleet.back({1}) == set()  # one beat could be the last before it died
     Job.beating = True
     assert ctl.spares() == [6] and sup.hosts_gone == set()
-    assert sup.notes[-1] == ("host", "host 1 answers again: its agent beats (it was busy, not gone)")
+    assert sup.notes[-1] == ("host", "host 1 answers again: its agent beats (paused or starved of a CPU, not gone)")
 
 
 def test_e553_says_the_planner_refused_every_layout_and_why(monkeypatch):

@@ -1024,6 +1024,52 @@ def test_an_agent_busy_starting_a_process_still_beats_so_its_host_is_not_taken_f
     assert any(isinstance(ev, AgentLeft) and ev.host == 1 for ev in job.events())
 
 
+def test_an_agent_whose_loop_is_wedged_longer_than_any_start_stops_beating(monkeypatch):
+    # Beats from a thread would keep a wedged agent looking alive for ever (replacement starts
+    # queued there, an operator's new agent refused): they stop once its loop has not turned for
+    # longer than any start may take (150 s; 0.3 s here), and its host is found gone.
+    import threading
+
+    import schedc.live.agent as agent_module
+    from schedc.live.agent import Agent, Fleet
+
+    monkeypatch.setattr(agent_module, "LEAVE_WAIT_BUSY", 0.3)
+    job = JobStore.serve()
+    agent = Agent(JobStore.connect(job.host, job.port, timeout=5.0), 1)
+    agent.local.warm = lambda: None
+    release = threading.Event()
+    agent.start = lambda ranks: release.wait(60.0)
+    served = threading.Thread(target=agent.serve, daemon=True)
+    served.start()
+    try:
+        wait_until(lambda: job.agent_beats(1) > 0, "the agent's first beat")
+        job.command(1, StartRanks((4,)))
+        fleet = Fleet.__new__(Fleet)
+        fleet.job, fleet._gone_at = job, {}
+        wait_until(lambda: not fleet.answers([1], 0.5, lambda h: None), "the wedged agent's beats to stop")
+    finally:
+        release.set()
+        job.stop("finished")
+        served.join(timeout=10.0)
+
+
+def test_the_supervisor_reads_each_agents_registration_and_lease():
+    # `Fleet.wait_for_agents` over a real store: each other host's first `AgentUp` (drained here,
+    # before any worker starts) with the lease its agent holds.
+    from schedc.live.agent import Fleet
+    from schedc.live.protocol import AgentUp
+
+    job = JobStore.serve()
+    fleet = Fleet.__new__(Fleet)
+    fleet.job, fleet.hosts, fleet.up, fleet.leases = job, 3, set(), {}
+    for host in (2, 1):
+        job.event(AgentUp(host=host, pid=10 + host, t=0.0, agent=f"pid {10 + host} on a #{host}"))
+    notes = []
+    fleet.wait_for_agents(5.0, lambda kind, message: notes.append(message))
+    assert fleet.up == {1, 2} and fleet.leases == {1: "pid 11 on a #1", 2: "pid 12 on a #2"}
+    assert "waiting for 2 agent(s)" in notes[0]
+
+
 def test_the_supervisor_keeps_its_store_up_while_a_remote_agent_still_beats_and_not_for_a_silent_one():
     # At the run's end the store stays up until each remote agent said it left: 5 s, or as long as
     # it still beats (busy, it sees the stop once done: 150 s at most), so that a busy agent does

@@ -173,6 +173,7 @@ class Agent:
             self._beat_until(halt)
             self.register()
             while not self.stopping and not self.job.stopped():
+                self._turned = time.monotonic()
                 if time.monotonic() - checked >= AGENT_BEAT:
                     checked = time.monotonic()
                     holder = self.job.agent_lease(self.host)
@@ -187,16 +188,18 @@ class Agent:
         except RuntimeError as exc:  # torch's store errors: the store is gone before the run said stop
             store_lost = _first_line(exc)
         finally:
-            n = len(self.alive())
-            self.stop_all()
-            if taken_by is None:  # (once taken over, the host's commands and exits are the new agent's)
-                try:
-                    self.step(0)  # report the last exits
-                    if saw_stop:
-                        self.job.event(AgentLeft(host=self.host, t=time.time()))
-                except RuntimeError:
-                    pass
-            halt.set()  # (it beat while it stopped its workers: the supervisor waits for its AgentLeft)
+            try:
+                n = len(self.alive())
+                self.stop_all()
+                if taken_by is None:  # (once taken over, the host's commands and exits are the new agent's)
+                    try:
+                        self.step(0)  # report the last exits
+                        if saw_stop:
+                            self.job.event(AgentLeft(host=self.host, t=time.time()))
+                    except RuntimeError:
+                        pass
+            finally:
+                halt.set()  # (it beat while it stopped its workers: the supervisor waits for its AgentLeft)
         if taken_by is not None:
             raise RunError([error("E557", f"host {self.host}: another agent ({_who(taken_by)}) took this host over, "
                                           f"as this one did not beat for {LEASE_STALE:g} s; this one stopped its "
@@ -213,15 +216,18 @@ class Agent:
         """Beat every AGENT_BEAT seconds from a thread of its own (its own store connection) until
         `halt`: an agent busy starting a process (a new forkserver's torch import takes seconds)
         still answers `Fleet.answers`, so its host is not taken for gone; one that is paused, or
-        died, does not beat."""
+        died, does not beat, nor one whose loop has not turned for LEAVE_WAIT_BUSY seconds (longer
+        than any start waits: it is wedged)."""
         job = self.job.clone()
+        self._turned = time.monotonic()
 
         def run() -> None:
             while not halt.is_set():
-                try:
-                    job.agent_beat(self.host)
-                except Exception:  # (the store is gone: the agent's loop finds that out and says so)
-                    return
+                if time.monotonic() - self._turned < LEAVE_WAIT_BUSY:
+                    try:
+                        job.agent_beat(self.host)
+                    except Exception:  # (a store that is gone: the agent's loop finds that out and says so)
+                        pass
                 halt.wait(AGENT_BEAT)
 
         threading.Thread(target=run, name=f"schedc-agent-{self.host}-beat", daemon=True).start()
@@ -320,7 +326,7 @@ class Fleet:
             up = {ev.host: ev.agent for ev in job.events() if isinstance(ev, AgentUp)}
             self.up |= set(up)
             self.leases.update(up)
-            want -= up
+            want -= set(up)
             time.sleep(0.01)
         if want:
             raise RunError([error("E557", f"agents of host(s) {sorted(want)} did not register within {timeout:g} s",
@@ -352,8 +358,8 @@ class Fleet:
         return answered
 
     def back(self, hosts) -> set[int]:
-        """Those of `hosts` (found gone by `answers`) whose agent beat twice since: it was busy
-        (a forkserver started anew blocks it for seconds), not gone."""
+        """Those of `hosts` (found gone by `answers`) whose agent beat twice since: its machine was
+        paused or starved of a CPU, not gone."""
         return {h for h in hosts if h in self._gone_at and self.job.agent_beats(h) >= self._gone_at[h] + 2}
 
     def by_host(self, ranks) -> dict[int, list[int]]:
@@ -394,7 +400,7 @@ class Fleet:
         (`AgentLeft`: it saw the stop, so the store may go), for at most `within` seconds, or
         `busy` while such an agent still beats (it is busy, e.g. starting a process, and sees
         the stop once done)."""
-        waiting = self.up - set(gone) - self.left
+        waiting = self.up - {0} - set(gone) - self.left  # (host 0's agent is this process's)
         start = time.monotonic()
         beats = {h: -1 for h in waiting}
         beat_at = start

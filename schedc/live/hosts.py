@@ -146,5 +146,6 @@ class Hosts:
         hosts = set(hosts)
         for h in sorted(self.fleet.back(self.hosts_gone & hosts)):
             self.hosts_gone.discard(h)
-            self._note("host", f"host {h} answers again: its agent beats (it was busy, not gone)", host=h)
+            self._note("host", f"host {h} answers again: its agent beats (paused or starved of a CPU, not gone)",
+                       host=h)
         self.fleet.answers([h for h in sorted(hosts) if h not in self.hosts_gone], AGENT_ANSWER, gone)

@@ -202,7 +202,7 @@ class SimFleet:
         self.lease = {h: f"sim agent {h}.0" if h else "" for h in range(hosts)}  # each host's agent now
         self.queued: dict[int, list[int]] = {}  # a lost host's commands: its next agent starts these
         self.up: set[int] = set()  # (no agent registers through the store, none leaves)
-        self.leases: dict[int, str] = {}  # (what the supervisor was told: `restore`'s agents only)
+        self.leases = dict(self.lease)  # (what the supervisor was told: as if each agent had registered)
         self.retired: set[str] = set()
         self.left: set[int] = set()
 
