@@ -711,3 +711,17 @@ def test_a_replaced_agent_has_its_workers_failed_at_its_successors_registration_
     assert "host 1 has a new agent (pid 200001): the process(es) of rank(s) [3, 4, 5]" in story, story
     assert sum("runs on host 1" in e for e in out.events) == 3 + 3, story  # at the start, then afresh
     assert "9 ranks switched" in story and "no heartbeat" not in story, story
+
+
+def test_a_gpu_found_silent_while_its_hosts_agent_is_dead_is_taken_back_once_another_agent_takes_over():
+    # Host 1's agent dies; another takes over 20 s later. Meanwhile rank 4 is killed: nobody reports
+    # its exit, its silence is found (15 s), and its kill reaches nobody. The new agent's
+    # registration, during that fence, ends the wait: the old agent's processes (rank 4's too) are
+    # lost, and each GPU gets a fresh process there: the run ends on nine.
+    out = simulate(41, faults=[Fault("training", 0.5, "agent", (1,), duration=20.0),
+                               Fault("training", 0.5, "kill", (4,))])
+    assert not out.violations and out.result == "finished", out.describe()
+    story = "\n".join(out.events)
+    assert "rank 4 GPU (dp=1, pp=1) failed: no heartbeat" in story, story
+    assert "host 1 has a new agent (pid 200001): the process(es) of rank(s) [3, 4, 5]" in story, story
+    assert sum("runs on host 1" in e for e in out.events) == 3 + 3 and "9 ranks switched" in story, story

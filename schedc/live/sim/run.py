@@ -97,13 +97,14 @@ class Fault:
     # (`stage`: kill every GPU of stage ranks[0] (mod its stage count) of the plan running then;
     # `host`: host ranks[0] (1 or 2 of three) is lost with its agent and processes, no exit seen;
     # `host_back`: it is back, a new agent registers, and each of its GPUs is asked back;
-    # `agent`: host ranks[0]'s agent alone is replaced: its workers stop a beat later, unseen)
+    # `agent`: host ranks[0]'s agent alone dies, another takes over `duration` later: the workers
+    # run on meanwhile, unseen, and stop by themselves at the takeover)
     ranks: tuple[int, ...] = ()
     duration: float = 0.0
     factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
 
     def __str__(self) -> str:
-        extra = (f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "starve", "slow_link", "pause")
+        extra = (f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "starve", "slow_link", "pause", "agent")
                  else "")
         extra += f" x{self.factor:.1f}" if self.factor != 1.0 else ""
         return f"{self.delay:.2f} s after {self.when}: {self.action} {list(self.ranks)}{extra}"
@@ -213,7 +214,8 @@ def agent_replaced_schedule(seed: int, world: int = 9) -> list[Fault]:
     themselves a beat later, unseen; sometimes during the recovery from a GPU killed first, or
     followed by another fault while the run recovers from it."""
     rng = random.Random(f"{seed}/agent-schedule")
-    agent = Fault("training", round(rng.uniform(0.1, 1.2), 3), "agent", (1 + rng.randrange(2),))
+    agent = Fault("training", round(rng.uniform(0.1, 1.2), 3), "agent", (1 + rng.randrange(2),),
+                  duration=rng.choice([5.5, 8.0]))  # (until another agent takes the host over)
     if rng.random() < 0.3:
         return [Fault("training", round(rng.uniform(0.1, 1.2), 3), "kill", (rng.randrange(world),)),
                 replace(agent, when="recovering", delay=rng.choice([0.0, 0.02, 0.1, 0.5]))]
@@ -315,9 +317,11 @@ class _Checker:
             for r in fleet.lose(f.ranks[0]):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
                 self.slowed.add(r)
-        elif f.action == "agent":
-            for r in world.agents.replace_agent(f.ranks[0]):
-                self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
+        elif f.action == "agent":  # (its workers are lost when another agent takes over: trouble from then)
+            world.agents.agent_dies(f.ranks[0], f.duration)
+            host, fleet = f.ranks[0], world.agents
+            world.later(f.duration, lambda: [self.trouble.setdefault(r, []).append([world.now, float("inf"), "host"])
+                                             for r, w in world.workers.items() if w.host_lost and fleet.host_of(r) == host])
         elif f.action == "host_back":  # (and `schedc rejoin` for each of its GPUs, named as the job named them)
             world.agents.restore(f.ranks[0])
             gpus = self.sup.recovery.initial_plan.spec.gpus

@@ -183,7 +183,8 @@ class SimWorld:
             w = self.workers[r]
             if not w.alive and not w.exit_reported:
                 w.exit_reported = True
-                self.job.event(Exited(rank=r, code=w.exit_code, host=0, t=self.time(), epoch=self.job.epoch))
+                if self.agents is None or self.agents.host_of(r) not in self.agents.agentless:  # (else: unseen)
+                    self.job.event(Exited(rank=r, code=w.exit_code, host=0, t=self.time(), epoch=self.job.epoch))
 
 
 class SimFleet:
@@ -198,6 +199,7 @@ class SimFleet:
         self._gpu_host = {g.rank: spec.cluster.node_of(g.rank) * hosts // nodes for g in spec.gpus}
         self.physical: dict[int, int] = {}
         self.gone: set[int] = set()  # hosts lost (`lose`)
+        self.agentless: set[int] = set()  # hosts whose agent alone died, their workers running on (`agent_dies`)
         self.back_at: dict[int, float] = {}  # host -> when its new agent registered (`restore`)
         self.lease = {h: f"sim agent {h}.0" if h else "" for h in range(hosts)}  # each host's agent now
         self.queued: dict[int, list[int]] = {}  # a lost host's commands: its next agent starts these
@@ -231,19 +233,31 @@ class SimFleet:
         self.world.note(f"host {host} is back: its agent registers")
         self.start(self.queued.pop(host, []))  # (the host's commands are the new agent's)
 
+    def agent_dies(self, host: int, takeover_s: float) -> None:
+        """Host `host`'s agent alone dies: its workers run on, but nobody reports their exits,
+        carries out signals, or beats for the host (`answers` finds it gone); starts sent there
+        wait in its queue. `takeover_s` later another agent takes the host over (`replace_agent`:
+        at least the lease's 5 s)."""
+        self.agentless.add(host)
+        self.world.note(f"host {host}'s agent dies; its workers run on; another takes over in {takeover_s:.1f} s")
+        self.world.later(takeover_s, lambda: self.replace_agent(host))
+
     def replace_agent(self, host: int) -> list[int]:
-        """Host `host`'s agent alone died and another took its lease: the workers it started stop
-        when they read the new lease (`membership.Heartbeat`: before their next beat and before
-        they would join a generation, taken here to be at once), and no exit of theirs is ever
-        reported; the new agent registers. Returns their ranks."""
+        """Another agent took host `host`'s lease: the workers the old one started stop when they
+        read the new lease (`membership.Heartbeat`: before their next beat and before they would
+        join a generation, taken here to be at once), and no exit of theirs is ever reported; the
+        new agent registers and carries out the host's queued starts. Returns their ranks."""
         old = sorted(r for r, w in self.world.workers.items() if w.alive and self.host_of(r) == host)
         for r in old:
             w = self.world.workers[r]
             w.exit(3)
             w.exit_reported = w.host_lost = True  # (lost with its agent: nobody reports it)
         self.back_at[host] = self.world.now
+        self.agentless.discard(host)
+        self.gone.discard(host)
         self._register(host)
         self.world.note(f"host {host}'s agent is replaced; its workers {old} stop by themselves")
+        self.start(self.queued.pop(host, []))
         return old
 
     def _register(self, host: int) -> None:
@@ -280,12 +294,12 @@ class SimFleet:
 
     def answers(self, hosts, within: float, note) -> set[int]:
         """The real one waits up to `within` for two beats of each agent: a lost one costs that."""
-        hosts = set(hosts)
-        if hosts & self.gone:
+        hosts, silent = set(hosts), self.gone | self.agentless
+        if hosts & silent:
             self.world.advance(within)
-        for h in sorted(hosts & self.gone):
+        for h in sorted(hosts & silent):
             note(h)
-        return hosts - self.gone
+        return hosts - silent
 
     def back(self, hosts) -> set[int]:
         return set()  # (a lost host comes back only by registering anew: `restore`)
@@ -295,15 +309,15 @@ class SimFleet:
 
     def start(self, ranks) -> None:
         for r in ranks:
-            if self.host_of(r) in self.gone:
-                self.world.note(f"start of rank {r} on lost host {self.host_of(r)}: queued there, unread")
+            if self.host_of(r) in self.gone | self.agentless:
+                self.world.note(f"start of rank {r} on host {self.host_of(r)}, with no agent: queued there, unread")
                 self.queued.setdefault(self.host_of(r), []).append(r)
                 continue
             self.world.job.forget_heartbeat(r)
             self.world.start(r)
 
     def signal(self, ranks, name: str) -> None:
-        self.world.signal([r for r in ranks if self.host_of(r) not in self.gone], name)
+        self.world.signal([r for r in ranks if self.host_of(r) not in self.gone | self.agentless], name)
 
     def fire(self, injection: int, ranks) -> None:
         pass
