@@ -51,6 +51,10 @@ from schedc.runtime.rendezvous import connect_store, serve_store
 
 #: Seconds a worker goes on without reaching the store before it exits: its supervisor is gone.
 ORPHAN_TIMEOUT = 10.0
+#: Seconds between a remote worker's reads of its host's agent lease (`Heartbeat`): one store read
+#: each, not one per beat (at 20 beats a second, 1,000 workers would add 20,000 reads a second);
+#: a worker also reads it before it takes part in a generation, whatever the time.
+LEASE_CHECK = 0.5
 
 
 @dataclass(frozen=True)
@@ -351,13 +355,13 @@ class Heartbeat:
     reached for `ORPHAN_TIMEOUT` seconds the supervisor is gone, and
     `on_orphaned` is called (the worker exits rather than live on alone).
 
-    A worker of another host than 0 also reads its host's agent lease at
-    every beat, before it beats: once an agent other than the one that
-    started it (`starter`: its host and lease) holds it (that agent died and
-    a new one registered), nobody can signal this process or report its exit,
-    and the supervisor counts it lost (`schedc.live.hosts`), so `on_replaced`
-    is called (the worker exits). The worker reads it too before it takes
-    part in a generation (`check_agent`).
+    A worker of another host than 0 also reads its host's agent lease before
+    its first beat and then every LEASE_CHECK seconds: once an agent other
+    than the one that started it (`starter`: its host and lease) holds it
+    (that agent died and a new one registered), nobody can signal this
+    process or report its exit, and the supervisor counts it lost
+    (`schedc.live.hosts`), so `on_replaced` is called (the worker exits). The
+    worker reads it too before it takes part in a generation (`check_agent`).
     """
 
     job: JobStore  # a connection of its own
@@ -394,13 +398,16 @@ class Heartbeat:
         self._thread.join(timeout=2 * self.interval + 1.0)
 
     def _run(self) -> None:
-        last_ok = time.monotonic()
+        last_ok = checked = time.monotonic()
+        first = True
         while not self._halt.is_set():
             try:
-                why = self._agent_replaced(self.job)
-                if why:
-                    self.on_replaced(why)
-                    return
+                if first or time.monotonic() - checked >= LEASE_CHECK:
+                    why = self._agent_replaced(self.job)
+                    if why:
+                        self.on_replaced(why)
+                        return
+                    first, checked = False, time.monotonic()
                 with self._renaming:
                     self.job.beat(self.rank, self.payload())
                     self.directive = self.job.directive(self.rank)
