@@ -43,4 +43,5 @@ def count_problem(value: object, what: str, least: int, most: int) -> str | None
     "--iterations must be a whole number from 1 to 1,000,000,000, got 0"."""
     if isinstance(value, int) and not isinstance(value, bool) and least <= value <= most:
         return None
-    return f"{what} must be a whole number from {least:,} to {most:,}, got {value}"
+    shown = f"{value:g}" if isinstance(value, float) else value
+    return f"{what} must be a whole number from {least:,} to {most:,}, got {shown}"

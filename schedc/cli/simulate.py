@@ -11,6 +11,7 @@ import argparse
 import json
 
 from schedc.diagnostics import RunError, error
+from schedc.limits import count_problem
 
 #: The most iterations `--iterations` takes. The steady state needs 8 (the period is the mean of
 #: the last 4); every iteration more costs memory (its end time, and until the run turns
@@ -39,10 +40,10 @@ def _number(text: str) -> int | float:
 
 def check_iterations(value: int | float) -> int:
     """`value` when it is a whole number from 1 to MAX_ITERATIONS, else E206."""
-    if isinstance(value, int) and 1 <= value <= MAX_ITERATIONS:
+    problem = count_problem(value, "--iterations", 1, MAX_ITERATIONS)
+    if problem is None:
         return value
-    shown = f"{value:g}" if isinstance(value, float) else str(value)
-    raise RunError([error("E206", f"--iterations must be a whole number from 1 to {MAX_ITERATIONS:,}, got {shown}",
+    raise RunError([error("E206", problem,
                           hint="the steady state needs 8 iterations (the default); more change little")])
 
 

@@ -38,6 +38,7 @@ iteration k-1 and leave it in order (no abort, no rollback).
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -398,16 +399,15 @@ class Heartbeat:
         self._thread.join(timeout=2 * self.interval + 1.0)
 
     def _run(self) -> None:
-        last_ok = checked = time.monotonic()
-        first = True
+        last_ok, checked = time.monotonic(), -math.inf  # (the lease is read before the first beat)
         while not self._halt.is_set():
             try:
-                if first or time.monotonic() - checked >= LEASE_CHECK:
+                if time.monotonic() - checked >= LEASE_CHECK:
                     why = self._agent_replaced(self.job)
                     if why:
                         self.on_replaced(why)
                         return
-                    first, checked = False, time.monotonic()
+                    checked = time.monotonic()
                 with self._renaming:
                     self.job.beat(self.rank, self.payload())
                     self.directive = self.job.directive(self.rank)

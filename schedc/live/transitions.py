@@ -302,7 +302,7 @@ class Transitions:
             if self.gen.dump and self.generation_records[-1].t_ready is None:
                 self._silent_after_dump = dict(suspects)  # (the survivors save first: decided after that)
             elif self._failure is None:
-                self._take_back_silent(suspects, gpu_of, "repartition")  # (re-partitioned in place)
+                self._take_back_maybe_healthy(suspects, gpu_of, "repartition")  # (re-partitioned in place)
             return
         if not failed:  # only GPUs coming back died (a switch was abandoned): the plan that ran goes on
             self._note("retry", f"the plan that ran goes on as generation {self.gen.number + 1}: no GPU of it failed")
@@ -311,7 +311,7 @@ class Transitions:
             self._announce(self.plan, restore=restore, moved=moved, reason="retry: only a GPU coming back failed")
             rec.to_generation, rec.t_announce = self.gen.number, self._now()
             self.phase = Phase.RECOVERING
-            return self._take_back_silent(suspects, gpu_of, "retry")
+            return self._take_back_maybe_healthy(suspects, gpu_of, "retry")
         try:
             change = self.recovery.decide(self.plan, failed, self.dead)
         except RunError as exc:
@@ -359,9 +359,9 @@ class Transitions:
         elif change.replacements:
             self._start_workers(change.replacements)
         self.phase = Phase.RECOVERING
-        self._take_back_silent(suspects, gpu_of, change.method)
+        self._take_back_maybe_healthy(suspects, gpu_of, change.method)
 
-    def _take_back_silent(self, suspects: dict, gpu_of: dict[int, int], method: str) -> None:
+    def _take_back_maybe_healthy(self, suspects: dict, gpu_of: dict[int, int], method: str) -> None:
         """Each of `suspects` whose GPU may be healthy (declared failed by its silence, what load
         looks like too; or out of reach when its host's agent was replaced) gets one more chance:
         after a re-partition by growing onto its GPU (`gpu_of`: the failed plan's ranks -> the

@@ -104,8 +104,8 @@ class Fault:
     factor: float = 1.0  # slow: the slowdown; starve: its compute's, from waiting for a CPU; slow_link: seconds added to each message
 
     def __str__(self) -> str:
-        extra = (f" for {self.duration:.2f} s" if self.duration and self.action in ("stop", "slow", "starve", "slow_link", "pause", "agent")
-                 else "")
+        timed = ("stop", "slow", "starve", "slow_link", "pause", "agent")
+        extra = f" for {self.duration:.2f} s" if self.duration and self.action in timed else ""
         extra += f" x{self.factor:.1f}" if self.factor != 1.0 else ""
         return f"{self.delay:.2f} s after {self.when}: {self.action} {list(self.ranks)}{extra}"
 
@@ -210,9 +210,10 @@ def host_lost_schedule(seed: int, world: int = 9) -> list[Fault]:
 
 
 def agent_replaced_schedule(seed: int, world: int = 9) -> list[Fault]:
-    """A host's agent alone replaced (restarted by an operator or systemd): its workers stop by
-    themselves a beat later, unseen; sometimes during the recovery from a GPU killed first, or
-    followed by another fault while the run recovers from it."""
+    """A host's agent alone dies and another takes the host over 5.5 or 8 s later (restarted by an
+    operator or systemd): its workers run on unseen meanwhile and stop by themselves at the
+    takeover; sometimes during the recovery from a GPU killed first, or followed by another fault
+    while the run recovers from it."""
     rng = random.Random(f"{seed}/agent-schedule")
     agent = Fault("training", round(rng.uniform(0.1, 1.2), 3), "agent", (1 + rng.randrange(2),),
                   duration=rng.choice([5.5, 8.0]))  # (until another agent takes the host over)
@@ -317,11 +318,9 @@ class _Checker:
             for r in fleet.lose(f.ranks[0]):
                 self.trouble.setdefault(r, []).append([now, float("inf"), "host"])
                 self.slowed.add(r)
-        elif f.action == "agent":  # (its workers are lost when another agent takes over: trouble from then)
-            world.agents.agent_dies(f.ranks[0], f.duration)
-            host, fleet = f.ranks[0], world.agents
-            world.later(f.duration, lambda: [self.trouble.setdefault(r, []).append([world.now, float("inf"), "host"])
-                                             for r, w in world.workers.items() if w.host_lost and fleet.host_of(r) == host])
+        elif f.action == "agent":  # (another agent takes over `duration` later: at least the lease's 5 s)
+            world.agents.agent_dies(f.ranks[0])
+            world.later(f.duration, lambda host=f.ranks[0]: self._agent_replaced(host))
         elif f.action == "host_back":  # (and `schedc rejoin` for each of its GPUs, named as the job named them)
             world.agents.restore(f.ranks[0])
             gpus = self.sup.recovery.initial_plan.spec.gpus
@@ -385,6 +384,11 @@ class _Checker:
             out += [(r, start, what) for start, end, what in self.trouble.get(r, [])
                     if end == float("inf") and what in ("stop", "host") and self.world.now - start > quiet]
         return out
+
+    def _agent_replaced(self, host: int) -> None:
+        """Another agent takes `host` over: the old one's workers are lost from then."""
+        for r in self.world.agents.replace_agent(host):
+            self.trouble.setdefault(r, []).append([self.world.now, float("inf"), "host"])
 
     def _trouble_ends(self, ranks, now: float) -> None:
         """A stop of `ranks` ended (SIGCONT): a hang or a death that came with it goes on (seed

@@ -233,14 +233,12 @@ class SimFleet:
         self.world.note(f"host {host} is back: its agent registers")
         self.start(self.queued.pop(host, []))  # (the host's commands are the new agent's)
 
-    def agent_dies(self, host: int, takeover_s: float) -> None:
+    def agent_dies(self, host: int) -> None:
         """Host `host`'s agent alone dies: its workers run on, but nobody reports their exits,
         carries out signals, or beats for the host (`answers` finds it gone); starts sent there
-        wait in its queue. `takeover_s` later another agent takes the host over (`replace_agent`:
-        at least the lease's 5 s)."""
+        wait in its queue until another agent takes the host over (`replace_agent`)."""
         self.agentless.add(host)
-        self.world.note(f"host {host}'s agent dies; its workers run on; another takes over in {takeover_s:.1f} s")
-        self.world.later(takeover_s, lambda: self.replace_agent(host))
+        self.world.note(f"host {host}'s agent dies; its workers run on")
 
     def replace_agent(self, host: int) -> list[int]:
         """Another agent took host `host`'s lease: the workers the old one started stop when they
